@@ -1,0 +1,5 @@
+import sys
+
+from structinit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,290 @@
+"""Find the attention layers of a model and read/write their per-head weights.
+
+All of structinit's maths works on one layout, the row-vector convention of the papers:
+for head h, ``q_h = x @ Wq[h] + bq[h]`` with ``Wq`` of shape (heads, D, r), likewise ``Wk``,
+and for the value/output pair ``out = (x @ Wv + bv) @ Wo + bo`` with ``Wv`` (D, heads·r)
+and ``Wo`` (heads·r, D). An adapter translates that layout to and from the module's own
+parameters (``nn.Linear`` stores the transpose, fused modules store slices).
+
+Built-in adapters cover fused ``qkv`` modules (timm / structinit ViT), modules with separate
+q/k/v projections, and ``torch.nn.MultiheadAttention`` (so ``nn.TransformerEncoderLayer``
+works too). Register your own with :func:`register_adapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+Views = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class AttentionAdapter:
+    """Per-head view of one self-attention module.
+
+    Subclasses set ``num_heads``, ``head_dim``, ``dim`` (input width), ``scale`` (the softmax
+    scale the module applies, default head_dim^−½) and implement :meth:`linear_views`, which
+    returns for ``'q', 'k', 'v', 'o'`` a ``(weight, bias)`` pair of tensors *aliasing the
+    module's storage* in ``nn.Linear`` layout (out_features, in_features).
+    """
+
+    module: nn.Module
+    num_heads: int
+    head_dim: int
+    dim: int
+    scale: float
+
+    def linear_views(self) -> Views:
+        raise NotImplementedError
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_qk(self):
+        """(Wq, bq, Wk, bk): weights (heads, D, r), biases (heads, r) or None."""
+        v = self.linear_views()
+        return (*self._split_heads(*v["q"]), *self._split_heads(*v["k"]))
+
+    def read_vo(self):
+        """(Wv (D, heads·r), bv, Wo (heads·r, D), bo), biases or None."""
+        v = self.linear_views()
+        (wv, bv), (wo, bo) = v["v"], v["o"]
+        return wv.detach().T.clone(), _clone(bv), wo.detach().T.clone(), _clone(bo)
+
+    def _split_heads(self, w, b):
+        w = w.detach().reshape(self.num_heads, self.head_dim, self.dim).transpose(1, 2).clone()
+        return w, None if b is None else b.detach().reshape(self.num_heads, self.head_dim).clone()
+
+    # -- writing (callers validate and compute everything first) -------------------------
+    def qk_writes(self, wq, wk, bq=None, bk=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(destination, value) pairs that set Wq/Wk; biases default to zero if present."""
+        v = self.linear_views()
+        out = []
+        for (w_dst, b_dst), w, b in ((v["q"], wq, bq), (v["k"], wk, bk)):
+            out.append((w_dst, w.transpose(1, 2).reshape(self.num_heads * self.head_dim, self.dim)))
+            if b_dst is not None:
+                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(-1)))
+        return out
+
+    def vo_writes(self, wv, wo, bv=None, bo=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        v = self.linear_views()
+        out = [(v["v"][0], wv.T), (v["o"][0], wo.T)]
+        for b_dst, b in ((v["v"][1], bv), (v["o"][1], bo)):
+            if b_dst is not None:
+                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b))
+        return out
+
+    def qk_features(self, x: torch.Tensor):
+        """q, k of shape (..., heads, T, r) for input tokens x (..., T, D), with the module's
+        q/k normalisation if it has one."""
+        wq, bq, wk, bk = self.read_qk()
+        wq, wk = wq.to(x.dtype), wk.to(x.dtype)
+        q = torch.einsum("...td,hdr->...htr", x, wq)
+        k = torch.einsum("...td,hdr->...htr", x, wk)
+        if bq is not None:
+            q = q + bq.to(x.dtype)[:, None, :]
+        if bk is not None:
+            k = k + bk.to(x.dtype)[:, None, :]
+        q_norm, k_norm = getattr(self.module, "q_norm", None), getattr(self.module, "k_norm", None)
+        if isinstance(q_norm, nn.Module):
+            q = q_norm(q)
+        if isinstance(k_norm, nn.Module):
+            k = k_norm(k)
+        return q, k
+
+    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax(q kᵀ · scale), shape (..., heads, T, T), for input tokens x (..., T, D)."""
+        q, k = self.qk_features(x)
+        return (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+
+
+def _clone(t):
+    return None if t is None else t.detach().clone()
+
+
+def _bias(linear: nn.Linear):
+    return None if linear.bias is None else linear.bias
+
+
+class FusedQKVAdapter(AttentionAdapter):
+    """Modules with ``qkv = Linear(D, 3·heads·r)`` laid out [q; k; v] and ``proj`` (timm)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.num_heads = int(module.num_heads)
+        inner = module.qkv.out_features // 3
+        self.head_dim = int(getattr(module, "head_dim", inner // self.num_heads))
+        self.dim = module.qkv.in_features
+        self.scale = float(getattr(module, "scale", self.head_dim**-0.5))
+
+    def linear_views(self) -> Views:
+        qkv, proj, n = self.module.qkv, self.module.proj, self.num_heads * self.head_dim
+        b = qkv.bias
+        return {
+            name: (qkv.weight[i * n : (i + 1) * n], None if b is None else b[i * n : (i + 1) * n])
+            for i, name in enumerate("qkv")
+        } | {"o": (proj.weight, _bias(proj))}
+
+    @staticmethod
+    def matches(m: nn.Module) -> bool:
+        return (
+            isinstance(getattr(m, "qkv", None), nn.Linear)
+            and isinstance(getattr(m, "proj", None), nn.Linear)
+            and hasattr(m, "num_heads")
+            and m.qkv.out_features % 3 == 0
+        )
+
+
+_SEPARATE_NAMES = (("q", "k", "v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
+_OUT_NAMES = ("proj", "o_proj", "out_proj", "o", "out")
+_HEAD_ATTRS = ("num_heads", "n_heads", "num_attention_heads", "heads")
+
+
+class SeparateQKVAdapter(AttentionAdapter):
+    """Modules with separate q/k/v ``nn.Linear`` projections (q/k/v, q_proj/…, query/…), an
+    output projection (proj, o_proj, out_proj, o, out) and a head count attribute."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._qkv = next(n for n in _SEPARATE_NAMES if _all_linear(module, n))
+        self._out = next(n for n in _OUT_NAMES if isinstance(getattr(module, n, None), nn.Linear))
+        self.num_heads = int(next(getattr(module, a) for a in _HEAD_ATTRS if hasattr(module, a)))
+        q = getattr(module, self._qkv[0])
+        self.head_dim = int(getattr(module, "head_dim", q.out_features // self.num_heads))
+        self.dim = q.in_features
+        self.scale = float(getattr(module, "scale", self.head_dim**-0.5))
+
+    def linear_views(self) -> Views:
+        lin = [getattr(self.module, n) for n in (*self._qkv, self._out)]
+        return {name: (m.weight, _bias(m)) for name, m in zip("qkvo", lin)}
+
+    @staticmethod
+    def matches(m: nn.Module) -> bool:
+        return (
+            any(_all_linear(m, n) for n in _SEPARATE_NAMES)
+            and any(isinstance(getattr(m, n, None), nn.Linear) for n in _OUT_NAMES)
+            and any(hasattr(m, a) for a in _HEAD_ATTRS)
+        )
+
+
+def _all_linear(m: nn.Module, names) -> bool:
+    return all(isinstance(getattr(m, n, None), nn.Linear) for n in names)
+
+
+class MultiheadAttentionAdapter(AttentionAdapter):
+    """``torch.nn.MultiheadAttention`` used as self-attention (packed or separate in-proj)."""
+
+    def __init__(self, module: nn.MultiheadAttention):
+        self.module = module
+        self.num_heads = module.num_heads
+        self.head_dim = module.head_dim
+        self.dim = module.embed_dim
+        self.scale = self.head_dim**-0.5
+
+    def linear_views(self) -> Views:
+        m, d = self.module, self.module.embed_dim
+        b = m.in_proj_bias
+        if m._qkv_same_embed_dim:
+            ws = [m.in_proj_weight[i * d : (i + 1) * d] for i in range(3)]
+        else:
+            ws = [m.q_proj_weight, m.k_proj_weight, m.v_proj_weight]
+        views = {n: (w, None if b is None else b[i * d : (i + 1) * d]) for i, (n, w) in enumerate(zip("qkv", ws))}
+        return views | {"o": (m.out_proj.weight, m.out_proj.bias)}
+
+    @staticmethod
+    def matches(m: nn.Module) -> bool:
+        return isinstance(m, nn.MultiheadAttention)
+
+
+@dataclass
+class _Entry:
+    match: Callable[[nn.Module], bool]
+    factory: Callable[[nn.Module], AttentionAdapter]
+    name: str
+
+
+_BUILTIN = [
+    _Entry(MultiheadAttentionAdapter.matches, MultiheadAttentionAdapter, "MultiheadAttention"),
+    _Entry(FusedQKVAdapter.matches, FusedQKVAdapter, "fused qkv"),
+    _Entry(SeparateQKVAdapter.matches, SeparateQKVAdapter, "separate q/k/v"),
+]
+_USER: list[_Entry] = []
+
+
+def register_adapter(
+    target: type[nn.Module] | Callable[[nn.Module], bool],
+    factory: Callable[[nn.Module], AttentionAdapter],
+) -> None:
+    """Teach structinit a new attention class.
+
+    ``target`` is a module class (matched with ``isinstance``) or a predicate on modules;
+    ``factory(module)`` returns an :class:`AttentionAdapter`. User adapters are tried before
+    the built-in ones, most recently registered first.
+    """
+    if isinstance(target, type):
+        cls = target
+        match, name = (lambda m: isinstance(m, cls)), cls.__name__
+    elif callable(target):
+        match, name = target, getattr(target, "__name__", repr(target))
+    else:
+        raise TypeError(f"target={target!r}: expected an nn.Module subclass or a predicate")
+    _USER.insert(0, _Entry(match, factory, name))
+
+
+def unregister_adapter(target) -> None:
+    """Remove adapters registered for ``target`` (the class or predicate given before)."""
+    name = target.__name__ if isinstance(target, type) else getattr(target, "__name__", repr(target))
+    _USER[:] = [e for e in _USER if e.name != name]
+
+
+def adapter_for(module: nn.Module) -> AttentionAdapter | None:
+    for entry in (*_USER, *_BUILTIN):
+        if entry.match(module):
+            return entry.factory(module)
+    return None
+
+
+def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]]:
+    """All self-attention layers of ``model`` in definition order, as (name, adapter).
+
+    A matched module's children are not searched further. Raises ValueError if there is no
+    attention layer, or if a module whose class name says it is attention matches no adapter.
+    """
+    found: list[tuple[str, AttentionAdapter]] = []
+    inside: list[str] = []
+    unknown: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        adapter = adapter_for(module)
+        if adapter is not None:
+            found.append((name, adapter))
+            inside.append(name)
+        elif _looks_like_attention(module):
+            unknown.append(f"{name or '<root>'} ({type(module).__name__})")
+    # An "attention block" that merely contains a supported attention module is fine.
+    unknown = [u for u in unknown if not any(n.startswith(u.split(" (")[0] + ".") for n, _ in found)]
+    if unknown:
+        raise ValueError(
+            "found attention-like modules that no adapter understands: " + ", ".join(unknown)
+            + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
+            "projections with an output Linear and a head count; nn.MultiheadAttention. "
+            "Register your class with structinit.register_adapter(YourAttention, factory)."
+        )
+    if not found:
+        types = sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(
+            f"no attention layer found in {type(model).__name__} (module types: {', '.join(types)}). "
+            "structinit initialises self-attention; register an adapter with "
+            "structinit.register_adapter(YourAttention, factory) if your model has one."
+        )
+    return found
+
+
+def _looks_like_attention(m: nn.Module) -> bool:
+    name = type(m).__name__.lower()
+    has_weights = any(True for _ in m.parameters(recurse=False)) or any(
+        isinstance(c, nn.Linear) for c in m.children()
+    )
+    return ("attention" in name or name.endswith("attn")) and has_weights

@@ -1,0 +1,209 @@
+"""A plain Vision Transformer with timm's module names and fused-qkv layout.
+
+timm cannot be imported on every machine we support, so this is our own implementation; its
+parameter names, shapes and numerics follow ``timm.models.vision_transformer`` so that a
+state_dict loads into ``timm.create_model('vit_*', ...)`` with ``strict=True`` and an init
+written by :mod:`structinit` on one model is valid on the other:
+
+    patch_embed.proj   Conv2d(C, D, p, stride=p)          tokens row-major on the h×w grid
+    cls_token          (1, 1, D)                           optional
+    pos_embed          (1, N [+1], D)                      learned, or fixed 2-D sin-cos
+    blocks[i].norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 / mlp.fc2
+    norm | fc_norm     final LayerNorm (fc_norm with average pooling, as in timm)
+    head               Linear(D, classes)
+
+``attn.qkv`` is ``Linear(D, 3D)`` whose output is [q; k; v], heads contiguous in each third.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from structinit.posembed import sincos_2d
+
+LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # timm's ViT norm
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        if img_size % patch_size:
+            raise ValueError(
+                f"img_size={img_size} is not a multiple of patch_size={patch_size}; "
+                "choose sizes whose ratio is an integer"
+            )
+        self.img_size = (img_size, img_size)
+        self.patch_size = (patch_size, patch_size)
+        self.grid_size = (img_size // patch_size, img_size // patch_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2:] != self.img_size:
+            raise ValueError(
+                f"input of spatial size {tuple(x.shape[-2:])} does not match img_size "
+                f"{self.img_size}; resize the images or build the model with that img_size"
+            )
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))  # (B, N, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = nn.Identity()
+        self.k_norm = nn.Identity()
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+
+    def _qkv(self, x: torch.Tensor):
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
+        return self.q_norm(q), self.k_norm(k), v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self._qkv(x)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(x.shape[0], -1, q.shape[1] * q.shape[3])))
+
+    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
+        """softmax(q kᵀ · scale) for input tokens x, shape (B, heads, N, N) — the analysis path."""
+        q, k, _ = self._qkv(x)
+        return (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(0.0)
+        self.norm = nn.Identity()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool):
+        super().__init__()
+        self.norm1 = LayerNorm(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.ls1 = nn.Identity()
+        self.drop_path1 = nn.Identity()
+        self.norm2 = LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = nn.Identity()
+        self.drop_path2 = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class VisionTransformer(nn.Module):
+    """ViT for image classification.
+
+    Args:
+        img_size, patch_size, in_chans: input geometry; the token grid is (img/patch)².
+        num_classes: size of the classification head (0 gives an identity head).
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: transformer size.
+        class_token: prepend a learned class token (timm's ``cls_token``).
+        global_pool: ``'token'`` (class token) or ``'avg'`` (mean over patch tokens; timm then
+            uses ``fc_norm`` instead of ``norm``).
+        pos_embed: ``'learn'`` (timm's ``randn · 0.02``) or ``'sincos'`` (fixed 2-D sin-cos,
+            a frozen Parameter so that it is saved and loads into timm's learned slot).
+        pos_embed_scale: multiplies the initial position embedding.
+        no_embed_class: class token gets no position embedding (its row is absent).
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        global_pool: str = "token",
+        pos_embed: str = "learn",
+        pos_embed_scale: float = 1.0,
+        no_embed_class: bool = False,
+    ):
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={global_pool!r}: expected 'token' or 'avg'")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+        if pos_embed not in ("learn", "sincos"):
+            raise ValueError(f"pos_embed={pos_embed!r}: expected 'learn' or 'sincos'")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.embed_dim = self.num_features = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.no_embed_class = no_embed_class
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        n_pe = self.patch_embed.num_patches + (0 if no_embed_class else self.num_prefix_tokens)
+        if pos_embed == "sincos":
+            table = torch.zeros(1, n_pe, embed_dim)
+            table[0, n_pe - self.patch_embed.num_patches :] = sincos_2d(self.patch_embed.grid_size, embed_dim)
+            self.pos_embed = nn.Parameter(table * pos_embed_scale, requires_grad=False)
+        else:
+            self.pos_embed = nn.Parameter(torch.randn(1, n_pe, embed_dim) * 0.02 * pos_embed_scale)
+        self.pos_drop = nn.Dropout(0.0)
+        self.patch_drop = nn.Identity()
+        self.norm_pre = nn.Identity()
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias) for _ in range(depth)])
+        use_fc_norm = global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else LayerNorm(embed_dim)
+        self.fc_norm = LayerNorm(embed_dim) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(0.0)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cls_token is None:
+            return x + self.pos_embed
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        if self.no_embed_class:
+            return torch.cat([cls, x + self.pos_embed], dim=1)
+        return torch.cat([cls, x], dim=1) + self.pos_embed
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm_pre(self.patch_drop(self.pos_drop(self._pos_embed(self.patch_embed(x)))))
+        return self.norm(self.blocks(x))
+
+    def forward_head(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        return self.head(self.head_drop(self.fc_norm(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def attention_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per block, the attention probabilities (B, heads, T, T), prefix tokens first."""
+        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))
+        maps = []
+        for blk in self.blocks:
+            maps.append(blk.attn.attention_map(blk.norm1(x)))
+            x = blk(x)
+        return maps

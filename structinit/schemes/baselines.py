@@ -1,0 +1,226 @@
+"""Baseline initialisations: PyTorch defaults, timm, JAX/ViT-original, Xavier variants, and
+parametrised truncated-normal / Kaiming-uniform. All write every Linear / Conv / norm weight
+of the model, plus learned ``pos_embed`` / ``cls_token`` / ``reg_token``; a fixed
+(``requires_grad=False``) position embedding is left alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from structinit.adapters import FusedQKVAdapter
+from structinit.schemes.base import Plan, make_generator
+from structinit.schemes.registry import register_scheme
+
+WeightFn = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
+
+
+def _empty(shape) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.float32)
+
+
+def _fans(shape) -> tuple[int, int]:
+    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def torch_default_weight(shape, g) -> torch.Tensor:
+    """``nn.Linear`` / ``nn.ConvNd`` default: Kaiming-uniform with a = √5, i.e. U(±1/√fan_in)."""
+    return nn.init.kaiming_uniform_(_empty(shape), a=math.sqrt(5), generator=g)
+
+
+def torch_default_bias(shape, fan_in: int, g) -> torch.Tensor:
+    bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+    return nn.init.uniform_(_empty(shape), -bound, bound, generator=g)
+
+
+def xavier_uniform(shape, g) -> torch.Tensor:
+    return nn.init.xavier_uniform_(_empty(shape), generator=g)
+
+
+def lecun_normal(shape, g) -> torch.Tensor:
+    """Truncated normal (±2σ) with variance 1/fan_in after truncation (JAX's lecun_normal)."""
+    std = math.sqrt(1.0 / _fans(shape)[0]) / 0.87962566103423978
+    return nn.init.trunc_normal_(_empty(shape), std=std, a=-2 * std, b=2 * std, generator=g)
+
+
+def _fused_blocks(model: nn.Module) -> dict[int, int]:
+    """id(weight) → number of stacked blocks for fused q/k/v weights (timm qkv, MHA in_proj)."""
+    out = {}
+    for m in model.modules():
+        if FusedQKVAdapter.matches(m):
+            out[id(m.qkv.weight)] = 3
+        elif isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:
+            out[id(m.in_proj_weight)] = 3
+    return out
+
+
+def _plan_weights(
+    model: nn.Module, gen: torch.Generator, weight: WeightFn, bias: Callable[[str, int], torch.Tensor],
+    conv: WeightFn | None = None, per_block: bool = False, pos_embed_std: float = 0.02,
+    prefix: Callable[[tuple[int, ...]], torch.Tensor] | None = None,
+) -> Plan:
+    """Plan writes for all Linear-like weights (``weight(name, shape, g)``), their biases
+    (``bias(name, size)``), conv weights (``conv`` or PyTorch's default), norms (1, 0),
+    learned position embedding (trunc-normal ``pos_embed_std``) and prefix tokens."""
+    plan, fused = Plan(), _fused_blocks(model)
+
+    def linear_like(name, w, b):
+        blocks = fused.get(id(w), 1) if per_block else 1
+        parts = [weight(name, (w.shape[0] // blocks, *w.shape[1:]), gen) for _ in range(blocks)]
+        plan.add([(w, torch.cat(parts, 0))])
+        if b is not None:
+            plan.add([(b, bias(name, b.shape[0]))])
+
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            linear_like(name, m.weight, m.bias)
+        elif isinstance(m, nn.MultiheadAttention):
+            if m.in_proj_weight is not None:
+                linear_like(name + ".in_proj", m.in_proj_weight, m.in_proj_bias)
+            else:
+                for w in (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight):
+                    linear_like(name + ".in_proj", w, None)
+                if m.in_proj_bias is not None:
+                    plan.add([(m.in_proj_bias, torch.zeros_like(m.in_proj_bias))])
+        elif isinstance(m, nn.modules.conv._ConvNd):
+            w = (conv or (lambda n, s, g: torch_default_weight(s, g)))(name, tuple(m.weight.shape), gen)
+            plan.add([(m.weight, w)])
+            if m.bias is not None:
+                b = (torch_default_bias(m.bias.shape, _fans(m.weight.shape)[0], gen) if conv is None
+                     else torch.zeros(m.bias.shape))
+                plan.add([(m.bias, b)])
+        elif isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)):
+            if getattr(m, "weight", None) is not None:
+                plan.add([(m.weight, torch.ones(m.weight.shape)), (m.bias, torch.zeros(m.bias.shape))])
+    pos = getattr(model, "pos_embed", None)
+    if isinstance(pos, nn.Parameter) and pos.requires_grad:
+        plan.add([(pos, nn.init.trunc_normal_(_empty(pos.shape), std=pos_embed_std, a=-2, b=2, generator=gen))])
+    for attr in ("cls_token", "reg_token"):
+        t = getattr(model, attr, None)
+        if isinstance(t, nn.Parameter):
+            value = prefix(tuple(t.shape)) if prefix else nn.init.normal_(_empty(t.shape), std=1e-6, generator=gen)
+            plan.add([(t, value)])
+    return plan
+
+
+def _finish(model: nn.Module, plan: Plan) -> nn.Module:
+    from structinit.adapters import adapter_for  # clear impulse records of rewritten layers
+
+    for m in model.modules():
+        if adapter_for(m) is not None:
+            plan.records.append((m, None))
+    plan.commit()
+    return model
+
+
+def _zero_bias(name, size):
+    return torch.zeros(size)
+
+
+@register_scheme("pytorch")
+def pytorch_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+    """PyTorch's own defaults: every module's ``reset_parameters`` (Linear/Conv Kaiming-uniform
+    a = √5 with U(±1/√fan_in) bias, LayerNorm 1/0, MultiheadAttention Xavier + zero bias),
+    run on a forked RNG seeded from ``generator``/``seed``; learned ``pos_embed`` ← N(0, 0.02²)
+    and prefix tokens ← 0, as timm builds them before its own init (timm's ``weight_init='skip'``)."""
+    gen = make_generator(generator, seed)
+    seed_value = int(torch.randint(2**62, (1,), generator=gen))
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed_value)
+        for m in model.modules():
+            reset = getattr(m, "reset_parameters", None) or (
+                m._reset_parameters if isinstance(m, nn.MultiheadAttention) else None)
+            if callable(reset) and m is not model:
+                reset()
+    plan = Plan()
+    pos = getattr(model, "pos_embed", None)
+    if isinstance(pos, nn.Parameter) and pos.requires_grad:
+        plan.add([(pos, torch.randn(pos.shape, generator=gen) * 0.02)])
+    for attr in ("cls_token", "reg_token"):
+        t = getattr(model, attr, None)
+        if isinstance(t, nn.Parameter):
+            plan.add([(t, torch.zeros(t.shape))])
+    return _finish(model, plan)
+
+
+@register_scheme("timm")
+def timm_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+    """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
+    patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
+    ``cls_token`` N(0, 1e-6²)."""
+    gen = make_generator(generator, seed)
+    return _finish(model, _plan_weights(model, gen, _trunc(0.02), _zero_bias))
+
+
+def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
+    return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
+
+
+@register_scheme("jax")
+def jax_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+    """The original JAX ViT init (timm's ``weight_init='jax'``): Linear Xavier-uniform (the fused
+    qkv as one matrix), zero bias except N(0, 1e-6²) in MLPs; zero ``head``; LeCun-normal
+    patch-embedding conv with zero bias; ``pos_embed`` trunc-normal 0.02."""
+    gen = make_generator(generator, seed)
+
+    def weight(name, shape, g):
+        return torch.zeros(shape) if name == "head" or name.startswith("head.") else xavier_uniform(shape, g)
+
+    def bias(name, size):
+        if "mlp" in name and not (name == "head" or name.startswith("head.")):
+            return nn.init.normal_(_empty((size,)), std=1e-6, generator=gen)
+        return torch.zeros(size)
+
+    plan = _plan_weights(model, gen, weight, bias, conv=lambda n, s, g: lecun_normal(s, g))
+    return _finish(model, plan)
+
+
+@register_scheme("xavier_fused")
+def xavier_fused_init_(
+    model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None
+) -> nn.Module:
+    """Xavier-uniform on every Linear, the fused qkv (3D×D) treated as one matrix, so each of q,
+    k, v gets std √(2/(D+3D)) — smaller than a separate D×D projection would. Zero biases."""
+    gen = make_generator(generator, seed)
+    return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias))
+
+
+@register_scheme("xavier")
+def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+    """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
+    each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
+    gen = make_generator(generator, seed)
+    return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias, per_block=True))
+
+
+@register_scheme("trunc_normal")
+def trunc_normal_init_(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
+                       generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+    """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
+    ``nn.init.trunc_normal_``); zero biases; other modules as in :func:`timm_init_`."""
+    if not std > 0 or not a < b:
+        raise ValueError(f"std={std}, a={a}, b={b}: need std > 0 and a < b")
+    gen = make_generator(generator, seed)
+    return _finish(model, _plan_weights(model, gen, _trunc(std, a, b), _zero_bias))
+
+
+@register_scheme("kaiming_uniform")
+def kaiming_uniform_init_(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
+                          nonlinearity: str = "leaky_relu", generator: torch.Generator | None = None,
+                          seed: int | None = None) -> nn.Module:
+    """Every Linear weight Kaiming-uniform with the given ``a``/``mode``/``nonlinearity``
+    (defaults = PyTorch's Linear); zero biases; other modules as in :func:`timm_init_`."""
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"mode={mode!r}: expected 'fan_in' or 'fan_out'")
+    nn.init.calculate_gain(nonlinearity, a)  # raises a clear error for unknown names
+    gen = make_generator(generator, seed)
+
+    def weight(name, shape, g):
+        return nn.init.kaiming_uniform_(_empty(shape), a=a, mode=mode, nonlinearity=nonlinearity, generator=g)
+
+    return _finish(model, _plan_weights(model, gen, weight, _zero_bias))

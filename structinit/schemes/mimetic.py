@@ -1,0 +1,55 @@
+"""Mimetic attention initialisation (Trockman & Kolter, 2023) applied to a model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from structinit.adapters import find_attention_layers
+from structinit.mimetic_math import NOISE, mimetic_qk, mimetic_vo
+from structinit.schemes.base import Plan, make_generator, select_layers
+from structinit.schemes.registry import register_scheme
+
+
+@register_scheme("mimetic")
+def mimetic_init_(
+    model: nn.Module,
+    *,
+    alpha: float = 0.7,
+    beta: float = 0.7,
+    gamma: float = 0.4,
+    delta: float = 0.4,
+    noise: str = "uniform",
+    layers: Iterable[int] | None = None,
+    reference_layout: bool = False,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+) -> nn.Module:
+    r"""Mimetic initialisation of every chosen attention layer, in place.
+
+    Per head h (a fresh draw each): W_q^h W_k^hᵀ = best rank-r approximation of
+    α Z_h + β I (D×D). Per layer: W_v W_o = γ Z − δ I exactly, so ``proj(v(x)) = x (γZ − δI)``
+    with zero biases. Z has i.i.d. entries of variance 1/D (``noise='uniform'`` on ±√(3/D), or
+    ``'normal'``). q/k/v/proj biases are set to 0; nothing else is touched.
+
+    ``reference_layout=True`` stores the v/proj factors untransposed, as the public ports do
+    (composite x (R L)ᵀ instead of x M) — only for comparison with them.
+    """
+    if noise not in NOISE:
+        raise ValueError(f"noise={noise!r}: valid names are {', '.join(NOISE)}")
+    chosen = select_layers(find_attention_layers(model), layers)
+    if reference_layout:
+        for name, ad in chosen:
+            if ad.num_heads * ad.head_dim != ad.dim:
+                raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
+    gen = make_generator(generator, seed)
+    plan = Plan()
+    for _, ad in chosen:
+        wq, wk, _ = mimetic_qk(ad.dim, ad.num_heads, ad.head_dim, alpha, beta, noise, gen)
+        plan.add_qk(ad, wq, wk)  # record=None clears a stale impulse record
+        wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma, delta, noise, gen, reference_layout)
+        plan.add(ad.vo_writes(wv, wo))
+    plan.commit()
+    return model

@@ -1,0 +1,153 @@
+r"""Analytic impulse attention: QKᵀ built from the structure of the position embedding.
+
+For a head with offset (dy, dx) we want logits that peak where p' = p + (dy, dx). Take the
+separable, shift-invariant kernel
+
+    κ(p, p') = Σ_j c_j cos(ω_j (y' − y − dy)) + Σ_j c_j cos(ω_j (x' − x − dx)),   c_j ≥ 0,
+
+whose maximum over the grid is at δ = p' − p − offset = 0. Since cos(a' − a − φ) =
+sin(a') sin(a + φ) + cos(a') cos(a + φ), κ = q(p)·k(p') with features
+
+    q(p) = [√c_j sin(ω_j (y + dy)), √c_j cos(ω_j (y + dy)), … same for x …]
+    k(p') = [√c_j sin(ω_j y'),     √c_j cos(ω_j y'),      … same for x …],
+
+two dimensions per frequency and axis, so m = ⌊r/4⌋ frequencies per axis fit a head of
+dimension r. The weights c solve   min ‖c‖²  s.t.  Σ_j c_j (1 − cos ω_j δ) ≥ 1  for every
+shift δ ≠ 0 that occurs on the grid: the margin between the target and any other token is
+at least 1, and ‖c‖ bounds how much content noise in the features can move the logits.
+
+The features are read out of the (LayerNormed) position embedding Z (N×D) linearly, by
+ridge regression  W = Zᵀ (ZZᵀ + λI)⁻¹ T  with T the N×2m feature table: the minimum-norm
+readout spreads over every coordinate that carries the same positional signal, which keeps
+noise from patch content small, and it lies in the row space of Z, so it sums to zero over
+channels and ignores the mean that LayerNorm removes. For the 2-D sin-cos table this is
+exact; for any other embedding it is the least-squares approximation. The cost is one N×N
+solve per model plus a tiny QP per axis: no D×D SVD and no iterative fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+
+from structinit.targets import Offset, target_index
+
+
+def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose ≤ ``budget`` frequencies from ``omega`` and weights c ≥ 0 with the smallest ‖c‖
+    such that Σ c_j (1 − cos ω_j δ) ≥ 1 for δ = 1 … max_shift. Returns (ω_sel, c)."""
+    if budget < 1:
+        raise ValueError("budget must be ≥ 1")
+    om = omega.detach().double().numpy()
+    if max_shift < 1:  # a 1-wide axis: nothing to tell apart
+        return torch.tensor(om[:1]), torch.zeros(1, dtype=torch.float64)
+    gaps = 1.0 - np.cos(np.outer(np.arange(1, max_shift + 1), om))  # (shifts, freqs)
+
+    def solve(g):
+        k = g.shape[1]
+        res = minimize(
+            lambda c: c @ c, np.full(k, 1.0 / max(g.sum(1).min(), 1e-12)), jac=lambda c: 2 * c,
+            constraints=[{"type": "ineq", "fun": lambda c: g @ c - 1, "jac": lambda c: g}],
+            bounds=[(0, None)] * k, method="SLSQP", options={"maxiter": 500, "ftol": 1e-12},
+        )
+        return np.clip(res.x, 0, None)
+
+    c = solve(gaps)
+    keep = np.sort(np.argsort(-c, kind="stable")[:budget])
+    c = solve(gaps[:, keep])
+    margin = (gaps[:, keep] @ c).min()
+    if not margin > 0.99:
+        raise ValueError(
+            f"no kernel with {budget} frequencies separates all {max_shift} shifts; "
+            "use a larger head_dim or a smaller grid"
+        )
+    return torch.tensor(om[keep]), torch.tensor(c)
+
+
+def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
+    """The D×N operator R = Zᵀ (ZZᵀ + λI)⁻¹ with λ = ridge · tr(ZZᵀ)/N, so ``R @ T`` is the
+    minimum-norm (ridge) linear readout of per-token features T (N×F) from tokens Z (N×D)."""
+    z = z.double()
+    g = z @ z.T
+    lam = ridge * g.diagonal().mean()
+    return torch.linalg.solve(g + lam * torch.eye(g.shape[0], dtype=g.dtype), z).T
+
+
+def analytic_qk(
+    z: torch.Tensor,
+    grid: tuple[int, int],
+    offsets: list[Offset],
+    head_dim: int,
+    omega: torch.Tensor,
+    ridge: float = 2e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
+
+    Returns Wq, Wk of shape (heads, D, head_dim), float64, with
+    ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h`` (exact when z is a LayerNormed sin-cos table).
+    ``omega`` are the candidate frequencies (the sin-cos table's own are a good choice).
+    """
+    budget = head_dim // 4
+    if budget < 1:
+        raise ValueError(
+            f"head_dim={head_dim} is too small for the analytic impulse: it needs at least 4 "
+            "dimensions per head (a sin/cos pair for each grid axis); use fewer heads"
+        )
+    h, w = grid
+    reach = max(max(abs(dy), abs(dx)) for dy, dx in offsets)
+    ys = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
+    xs = torch.arange(w, dtype=torch.float64).repeat(h)
+    axes = [(ys, axis_kernel(omega, h - 1 + reach, budget)), (xs, axis_kernel(omega, w - 1 + reach, budget))]
+    readout = ridge_readout(z)
+
+    def features(shift_y: int, shift_x: int) -> torch.Tensor:
+        cols = []
+        for (pos, (om, c)), shift in zip(axes, (shift_y, shift_x)):
+            phase = (pos[:, None] + shift) * om[None, :]
+            cols += [c.sqrt() * phase.sin(), c.sqrt() * phase.cos()]
+        f = torch.cat(cols, dim=1)
+        return torch.nn.functional.pad(f, (0, head_dim - f.shape[1]))
+
+    wk = readout @ features(0, 0)
+    wq = torch.stack([readout @ features(dy, dx) for dy, dx in offsets])
+    return wq, wk.expand_as(wq).clone()
+
+
+def mean_target_mass(logits: torch.Tensor, grid: tuple[int, int], offsets: list[Offset]) -> torch.Tensor:
+    """Mean softmax mass on each head's target, over rows whose target is inside the grid.
+    ``logits`` has shape (heads, N, N); returns (heads,)."""
+    probs = logits.softmax(-1)
+    out = []
+    for h, off in enumerate(offsets):
+        t = target_index(grid, off)
+        rows = torch.nonzero(t >= 0).squeeze(1)
+        out.append(probs[h, rows, t[rows]].mean())
+    return torch.stack(out)
+
+
+def calibrate_logit_scale(
+    kernel_logits: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], mass: float
+) -> float:
+    """The factor τ for which softmax(τ · kernel_logits) puts mean mass ``mass`` on the
+    targets (averaged over heads), found by bisection on log τ (mass grows with τ while the
+    target is each row's maximum)."""
+    n = kernel_logits.shape[-1]
+    if not 1.0 / n < mass < 1.0:
+        raise ValueError(f"target_mass={mass}: must lie strictly between 1/N = {1 / n:.4g} and 1")
+    lo, hi = math.log(1e-4), math.log(1e5)
+    reach = float(mean_target_mass(kernel_logits * math.exp(hi), grid, offsets).mean())
+    if reach < mass:
+        raise ValueError(
+            f"target_mass={mass} is out of reach: the structure gives at most {reach:.4f} on this "
+            "pseudo input; lower target_mass"
+        )
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if float(mean_target_mass(kernel_logits * math.exp(mid), grid, offsets).mean()) < mass:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(0.5 * (lo + hi))
