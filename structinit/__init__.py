@@ -32,7 +32,7 @@ from structinit.schemes.baselines import (
 from structinit.schemes.impulse import impulse_init_
 from structinit.schemes.mimetic import mimetic_init_
 from structinit.schemes.registry import init_, register_scheme, schemes
-from structinit.solvers import analytic_qk, closed_form_qk, gd_qk
+from structinit.solvers import analytic_qk, closed_form_qk, gd_qk, impulse_qk
 from structinit.targets import (
     enumerated_offsets,
     impulse_matrix,
@@ -51,7 +51,7 @@ __all__ = [
     "xavier_init_", "xavier_fused_init_", "trunc_normal_init_", "kaiming_uniform_init_",
     # tensor-level helpers for your own layers
     "impulse_matrix", "target_index", "kernel_offsets", "enumerated_offsets", "random_offsets",
-    "analytic_qk", "closed_form_qk", "gd_qk", "mimetic_factors", "mimetic_qk", "mimetic_vo",
+    "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "mimetic_factors", "mimetic_qk", "mimetic_vo",
     "sincos_2d",
     # models
     "VisionTransformer", "create_model", "list_models",

@@ -4,7 +4,6 @@ finds the layers, resolves offsets and the position embedding, and writes the we
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -15,10 +14,10 @@ from torch import nn
 from structinit.adapters import AttentionAdapter, find_attention_layers
 from structinit.layout import TokenLayout, grid_pos_embed, infer_layout
 from structinit.mimetic_math import mimetic_vo
-from structinit.posembed import sincos_2d, sincos_frequencies
+from structinit.posembed import sincos_2d
 from structinit.schemes.base import Plan, check_finite, check_options, make_generator, select_layers
 from structinit.schemes.registry import register_scheme
-from structinit.solvers.analytic import analytic_qk, calibrate_logit_scale
+from structinit.solvers.analytic import impulse_qk
 from structinit.solvers.closed_form import closed_form_qk, pinv_projector
 from structinit.solvers.gd import gd_qk
 from structinit.solvers.pseudo import pseudo_input
@@ -103,16 +102,11 @@ def _analytic(ctx: _Context, plan: Plan, *, target_mass: float = 0.5, pe_scale: 
     if not ridge > 0:
         raise ValueError(f"ridge={ridge}: must be > 0")
     z = _ln(pe)
-    omega = sincos_frequencies(4 * max(d // 4, 1))
-    cache: dict = {}
+    cache: dict = {}  # layers sharing offsets and head shape share the solution
     for (_, ad), offs in zip(ctx.layers, ctx.offsets):
         key = (tuple(offs), ad.head_dim, ad.scale)
         if key not in cache:
-            wq, wk = analytic_qk(z, ctx.layout.grid, offs, ad.head_dim, omega, ridge)
-            kernel = torch.einsum("nd,hdr,hre,me->hnm", z, wq, wk.transpose(1, 2), z)
-            tau = calibrate_logit_scale(kernel, ctx.layout.grid, offs, target_mass)
-            f = math.sqrt(tau / ad.scale)  # the module multiplies logits by its own scale
-            cache[key] = (wq * f, wk * f)
+            cache[key] = impulse_qk(z, ctx.layout.grid, offs, ad.head_dim, target_mass, ad.scale, ridge)
         plan.add_qk(ad, *cache[key], record=_record(ctx, offs, "analytic"))
     _add_value_init(ctx, plan, value_init, vo_gamma, vo_delta)
 

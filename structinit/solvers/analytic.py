@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from structinit.posembed import sincos_frequencies
 from structinit.targets import Offset, target_index
 
 
@@ -151,3 +152,29 @@ def calibrate_logit_scale(
         else:
             hi = mid
     return math.exp(0.5 * (lo + hi))
+
+
+def impulse_qk(
+    z: torch.Tensor,
+    grid: tuple[int, int],
+    offsets: list[Offset],
+    head_dim: int,
+    target_mass: float = 0.5,
+    softmax_scale: float | None = None,
+    ridge: float = 2e-3,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Analytic impulse factors, calibrated: Wq, Wk (heads, D, head_dim), float64, such that
+    softmax(softmax_scale · z Wq[h] Wk[h]ᵀ zᵀ) puts mean mass ``target_mass`` on the targets
+    for the pseudo input ``z`` (N×D, e.g. LayerNorm of the position embedding).
+
+    ``softmax_scale`` is the scale your attention applies (default head_dim^−½). Write
+    ``Wq[h].T`` into the rows of head h of your query projection (``nn.Linear`` layout), ``Wk[h].T``
+    into the key projection, and zero their biases.
+    """
+    scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+    d = z.shape[1]
+    wq, wk = analytic_qk(z, grid, offsets, head_dim, sincos_frequencies(4 * max(d // 4, 1)), ridge)
+    kernel = torch.einsum("nd,hdr,hre,me->hnm", z.double(), wq, wk.transpose(1, 2), z.double())
+    tau = calibrate_logit_scale(kernel, grid, offsets, target_mass)
+    f = math.sqrt(tau / scale)
+    return wq * f, wk * f
