@@ -173,9 +173,16 @@ def _all_linear(m: nn.Module, names) -> bool:
 
 
 class MultiheadAttentionAdapter(AttentionAdapter):
-    """``torch.nn.MultiheadAttention`` used as self-attention (packed or separate in-proj)."""
+    """``torch.nn.MultiheadAttention`` used as self-attention (packed in-projection; torch
+    uses separate q/k/v weights only when kdim/vdim differ, i.e. for cross-attention)."""
 
     def __init__(self, module: nn.MultiheadAttention):
+        if not module._qkv_same_embed_dim:
+            raise ValueError(
+                f"nn.MultiheadAttention with kdim={module.kdim}, vdim={module.vdim} != "
+                f"embed_dim={module.embed_dim} is cross-attention; structinit initialises "
+                "self-attention (queries and keys from the same tokens) only"
+            )
         self.module = module
         self.num_heads = module.num_heads
         self.head_dim = module.head_dim
@@ -185,10 +192,7 @@ class MultiheadAttentionAdapter(AttentionAdapter):
     def linear_views(self) -> Views:
         m, d = self.module, self.module.embed_dim
         b = m.in_proj_bias
-        if m._qkv_same_embed_dim:
-            ws = [m.in_proj_weight[i * d : (i + 1) * d] for i in range(3)]
-        else:
-            ws = [m.q_proj_weight, m.k_proj_weight, m.v_proj_weight]
+        ws = [m.in_proj_weight[i * d : (i + 1) * d] for i in range(3)]
         views = {n: (w, None if b is None else b[i * d : (i + 1) * d]) for i, (n, w) in enumerate(zip("qkv", ws))}
         return views | {"o": (m.out_proj.weight, m.out_proj.bias)}
 
@@ -253,7 +257,7 @@ def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]
     """
     found: list[tuple[str, AttentionAdapter]] = []
     inside: list[str] = []
-    unknown: list[str] = []
+    unknown: list[tuple[str, str]] = []
     for name, module in model.named_modules():
         if any(name.startswith(p + ".") for p in inside):
             continue
@@ -262,12 +266,13 @@ def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]
             found.append((name, adapter))
             inside.append(name)
         elif _looks_like_attention(module):
-            unknown.append(f"{name or '<root>'} ({type(module).__name__})")
+            unknown.append((name, type(module).__name__))
     # An "attention block" that merely contains a supported attention module is fine.
-    unknown = [u for u in unknown if not any(n.startswith(u.split(" (")[0] + ".") for n, _ in found)]
+    unknown = [(n, t) for n, t in unknown if not any(n == "" or f.startswith(n + ".") for f, _ in found)]
     if unknown:
         raise ValueError(
-            "found attention-like modules that no adapter understands: " + ", ".join(unknown)
+            "found attention-like modules that no adapter understands: "
+            + ", ".join(f"{n or '<root>'} ({t})" for n, t in unknown)
             + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
             "projections with an output Linear and a head count; nn.MultiheadAttention. "
             "Register your class with structinit.register_adapter(YourAttention, factory)."

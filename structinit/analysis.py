@@ -105,8 +105,8 @@ def impulse_fidelity(
     Offsets are read from each layer (recorded by :func:`structinit.impulse_init_`) unless
     ``offsets`` gives one list of (dy, dx) per head (shared) or one such list per layer.
     """
-    layout = infer_layout(model, grid, num_prefix_tokens)
     chosen = select_layers(find_attention_layers(model), layers)
+    layout = infer_layout(model, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
     heads = max(ad.num_heads for _, ad in chosen)
     mass = torch.full((len(chosen), heads), float("nan"))

@@ -55,7 +55,7 @@ def infer_layout(
             f"cannot infer the token grid of {type(model).__name__}: it has no "
             "`patch_embed.grid_size` and no square `pos_embed`; pass grid=(h, w)"
         )
-    if len(grid) != 2 or min(grid) <= 0:
+    if len(grid) != 2 or not all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in grid):
         raise ValueError(f"grid={grid!r}: expected two positive ints (h, w)")
     return TokenLayout((int(grid[0]), int(grid[1])), num_prefix_tokens)
 

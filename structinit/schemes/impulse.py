@@ -51,11 +51,14 @@ def _ln(x: torch.Tensor) -> torch.Tensor:
 
 
 def _need_pe(ctx: _Context, solver: str) -> torch.Tensor:
+    """The position embedding, for solvers that read it (checked finite here, not earlier:
+    a solver that overwrites the PE must not be blocked by NaNs it never reads)."""
     if ctx.pe is None:
         raise ValueError(
             f"solver={solver!r} builds attention from the position embedding, but the model has "
             "no `pos_embed`; pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
         )
+    check_finite("pos_embed", ctx.pe)
     return ctx.pe
 
 
@@ -136,7 +139,8 @@ def _gd(ctx: _Context, plan: Plan, *, steps: int = 10_000, lr: float = 1e-4, ren
         vo_gamma: float = 0.4, vo_delta: float = 0.4, callback=None):
     """See :func:`impulse_init_`."""
     n, d = ctx.layout.num_patches, ctx.dim
-    x = pseudo_input(pseudo, ctx.pe, (n, d), ctx.generator)
+    pe = _need_pe(ctx, "gd") if "pe" in pseudo else None
+    x = pseudo_input(pseudo, pe, (n, d), ctx.generator)
     solved = None
     for (_, ad), offs in zip(ctx.layers, ctx.offsets):
         if solved is None or not share_solution:
@@ -213,9 +217,9 @@ def impulse_init_(
         raise ValueError(f"unknown solver {solver!r}; valid names: {', '.join(SOLVERS)}")
     check_options(SOLVERS[solver], solver_options, f"impulse solver {solver!r}")
     check_kernel_size(kernel_size)
+    chosen = select_layers(find_attention_layers(model), layers)
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
-    chosen = select_layers(find_attention_layers(model), layers)
     gen = make_generator(generator, seed)
     offsets = _DEFAULT_OFFSETS[solver] if offsets is None else offsets
     per_layer = _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen)
@@ -227,7 +231,6 @@ def impulse_init_(
             raise ValueError(
                 f"pos_embed has shape {tuple(pe.shape)}, expected ({layout.num_patches}, {chosen[0][1].dim})"
             )
-        check_finite("pos_embed", pe)
         pe = pe.detach().reshape(layout.num_patches, -1).double().cpu().clone()
     if pos_embed is not None:
         pe_dst = None

@@ -17,13 +17,13 @@ def pseudo_input(
     noise in [−1, 1]; truncated-normal noise with std √½ (the variance of sin/cos entries);
     or the sum of ``pe`` and either noise (the 2024 paper's ablation inputs). Shape (N, D)."""
     if kind not in PSEUDO_INPUTS:
-        raise ValueError(f"pseudo_input={kind!r}: valid names are {', '.join(PSEUDO_INPUTS)}")
+        raise ValueError(f"pseudo={kind!r}: valid names are {', '.join(PSEUDO_INPUTS)}")
     x = torch.zeros(shape, dtype=torch.float64)
     if "pe" in kind:
         if pe is None:
             raise ValueError(
-                f"pseudo_input={kind!r} needs a position embedding, but the model has none; "
-                "pass pos_embed=<(N, D) tensor> or use pseudo_input='uniform'/'gaussian'"
+                f"pseudo={kind!r} needs a position embedding, but the model has none; "
+                "pass pos_embed=<(N, D) tensor> or use pseudo='uniform'/'gaussian'"
             )
         x = x + pe.detach().to(torch.float64)
     if kind.endswith("uniform"):
