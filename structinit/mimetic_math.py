@@ -57,7 +57,8 @@ def mimetic_vo(
 
     ``reference_layout=True`` reproduces the public ports, which store L and R in
     ``nn.Linear`` without transposing: the composite is then x (R L)ᵀ, not x M (same trace,
-    all-negative diagonal, different noise). Only for comparisons with those ports.
+    a diagonal that is negative on average but not entry by entry, different noise). Only for
+    comparisons with those ports.
     """
     left, right, m = mimetic_factors(dim, gamma, -delta, noise, generator)
     left, right = left[:, :inner], right[:inner]

@@ -107,6 +107,12 @@ def _plan_weights(
     return plan
 
 
+def _post_order(module: nn.Module):
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
 def _finish(model: nn.Module, plan: Plan) -> nn.Module:
     from structinit.adapters import adapter_for  # clear impulse records of rewritten layers
 
@@ -132,10 +138,12 @@ def pytorch_init_(model: nn.Module, *, generator: torch.Generator | None = None,
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed_value)
-        for m in model.modules():
+        # Children before parents, as at construction: nn.MultiheadAttention zeroes its
+        # out_proj bias *after* out_proj has drawn its own.
+        for m in _post_order(model):
             reset = getattr(m, "reset_parameters", None) or (
                 m._reset_parameters if isinstance(m, nn.MultiheadAttention) else None)
-            if callable(reset) and m is not model:
+            if callable(reset):
                 reset()
     plan = Plan()
     pos = getattr(model, "pos_embed", None)

@@ -20,9 +20,14 @@ The features are read out of the (LayerNormed) position embedding Z (N×D) linea
 ridge regression  W = Zᵀ (ZZᵀ + λI)⁻¹ T  with T the N×2m feature table: the minimum-norm
 readout spreads over every coordinate that carries the same positional signal, which keeps
 noise from patch content small, and it lies in the row space of Z, so it sums to zero over
-channels and ignores the mean that LayerNorm removes. For the 2-D sin-cos table this is
-exact; for any other embedding it is the least-squares approximation. The cost is one N×N
-solve per model plus a tiny QP per axis: no D×D SVD and no iterative fit.
+channels and ignores the mean that LayerNorm removes. On the raw sin-cos table the features
+are linear in the embedding and the kernel is exact. Through LayerNorm each token is also
+divided by its own std σ_p (for the sin-cos table σ_p² = ½ − μ_p², μ_p the token's mean,
+varying by about ±10 %), which no linear readout can undo: the ridge fit is then the
+least-squares approximation, as it is for any other embedding. The margin of κ absorbs this
+for usual sizes; :func:`impulse_qk` checks that every target is still each row's argmax on
+the pseudo input and raises otherwise. The cost is one N×N solve per model plus a tiny QP
+per axis: no D×D SVD and no iterative fit.
 """
 
 from __future__ import annotations
@@ -87,8 +92,8 @@ def analytic_qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
 
-    Returns Wq, Wk of shape (heads, D, head_dim), float64, with
-    ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h`` (exact when z is a LayerNormed sin-cos table).
+    Returns Wq, Wk of shape (heads, D, head_dim), float64, with ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h``
+    in the least-squares sense (exact for the raw sin-cos table, see the module doc).
     ``omega`` are the candidate frequencies (the sin-cos table's own are a good choice).
     """
     budget = head_dim // 4
@@ -170,11 +175,27 @@ def impulse_qk(
     ``softmax_scale`` is the scale your attention applies (default head_dim^−½). Write
     ``Wq[h].T`` into the rows of head h of your query projection (``nn.Linear`` layout), ``Wk[h].T``
     into the key projection, and zero their biases.
+
+    Raises ValueError if, on ``z``, some in-grid target is not its row's argmax (the embedding
+    or head is too small to carry the structure; see the module doc).
     """
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     d = z.shape[1]
     wq, wk = analytic_qk(z, grid, offsets, head_dim, sincos_frequencies(4 * max(d // 4, 1)), ridge)
     kernel = torch.einsum("nd,hdr,hre,me->hnm", z.double(), wq, wk.transpose(1, 2), z.double())
+    missed, total = 0, 0
+    for h, off in enumerate(offsets):
+        t = target_index(grid, off)
+        rows = torch.nonzero(t >= 0).squeeze(1)
+        missed += int((kernel[h, rows].argmax(-1) != t[rows]).sum())
+        total += len(rows)
+    if missed:
+        raise ValueError(
+            f"the analytic impulse misses {missed} of {total} targets on the position-only input "
+            f"(embed dim {d}, head_dim={head_dim}, grid {grid[0]}×{grid[1]}): this position embedding "
+            "cannot carry the structure at this size; use a larger embed_dim/head_dim, a smaller kernel, "
+            "or let the init write the sin-cos table (pe_scale)"
+        )
     tau = calibrate_logit_scale(kernel, grid, offsets, target_mass)
     f = math.sqrt(tau / scale)
     return wq * f, wk * f

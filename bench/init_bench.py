@@ -1,0 +1,132 @@
+"""Init speed and impulse fidelity of every impulse solver, on three ViTs, in one run.
+
+For each model and solver: whole-model init time, and fidelity (mean attention mass on the
+target, argmax hit rate; layer 1 and mean over layers) with the position-only pseudo input
+and with real CIFAR-10 test images (0 … n−1, the exact ones; resized to 224 for the 224
+models). The gd solver is timed in full on the first model; on the others its time is
+(time per step, measured after warm-up) × 10,000 and its fidelity comes from a
+``--gd-fidelity-steps`` fit. Analytic is additionally run at its maximum-fidelity sharpness.
+
+    .venv/bin/python bench/init_bench.py                 # full run (≈ 20 min on 2 cores)
+    .venv/bin/python bench/init_bench.py --quick         # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import structinit as si
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+GD_STEPS = 10_000
+
+
+def load_cifar_test(folder: Path, n: int) -> torch.Tensor:
+    """First ``n`` images of CIFAR-10's ``test_batch``, normalised, (n, 3, 32, 32) float32."""
+    path = folder / "test_batch"
+    if not path.is_file():
+        sys.exit(f"error: {path} not found: expected the CIFAR-10 python batches (pass --data-dir)")
+    with open(path, "rb") as f:
+        batch = pickle.load(f, encoding="bytes")
+    x = torch.tensor(batch[b"data"][:n]).reshape(-1, 3, 32, 32).float() / 255
+    return (x - torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)) / torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+
+
+def fresh(name: str, seed: int):
+    model = si.create_model(name)
+    si.init_(model, "pytorch", seed=seed)  # the 2024 setting: everything else at PyTorch defaults
+    return model
+
+
+def timed_init(name: str, opts: dict, seed: int, repeats: int):
+    """Median wall time of ``init_(model, 'impulse', **opts)`` over ``repeats`` fresh models."""
+    times, model = [], None
+    for _ in range(repeats):
+        model = fresh(name, seed)
+        start = time.perf_counter()
+        si.init_(model, "impulse", seed=seed, **opts)
+        times.append(time.perf_counter() - start)
+    return model, statistics.median(times)
+
+
+def gd_seconds_per_step(name: str, seed: int, steps: int = 30) -> float:
+    model = fresh(name, seed)
+    si.init_(model, "impulse", solver="gd", steps=5, seed=seed)  # warm-up
+    start = time.perf_counter()
+    si.init_(model, "impulse", solver="gd", steps=steps, seed=seed)
+    return (time.perf_counter() - start) / steps
+
+
+def summarise(fid: dict) -> tuple[float, float, float, float]:
+    m, h = fid["mass"], fid["hit"]
+    return m[0].mean().item(), h[0].mean().item(), m.mean().item(), h.mean().item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="vit_tiny_patch2_32,vit_tiny_patch16_224,vit_base_patch16_224")
+    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets/cifar-10-batches-py"))
+    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sharp-mass", type=float, default=0.995, help="target_mass of the max-fidelity row")
+    ap.add_argument("--gd-full-model", default="vit_tiny_patch2_32", help="model whose gd fit runs all 10k steps")
+    ap.add_argument("--gd-fidelity-steps", type=int, default=1000, help="gd fit length for fidelity elsewhere")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 16 images, short gd, Ti models only")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    models = args.models.split(",")
+    if args.quick:
+        args.images, args.gd_fidelity_steps, args.gd_full_model = 16, 100, ""
+        models = [m for m in models if "base" not in m]
+    images32 = load_cifar_test(args.data_dir, args.images)
+
+    rows, speed = [], {}
+    for name in models:
+        size = si.create_model(name).patch_embed.img_size[0]
+        images = images32 if size == 32 else F.interpolate(images32, size=size, mode="bilinear", align_corners=False)
+        variants = [
+            ("analytic", {"solver": "analytic"}, 5),
+            (f"analytic, target_mass={args.sharp_mass}", {"solver": "analytic", "target_mass": args.sharp_mass}, 5),
+            ("closed_form", {"solver": "closed_form"}, 1),
+        ]
+        full_gd = name == args.gd_full_model
+        gd_steps = GD_STEPS if full_gd else args.gd_fidelity_steps
+        variants.append((f"gd ({gd_steps} steps)", {"solver": "gd", "steps": gd_steps}, 1))
+        for label, opts, repeats in variants:
+            model, seconds = timed_init(name, opts, args.seed, repeats)
+            time_note = ""
+            if opts["solver"] == "gd" and not full_gd:
+                seconds = gd_seconds_per_step(name, args.seed) * GD_STEPS
+                time_note = " (per-step × 10k)"
+            speed[(name, opts["solver"], label)] = seconds
+            pe = summarise(si.impulse_fidelity(model))
+            real = summarise(si.impulse_fidelity(model, images))
+            rows.append((name, label, f"{seconds:.3f}{time_note}", *pe, *real))
+            print(f"[{name}] {label}: {seconds:.3f}s  PE {pe}  real {real}", file=sys.stderr, flush=True)
+
+    print(f"\n### Impulse init: time and fidelity ({args.images} CIFAR-10 test images, seed {args.seed})\n")
+    print("| model | solver | init time (s) | PE mass L1 | PE mass mean | PE hit L1 | PE hit mean "
+          "| real mass L1 | real mass mean | real hit L1 | real hit mean |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, label, secs, pm1, ph1, pmm, phm, rm1, rh1, rmm, rhm in rows:
+        print(f"| {name} | {label} | {secs} | {pm1:.3f} | {pmm:.3f} | {ph1:.3f} | {phm:.3f} "
+              f"| {rm1:.3f} | {rmm:.3f} | {rh1:.3f} | {rhm:.3f} |")
+    print("\n### Speed-up of analytic over closed_form (same run)\n")
+    print("| model | analytic (s) | closed_form (s) | ratio |")
+    print("|---|---:|---:|---:|")
+    for name in models:
+        a, c = speed[(name, "analytic", "analytic")], speed[(name, "closed_form", "closed_form")]
+        print(f"| {name} | {a:.3f} | {c:.3f} | {c / a:.0f}× |")
+
+
+if __name__ == "__main__":
+    main()
