@@ -57,7 +57,18 @@ def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None
         _run_with_hooks(model, inputs, chosen, keep)
     finally:
         model.train(was_training)
+    _check_all_called(chosen, [m is not None for m in maps])
     return maps
+
+
+def _check_all_called(chosen, called) -> None:
+    missing = [name for (name, _), ok in zip(chosen, called) if not ok]
+    if missing:
+        raise RuntimeError(
+            f"attention layer(s) {', '.join(missing)} were not called through their forward() "
+            "during the model's forward pass (a fused inference fast path, or an unused layer); "
+            "their maps cannot be captured"
+        )
 
 
 def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
@@ -144,6 +155,7 @@ def impulse_fidelity(
                                 lambda i, x: reduce(i, x, prefix=p))
         finally:
             model.train(was_training)
+        _check_all_called(chosen, (counts.sum(1) > 0).tolist())
     valid = counts > 0
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()

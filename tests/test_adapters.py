@@ -559,3 +559,28 @@ def test_non_integer_explicit_grid_is_rejected_not_truncated(grid):
     """The message promises 'two positive ints'; a float grid must not be silently truncated."""
     with pytest.raises((TypeError, ValueError), match=r"grid="):
         structinit.infer_layout(nn.Linear(3, 3), grid=grid)
+
+
+def test_layer_skipped_by_forward_is_an_error_not_a_silent_gap():
+    """A registered attention layer that the forward pass never calls (unused, or bypassed by a
+    fused fast path) cannot have its maps captured: both diagnostics must say so by name."""
+
+    class TwoAttn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos_embed = nn.Parameter(structinit.sincos_2d((4, 4), 32)[None])
+            self.used = nn.MultiheadAttention(32, 2, batch_first=True)
+            self.unused = nn.MultiheadAttention(32, 2, batch_first=True)
+
+        def forward(self, x):
+            x = x + self.pos_embed
+            return self.used(x, x, x)[0]
+
+    model = TwoAttn()
+    structinit.init_(model, "impulse", seed=0, grid=(4, 4))
+    x = torch.randn(2, 16, 32)
+    with pytest.raises(RuntimeError, match="unused"):
+        structinit.attention_maps(model, x)
+    with pytest.raises(RuntimeError, match="unused"):
+        structinit.impulse_fidelity(model, x, grid=(4, 4))
+    assert structinit.attention_maps(model, x, layers=[0])[0].shape == (2, 2, 16, 16)
