@@ -109,7 +109,10 @@ def _analytic(ctx: _Context, plan: Plan, *, target_mass: float = 0.5, pe_scale: 
     for (_, ad), offs in zip(ctx.layers, ctx.offsets):
         key = (tuple(offs), ad.head_dim, ad.scale)
         if key not in cache:
-            cache[key] = impulse_qk(z, ctx.layout.grid, offs, ad.head_dim, target_mass, ad.scale, ridge)
+            wq, wk = impulse_qk(z, ctx.layout.grid, offs, ad.head_dim, target_mass, ad.scale, ridge)
+            # Keep them in nn.Linear memory order (heads, r, D), viewed as (heads, D, r): every
+            # layer's write is then a view, not another transposed copy.
+            cache[key] = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) for w in (wq, wk))
         plan.add_qk(ad, *cache[key], record=_record(ctx, offs, "analytic"))
     _add_value_init(ctx, plan, value_init, vo_gamma, vo_delta)
 
@@ -220,6 +223,9 @@ def impulse_init_(
     chosen = select_layers(find_attention_layers(model), layers)
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
+    dims = sorted({ad.dim for _, ad in chosen})
+    if len(dims) > 1:
+        raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately (layers=)")
     gen = make_generator(generator, seed)
     offsets = _DEFAULT_OFFSETS[solver] if offsets is None else offsets
     per_layer = _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen)
