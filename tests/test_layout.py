@@ -1,0 +1,85 @@
+"""Token layout inference: grid and prefix tokens from the model, or given explicitly."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import structinit
+from attention_modules import SepViT
+
+# ---------------------------------------------------------------------------------------------
+# layout inference
+# ---------------------------------------------------------------------------------------------
+
+
+class PosOnly(nn.Module):
+    def __init__(self, rows, dim=8, cls=False, reg=0, no_embed_class=False):
+        super().__init__()
+        self.pos_embed = nn.Parameter(torch.zeros(1, rows, dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cls else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg, dim)) if reg else None
+        self.no_embed_class = no_embed_class
+
+
+def test_layout_from_patch_embed_grid_size():
+    model = structinit.create_model("vit_micro_patch2_16")
+    assert structinit.infer_layout(model) == structinit.TokenLayout((8, 8), 0)
+    cls = structinit.create_model("vit_micro_patch2_16", img_size=12, class_token=True, global_pool="token")
+    lay = structinit.infer_layout(cls)
+    assert lay.grid == (6, 6) and lay.num_prefix_tokens == 1 and lay.num_patches == 36
+
+
+def test_layout_patch_embed_wins_over_pos_embed_shape():
+    model = SepViT(img=(8, 12))  # grid 4×6 from patch_embed, pos_embed has 24 rows
+    assert structinit.infer_layout(model).grid == (4, 6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(side=st.integers(1, 12), cls=st.booleans(), reg=st.integers(0, 3), no_embed_class=st.booleans())
+def test_layout_from_square_pos_embed(side, cls, reg, no_embed_class):
+    prefix = int(cls) + reg
+    rows = side * side + (0 if no_embed_class else prefix)
+    model = PosOnly(rows, cls=cls, reg=reg, no_embed_class=no_embed_class)
+    lay = structinit.infer_layout(model)
+    assert lay.grid == (side, side)
+    assert lay.num_prefix_tokens == prefix
+
+
+def test_explicit_grid_and_prefix_win():
+    model = structinit.create_model("vit_micro_patch2_16")
+    assert structinit.infer_layout(model, grid=(4, 16)).grid == (4, 16)
+    assert structinit.infer_layout(model, num_prefix_tokens=2).num_prefix_tokens == 2
+    assert structinit.infer_layout(PosOnly(24), grid=(4, 6)).grid == (4, 6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(h=st.integers(1, 9), w=st.integers(1, 9))
+def test_non_square_pos_embed_without_grid_raises(h, w):
+    n = h * w
+    if math.isqrt(n) ** 2 == n:
+        n += 1  # make it non-square
+    with pytest.raises(ValueError, match=r"grid=") as info:
+        structinit.infer_layout(PosOnly(n))
+    assert "PosOnly" in str(info.value)
+
+
+def test_no_pos_embed_no_patch_embed_raises():
+    with pytest.raises(ValueError, match=r"grid="):
+        structinit.infer_layout(nn.Linear(3, 3))
+
+
+@pytest.mark.parametrize("grid", [(0, 4), (4, -1), (4,), (1, 2, 3)])
+def test_invalid_explicit_grid_raises(grid):
+    with pytest.raises(ValueError, match=r"grid="):
+        structinit.infer_layout(nn.Linear(3, 3), grid=grid)
+
+
+@pytest.mark.parametrize("grid", [(4.5, 4), (4, 3.9)])
+def test_non_integer_explicit_grid_is_rejected_not_truncated(grid):
+    """The message promises 'two positive ints'; a float grid must not be silently truncated."""
+    with pytest.raises((TypeError, ValueError), match=r"grid="):
+        structinit.infer_layout(nn.Linear(3, 3), grid=grid)
