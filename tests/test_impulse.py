@@ -348,3 +348,21 @@ def test_gd_share_solution_copies_one_fit_to_every_layer():
     assert torch.equal(model.blocks[0].attn.qkv.weight[:64], model.blocks[1].attn.qkv.weight[:64])
     structinit.init_(model, "impulse", solver="gd", steps=20, lr=1e-2, share_solution=False, seed=0)
     assert not torch.equal(model.blocks[0].attn.qkv.weight[:64], model.blocks[1].attn.qkv.weight[:64])
+
+
+def test_analytic_reads_structure_out_of_a_learned_random_pe_when_it_has_the_rank():
+    """With pe_scale=None the analytic solver reads the sin/cos features out of whatever PE the
+    model has. A random learned PE (timm's randn·0.02) of width D ≥ N tokens can carry any
+    per-token features, so every target is hit; with D < N it cannot, and the init refuses
+    (naming the sizes) instead of writing a broken structure."""
+    wide = structinit.VisionTransformer(img_size=16, patch_size=2, embed_dim=96, depth=1, num_heads=3,
+                                        class_token=False, global_pool="avg", pos_embed="learn")
+    before = wide.pos_embed.detach().clone()
+    structinit.init_(wide, "impulse", seed=0, pe_scale=None, target_mass=0.6)
+    assert torch.equal(wide.pos_embed, before)
+    fid = structinit.impulse_fidelity(wide)
+    assert fid["hit"].min() == 1.0 and abs(fid["mass"].mean().item() - 0.6) < 1e-3
+
+    narrow = small_vit(pos_embed="learn")  # D = 32 < N = 64
+    with pytest.raises(ValueError, match=r"misses \d+ of \d+ targets.*embed dim 32"):
+        structinit.init_(narrow, "impulse", seed=0, pe_scale=None)
