@@ -16,10 +16,14 @@ from structinit.adapters import (
     unregister_adapter,
 )
 from structinit.analysis import attention_maps, impulse_fidelity
+from structinit.augment import Augment
+from structinit.compare import compare
+from structinit.data import ArrayDataset, holdout_split, load_dataset, stratified_subset
 from structinit.layout import TokenLayout, infer_layout
 from structinit.mimetic_math import mimetic_factors, mimetic_qk, mimetic_vo
 from structinit.models import VisionTransformer, create_model, list_models
 from structinit.posembed import sincos_2d
+from structinit.recipes import RECIPES, recipe
 from structinit.schemes.baselines import (
     jax_init_,
     kaiming_uniform_init_,
@@ -40,6 +44,7 @@ from structinit.targets import (
     random_offsets,
     target_index,
 )
+from structinit.train import TrainConfig, train
 
 __version__ = "0.1.0"
 
@@ -60,4 +65,7 @@ __all__ = [
     "register_adapter", "unregister_adapter", "find_attention_layers", "TokenLayout", "infer_layout",
     # diagnostics
     "attention_maps", "impulse_fidelity",
+    # training harness
+    "TrainConfig", "train", "recipe", "RECIPES", "compare",
+    "ArrayDataset", "load_dataset", "stratified_subset", "holdout_split", "Augment",
 ]

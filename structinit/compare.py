@@ -1,0 +1,110 @@
+"""Compare initialisations: the same recipe trained with several inits and seeds.
+
+Runs go one after another into ``out_dir/<init label>/seed<k>``; a finished run is not
+redone and a half-finished one resumes from its checkpoint, so an interrupted comparison
+continues where it stopped. The summary is a mean ± std table, an accuracy-vs-epoch plot
+(PNG) and a JSON file.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import statistics
+from pathlib import Path
+from typing import Any
+
+from structinit.checkpoint import atomic_write_bytes, write_json
+from structinit.train import TrainConfig, train
+
+
+def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``'impulse:target_mass=0.3,solver=analytic'`` → ``('impulse', {...})``; values are Python
+    literals where they parse as one (numbers, None, tuples), strings otherwise."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
+def primary_metric(final: dict[str, float]) -> str:
+    """The metric a run is judged on: held-out accuracy if there is one, else test accuracy."""
+    for key in ("holdout_acc", "test_acc"):
+        if key in final:
+            return key
+    raise ValueError(f"no evaluation accuracy in {sorted(final)}")
+
+
+def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
+            progress: bool = True) -> dict[str, Any]:
+    """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict."""
+    out = Path(out_dir)
+    runs: dict[str, list[dict]] = {}
+    for spec in inits:
+        name, options = parse_init_spec(spec)
+        label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
+        for seed in seeds:
+            cfg = dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
+                                      init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+            print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
+            runs.setdefault(spec, []).append(train(cfg, resume=True, progress=progress))
+    summary = summarise(runs)
+    write_json(out / "summary.json", summary)
+    atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
+    plot_curves(runs, out / "accuracy.png")
+    return summary
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    table = {}
+    for spec, results in runs.items():
+        metric = primary_metric(results[0]["final"])
+        accs = [r["final"][metric] for r in results]
+        table[spec] = {"metric": metric, "accs": accs, "mean": statistics.fmean(accs),
+                       "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                       "seeds": [r["seed"] for r in results], "wall_s": [r["wall_s"] for r in results]}
+    return table
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = ["| init | metric | accuracy % (mean ± std) | per seed | minutes per run |", "|---|---|---:|---|---:|"]
+    for spec, s in summary.items():
+        per_seed = ", ".join(f"{100 * a:.2f}" for a in s["accs"])
+        minutes = statistics.fmean(s["wall_s"]) / 60
+        lines.append(f"| {spec} | {s['metric']} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} | {per_seed} | "
+                     f"{minutes:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
+    """Mean evaluation accuracy per epoch for every init (shaded: min–max over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for spec, results in runs.items():
+        metric = primary_metric(results[0]["final"])
+        curves = [[(r["epoch"], r[metric]) for r in res["history"] if metric in r] for res in results]
+        epochs = [e for e, _ in curves[0]]
+        values = [[100 * v for _, v in c] for c in curves]
+        mean = [statistics.fmean(col) for col in zip(*values)]
+        line, = ax.plot(epochs, mean, label=spec)
+        if len(values) > 1:
+            ax.fill_between(epochs, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)],
+                            color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)

@@ -1,0 +1,149 @@
+"""MNIST and Fashion-MNIST from their official IDX files (gzip-compressed or not).
+
+IDX (http://yann.lecun.com/exdb/mnist/): a big-endian header — two zero bytes, a type byte
+(0x08 = unsigned byte), the number of dimensions, then each dimension as a uint32 — followed by
+the values, row-major. Images are magic 2051 (0x00000803: uint8, 3 dims N×28×28), labels magic
+2049 (0x00000801: uint8, 1 dim N).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from structinit.data.datasets import DATASET_STATS, ArrayDataset, DatasetFormatError, DatasetNotFoundError
+
+__all__ = ["FASHION_MNIST_CLASSES", "IMAGES_MAGIC", "LABELS_MAGIC", "load_idx_dataset", "read_idx"]
+
+IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]  # fmt: skip
+_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+# Sub-folders tried under root, most specific first: our download layout, then torchvision's.
+_SUBDIRS = {"mnist": ("mnist", "MNIST/raw"), "fashion_mnist": ("fashion-mnist", "FashionMNIST/raw")}
+
+
+def _read_bytes(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head != b"\x1f\x8b":  # gzip magic; sniffed so a mis-named file still reads
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DatasetFormatError(
+            f"{path}: the gzip stream is truncated or corrupted ({type(exc).__name__}: {exc}); "
+            "delete it and re-download (download=True)"
+        ) from exc
+
+
+def read_idx(path: str | Path, magic: int, shape: tuple[int | None, ...], what: str = "values") -> np.ndarray:
+    """Read a uint8 IDX file and check its header.
+
+    Args:
+        path: the file, gzip-compressed or not.
+        magic: expected magic number (2051 images, 2049 labels).
+        shape: expected dimensions; ``None`` matches any size (e.g. the count N).
+        what: noun for messages ("pixels", "labels").
+
+    Returns:
+        uint8 array of the header's shape.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if len(data) < 4:
+        raise DatasetFormatError(f"{path}: {len(data)} bytes, shorter than the 4-byte IDX magic number")
+    (found_magic,) = struct.unpack(">I", data[:4])
+    if found_magic != magic:
+        raise DatasetFormatError(
+            f"{path}: IDX magic number is {found_magic}, expected {magic} (uint8, {len(shape)}-D {what}); "
+            "this is not the right IDX file, or it is corrupted"
+        )
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DatasetFormatError(f"{path}: {len(data)} bytes, shorter than its {header}-byte IDX header")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    if any(want is not None and got != want for got, want in zip(dims, shape)):
+        want_s = "×".join("N" if w is None else str(w) for w in shape)
+        raise DatasetFormatError(f"{path}: IDX dimensions are {'×'.join(map(str, dims))}, expected {want_s}")
+    count = math.prod(dims)
+    payload = len(data) - header
+    if payload != count:
+        raise DatasetFormatError(
+            f"{path}: expected {'×'.join(map(str, dims))} = {count} bytes of {what} after the header, "
+            f"found {payload} — the file is {'truncated' if payload < count else 'too long'}; "
+            "delete it and re-download (download=True)"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for name in (stem, f"{stem}.gz"):  # the uncompressed file is faster to read
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _locate(root: Path, name: str, split: str) -> tuple[Path, Path]:
+    stems = _FILES[split]
+    folders = [root / sub for sub in _SUBDIRS[name]] + [root]
+    for folder in folders:
+        found = [_find(folder, stem) for stem in stems]
+        if all(found):
+            return found[0], found[1]
+        if any(found):
+            missing = stems[found.index(None)]
+            raise FileNotFoundError(
+                f"{folder / missing}[.gz] not found: {folder} has the {split} "
+                f"{'labels' if found[1] else 'images'} but not the other file; restore it or re-download "
+                "(download=True)"
+            )
+    tried = ", ".join(str(f) for f in folders)
+    raise DatasetNotFoundError(
+        f"{name} {split} files not found: expected {stems[0]}[.gz] and {stems[1]}[.gz] in one of {tried}; "
+        "pass download=True (--download) or root= the folder that contains them"
+    )
+
+
+def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train") -> ArrayDataset:
+    """MNIST (``name="mnist"``) or Fashion-MNIST (``"fashion_mnist"``): images uint8 (N, 1, 28, 28).
+
+    Files are looked for in ``root/mnist`` (``root/fashion-mnist``), torchvision's
+    ``root/MNIST/raw`` (``root/FashionMNIST/raw``), then ``root`` itself.
+    """
+    if name not in _SUBDIRS:
+        raise ValueError(f"name={name!r}: expected 'mnist' or 'fashion_mnist'")
+    if split not in _FILES:
+        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    images_path, labels_path = _locate(Path(root).expanduser(), name, split)
+    images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
+    labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")
+    if labels.shape[0] != images.shape[0]:
+        raise DatasetFormatError(
+            f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images; "
+            "expected one label per image (are the files from the same split?)"
+        )
+    if labels.size and labels.max() >= 10:
+        raise DatasetFormatError(f"{labels_path}: labels out of range: found {int(labels.max())}, expected 0..9")
+    mean, std = DATASET_STATS[name]
+    classes = FASHION_MNIST_CLASSES if name == "fashion_mnist" else [str(i) for i in range(10)]
+    return ArrayDataset(
+        images=torch.from_numpy(images.reshape(-1, 1, 28, 28).copy()),
+        labels=torch.from_numpy(labels.astype(np.int64)),
+        classes=list(classes),
+        name=name,
+        mean=mean,
+        std=std,
+    )

@@ -1,0 +1,178 @@
+"""The training harness on the embedded digits set: learning, exact resume after a real kill,
+non-finite loss handling, distributed data parallel on CPU, checkpoints, metrics, compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from structinit.checkpoint import load_checkpoint, save_checkpoint
+from structinit.compare import compare, parse_init_spec
+from structinit.recipes import recipe
+from structinit.train import NonFiniteLossError, TrainConfig, cosine_lr, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def digits(tmp_path: Path, **kw) -> TrainConfig:
+    """The digits recipe on all 1,437 training images (the recipe itself uses 300)."""
+    return recipe("digits", out_dir=str(tmp_path / "run"), **{"epochs": 3, "train_size": None, **kw})
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_digits_learns_and_writes_run_files(tmp_path):
+    result = train(digits(tmp_path, epochs=6, init="impulse"), progress=False)
+    run = tmp_path / "run"
+    assert result["final"]["test_acc"] > 0.5  # 10 classes: chance is 0.1
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 7))
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"epoch", "train_loss", "test_acc", "images_per_s"} <= set(header)
+    saved = json.loads((run / "result.json").read_text())
+    assert saved["config"]["init"] == "impulse" and saved["versions"]["torch"] == torch.__version__
+    assert saved["epochs_done"] == 6 and saved["wall_s"] > 0
+
+
+def test_same_seed_same_run_bit_identical(tmp_path):
+    a = train(digits(tmp_path / "a", epochs=2), progress=False)
+    b = train(digits(tmp_path / "b", epochs=2), progress=False)
+    assert a["final"] == b["final"]
+    assert states_equal(load_checkpoint(tmp_path / "a/run/checkpoint.pt")["model"],
+                        load_checkpoint(tmp_path / "b/run/checkpoint.pt")["model"])
+
+
+def test_existing_run_needs_resume_and_same_config(tmp_path):
+    cfg = digits(tmp_path, epochs=1)
+    train(cfg, progress=False)
+    with pytest.raises(FileExistsError, match="resume"):
+        train(cfg, progress=False)
+    assert train(cfg, resume=True, progress=False)["epochs_done"] == 1  # finished: returned as is
+    changed = digits(tmp_path, epochs=1, lr=5e-3)
+    with pytest.raises(ValueError, match="lr"):
+        train(changed, resume=True, progress=False)
+
+
+def _cli(out: Path, epochs: int) -> list[str]:
+    # Small batches make each epoch long enough (~1 s) to be killed in the middle.
+    return [sys.executable, "-m", "structinit", "train", "--recipe", "digits", "--init", "impulse",
+            "--epochs", str(epochs), "--batch-size", "16", "--set", "train_size=None", "--out", str(out),
+            "--no-progress"]
+
+
+def test_killed_run_resumes_to_bit_identical_weights(tmp_path):
+    """Kill a real training process (SIGKILL) in the middle of an epoch, resume it, and get
+    exactly the weights of a run that was never interrupted."""
+    epochs = 4
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = tmp_path / "reference"
+    subprocess.run(_cli(reference, epochs), check=True, env=env, cwd=ROOT, capture_output=True)
+
+    victim = tmp_path / "victim"
+    proc = subprocess.Popen(_cli(victim, epochs), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = victim / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.02)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    epoch_seconds = rows[1]["wall_s"] - rows[0]["wall_s"]
+    time.sleep(0.5 * epoch_seconds)  # half-way through epoch 3
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = load_checkpoint(victim / "checkpoint.pt")["epoch"]
+    assert killed_at < epochs, "the process finished before it could be killed"
+
+    subprocess.run([*_cli(victim, epochs), "--resume"], check=True, env=env, cwd=ROOT, capture_output=True)
+    done, ref = load_checkpoint(victim / "checkpoint.pt"), load_checkpoint(reference / "checkpoint.pt")
+    assert done["epoch"] == epochs
+    assert states_equal(done["model"], ref["model"])
+    assert [r["epoch"] for r in done["history"]] == list(range(1, epochs + 1))
+    lines = (victim / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == list(range(1, epochs + 1))  # no duplicates
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    # Epoch 1 warms up at a flat, tiny lr; from epoch 2 the "cosine decay" runs from lr up to an
+    # absurd min_lr (min_lr > lr), without clipping, so the loss blows up in epoch 2.
+    cfg = digits(tmp_path, epochs=3, warmup_epochs=1, warmup_lr=1e-6, lr=1e-6, min_lr=1e12, grad_clip=None)
+    with pytest.raises(NonFiniteLossError, match="not finite"):
+        train(cfg, progress=False)
+    saved = load_checkpoint(tmp_path / "run/checkpoint.pt")
+    assert saved["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.dtype.is_floating_point)
+
+
+def test_checkpoint_atomic_and_safe(tmp_path):
+    path = tmp_path / "ck.pt"
+    save_checkpoint(path, {"a": torch.arange(3), "n": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # no temporary left behind
+    assert torch.equal(load_checkpoint(path)["a"], torch.arange(3))
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(ValueError, match=r"ck\.pt"):
+        load_checkpoint(path)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(ValueError, match="not a readable"):
+        load_checkpoint(path)
+    with pytest.raises(FileNotFoundError, match=r"missing\.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_distributed_two_processes_gloo(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "structinit", "train", "--recipe", "digits", "--epochs", "5", "--set", "train_size=None",
+           "--out", str(out), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and result["final"]["test_acc"] > 0.5  # chance is 0.1
+    assert proc.stdout.count("result.json") == 1  # only rank 0 reports
+
+
+def test_cosine_schedule_shape():
+    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_lr=0.0)
+    assert cosine_lr(0, 100, 10, cfg) == 0.0
+    assert cosine_lr(10, 100, 10, cfg) == pytest.approx(1.0)
+    assert cosine_lr(55, 100, 10, cfg) == pytest.approx(0.55)
+    assert cosine_lr(100, 100, 10, cfg) == pytest.approx(0.1)
+
+
+def test_compare_resumes_without_redoing_finished_runs(tmp_path):
+    base = recipe("digits", epochs=2, train_size=None)
+    out = tmp_path / "cmp"
+    first = compare(base, ["pytorch", "impulse:target_mass=0.3"], [0, 1], out, progress=False)
+    assert set(first) == {"pytorch", "impulse:target_mass=0.3"}
+    assert len(first["pytorch"]["accs"]) == 2 and (out / "accuracy.png").stat().st_size > 1000
+    finished = out / "pytorch/seed0/result.json"
+    stamp = finished.stat().st_mtime_ns
+    (out / "pytorch/seed1/result.json").unlink()  # as if killed after its last checkpoint
+    again = compare(base, ["pytorch", "impulse:target_mass=0.3"], [0, 1], out, progress=False)
+    assert finished.stat().st_mtime_ns == stamp
+    assert again["pytorch"]["accs"] == first["pytorch"]["accs"]
+    assert "± " in (out / "summary.md").read_text()
+
+
+def test_parse_init_spec():
+    assert parse_init_spec("impulse:target_mass=0.3,solver=gd,offsets=enumerated") == (
+        "impulse", {"target_mass": 0.3, "solver": "gd", "offsets": "enumerated"})
+    assert parse_init_spec("timm") == ("timm", {})
+    with pytest.raises(ValueError, match="key=value"):
+        parse_init_spec("impulse:oops")
