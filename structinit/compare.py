@@ -46,15 +46,15 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
             progress: bool = True) -> dict[str, Any]:
     """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict."""
     out = Path(out_dir)
-    runs: dict[str, list[dict]] = {}
-    for spec in inits:
-        name, options = parse_init_spec(spec)
-        label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
-        for seed in seeds:
+    runs: dict[str, list[dict]] = {spec: [] for spec in inits}
+    for seed in seeds:  # seed-major: a complete table for the first seed comes first
+        for spec in inits:
+            name, options = parse_init_spec(spec)
+            label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
             cfg = dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
                                       init_seed=None, out_dir=str(out / label / f"seed{seed}"))
             print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
-            runs.setdefault(spec, []).append(train(cfg, resume=True, progress=progress))
+            runs[spec].append(train(cfg, resume=True, progress=progress))
     summary = summarise(runs)
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))

@@ -23,6 +23,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         model="vit_cpu_patch4_32", dataset="cifar10", epochs=30, batch_size=128, lr=1e-3, eps=1e-8,
         weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="crop4,flip",
         label_smoothing=0.1, precision="auto", train_size=5000, holdout=10000, holdout_mode="last",
+        eval_every=3,  # evaluating 10k images costs ~8 s; every epoch would add ~4 min a run
     ),
     # The embedded demo: scikit-learn's 8×8 digits, no download, seconds per run. 300 training
     # images (30 per class) put it in the small-data regime where the init matters.
