@@ -1,0 +1,88 @@
+"""Training options beyond the defaults: EMA, precision, torch.compile, recipes and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from structinit import cli
+from structinit.checkpoint import load_checkpoint
+from structinit.recipes import RECIPES, recipe
+from structinit.train import EMA, resolve_precision, train
+
+
+def digits(tmp_path: Path, **kw):
+    return recipe("digits", out_dir=str(tmp_path / "run"), **{"epochs": 2, "train_size": None, **kw})
+
+
+def test_ema_tracks_weights_and_is_evaluated(tmp_path):
+    result = train(digits(tmp_path, ema_decay=0.9), progress=False)
+    assert "ema_test_acc" in result["final"]
+    saved = load_checkpoint(tmp_path / "run/checkpoint.pt")
+    w, e = saved["model"]["head.weight"], saved["ema"]["head.weight"]
+    assert not torch.equal(w, e) and (w - e).abs().max() < w.abs().max()
+
+
+def test_ema_update_formula():
+    model = torch.nn.Linear(2, 2)
+    ema = EMA(model, decay=0.75)
+    old = ema.state["weight"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.state["weight"], 0.75 * old + 0.25 * model.weight)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_trains(tmp_path, precision):
+    result = train(digits(tmp_path, precision=precision, epochs=4), progress=False)
+    assert result["final"]["test_acc"] > 0.3 and all(torch.isfinite(torch.tensor(list(result["final"].values()))))
+
+
+def test_precision_resolution():
+    cpu = torch.device("cpu")
+    assert resolve_precision("fp32", cpu) is None
+    assert resolve_precision("bf16", cpu) is torch.bfloat16
+    assert resolve_precision("auto", cpu) in (None, torch.bfloat16)
+    with pytest.raises(ValueError, match="precision='half'"):
+        resolve_precision("half", cpu)
+
+
+def test_recipes_are_complete_and_overridable():
+    assert set(RECIPES) >= {"paper-cifar", "cpu-cifar", "digits"}
+    paper = recipe("paper-cifar")
+    assert (paper.model, paper.batch_size, paper.epochs, paper.eps, paper.weight_decay) == (
+        "vit_tiny_patch2_32", 512, 200, 1e-3, 0.01)
+    assert (paper.grad_clip, paper.warmup_epochs, paper.min_lr, paper.augment) == (3.0, 10, 1e-6, "flip,ra2-9-0.5")
+    assert recipe("cpu-cifar", epochs=3).epochs == 3
+    with pytest.raises(TypeError, match="unknown training option"):
+        recipe("digits", epochz=3)
+    with pytest.raises(ValueError, match="valid names"):
+        recipe("nope")
+
+
+def test_cli_train_maps_flags_and_resumes(tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["train", "--recipe", "digits", "--init", "impulse:target_mass=0.3", "--epochs", "1", "--lr", "0.003",
+            "--set", "warmup_epochs=0.5", "--set", "train_size=None", "--out", str(out), "--no-progress"]
+    assert cli.main(args) == 0
+    config = json.loads((out / "result.json").read_text())["config"]
+    assert (config["init"], config["init_options"], config["lr"], config["warmup_epochs"], config["train_size"]) == (
+        "impulse", {"target_mass": 0.3}, 0.003, 0.5, None)
+    assert "result.json" in capsys.readouterr().out
+    with pytest.raises(FileExistsError):
+        cli.main(args)
+    assert cli.main([*args, "--resume"]) == 0
+
+
+@pytest.mark.skipif(os.environ.get("STRUCTINIT_SKIP_COMPILE") == "1", reason="compile disabled")
+def test_torch_compile_path_trains(tmp_path):
+    """torch.compile on CPU needs a C++ toolchain; the harness must train the same model."""
+    result = train(digits(tmp_path, compile=True, epochs=1), progress=False)
+    assert 0.0 <= result["final"]["test_acc"] <= 1.0
+    saved = load_checkpoint(tmp_path / "run/checkpoint.pt")
+    assert "head.weight" in saved["model"]  # the plain module's keys, not _orig_mod.*
