@@ -1,4 +1,4 @@
-"""Fixed 2-D sine-cosine position embeddings (timm's layout) and helpers to recognise them."""
+"""Fixed 2-D sine-cosine position embeddings in timm's layout."""
 
 from __future__ import annotations
 
@@ -33,15 +33,3 @@ def sincos_2d(
     y = y.reshape(-1, 1) * omega
     x = x.reshape(-1, 1) * omega
     return torch.cat([y.sin(), x.sin(), y.cos(), x.cos()], dim=1).to(dtype)
-
-
-def sincos_scale(pe: torch.Tensor, grid: tuple[int, int], rtol: float = 1e-4) -> float | None:
-    """If ``pe`` (N×D) equals s · :func:`sincos_2d` for a scalar s > 0, return s, else None."""
-    if pe.ndim != 2 or pe.shape[0] != grid[0] * grid[1] or pe.shape[1] % 4:
-        return None
-    table = sincos_2d(grid, pe.shape[1], dtype=torch.float64)
-    pe = pe.detach().to(torch.float64)
-    scale = float((pe * table).sum() / (table * table).sum())
-    if scale <= 0 or not torch.allclose(pe, scale * table, rtol=rtol, atol=rtol * abs(scale)):
-        return None
-    return scale

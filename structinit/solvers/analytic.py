@@ -139,16 +139,6 @@ def _target_logits(kernel_logits: torch.Tensor, grid, offsets):
     return torch.cat(rows), torch.cat(cols)
 
 
-def mean_target_mass(logits: torch.Tensor, grid: tuple[int, int], offsets: list[Offset]) -> torch.Tensor:
-    """Mean softmax mass on each head's target, over rows whose target is inside the grid.
-    ``logits`` has shape (heads, N, N); returns (heads,)."""
-    out = []
-    for h, off in enumerate(offsets):
-        rows, cols = _target_logits(logits[h : h + 1], grid, [off])
-        out.append(rows.softmax(-1).gather(1, cols[:, None]).mean())
-    return torch.stack(out)
-
-
 def calibrate_logit_scale(
     kernel_logits: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], mass: float
 ) -> float:
