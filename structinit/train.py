@@ -14,6 +14,8 @@ takes every world-th image of the epoch's permutation and a batch of batch_size 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import platform
@@ -221,6 +223,31 @@ def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
         )
 
 
+def init_fingerprint(model: nn.Module) -> str:
+    """SHA-256 of the model's initial state dict (names, dtypes, shapes and bytes, in order).
+
+    A checkpoint records it, so resuming (or re-reading a finished run in ``compare``) under
+    an init whose code or defaults have since changed is refused instead of silently mixing
+    runs that did not start from the same weights.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _check_same_init(state: dict, fingerprint: str, path: Path) -> None:
+    saved = state.get("init_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise ValueError(
+            f"{path} was trained from different initial weights than this configuration gives now "
+            f"(init fingerprint {saved[:12]}… vs {fingerprint[:12]}…): the init's code or defaults, or the "
+            "torch version, changed since; start a new run in another --out folder"
+        )
+
+
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train, evaluate every ``eval_every`` epochs, checkpoint every epoch; return the result
@@ -240,10 +267,6 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
         state = load_checkpoint(ckpt_path)
         _check_resumable(state["config"], cfg, ckpt_path)
-        if state.get("finished") and result_path.exists():
-            import json
-
-            return json.loads(result_path.read_text())
     if cfg.batch_size % world:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {world} processes")
     dtype = resolve_precision(cfg.precision, device)
@@ -255,7 +278,13 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     mean = torch.tensor(train_ds.mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(train_ds.std, device=device).view(1, -1, 1, 1)
 
-    model = build_model(cfg, train_ds).to(device)
+    model = build_model(cfg, train_ds)
+    fingerprint = init_fingerprint(model)
+    if state is not None:
+        _check_same_init(state, fingerprint, ckpt_path)
+        if state.get("finished") and result_path.exists():
+            return json.loads(result_path.read_text())
+    model = model.to(device)
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
     ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
@@ -337,12 +366,12 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                 "config": cfg.to_dict(), "epoch": epoch + 1, "model": model.state_dict(),
                 "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
                 "ema": None if ema is None else ema.state, "history": history, "wall_s": row["wall_s"],
-                "finished": epoch + 1 == cfg.epochs,
+                "finished": epoch + 1 == cfg.epochs, "init_fingerprint": fingerprint,
             })
             log.append(row)
         if world > 1:
             dist.barrier()
-    result = _result(cfg, history, world)
+    result = _result(cfg, history, world) | {"init_fingerprint": fingerprint}
     if rank == 0:
         write_json(result_path, result)
     return result

@@ -64,6 +64,20 @@ def test_existing_run_needs_resume_and_same_config(tmp_path):
         train(changed, resume=True, progress=False)
 
 
+def test_resume_refuses_a_run_whose_init_changed_since(tmp_path, monkeypatch):
+    """The checkpoint records a fingerprint of the initial weights: when an init's defaults
+    change, an old run with the same spelled-out config is not silently resumed or reused."""
+    from structinit.schemes import impulse
+
+    cfg = digits(tmp_path, epochs=1, init="impulse")
+    first = train(cfg, progress=False)
+    assert len(first["init_fingerprint"]) == 64
+    assert train(cfg, resume=True, progress=False)["final"] == first["final"]  # unchanged: reused
+    monkeypatch.setitem(impulse._analytic.__kwdefaults__, "target_mass", 0.6)  # "a new default"
+    with pytest.raises(ValueError, match=r"checkpoint\.pt was trained from different initial weights"):
+        train(cfg, resume=True, progress=False)
+
+
 def _cli(out: Path, epochs: int) -> list[str]:
     # Small batches make each epoch long enough (~1 s) to be killed in the middle.
     return [sys.executable, "-m", "structinit", "train", "--recipe", "digits", "--init", "impulse",
