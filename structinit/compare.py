@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from structinit.checkpoint import atomic_write_bytes, write_json
+from structinit.schemes.registry import get_scheme
 from structinit.train import TrainConfig, train
 
 
@@ -23,7 +24,7 @@ def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
     literals where they parse as one (numbers, None, tuples), strings otherwise."""
     name, _, rest = spec.partition(":")
     options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, _split_top_level(rest)):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
@@ -32,6 +33,17 @@ def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
         except (ValueError, SyntaxError):
             options[key.strip()] = value.strip()
     return name.strip(), options
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets, so ``layers=(0,1),pe_scale=1`` gives two items."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]]
 
 
 def primary_metric(final: dict[str, float]) -> str:
@@ -46,10 +58,13 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
             progress: bool = True) -> dict[str, Any]:
     """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict."""
     out = Path(out_dir)
+    parsed = {spec: parse_init_spec(spec) for spec in inits}  # every spec is checked before any run
+    for name, _ in parsed.values():
+        get_scheme(name)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
         for spec in inits:
-            name, options = parse_init_spec(spec)
+            name, options = parsed[spec]
             label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
             cfg = dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
                                       init_seed=None, out_dir=str(out / label / f"seed{seed}"))

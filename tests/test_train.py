@@ -187,6 +187,18 @@ def test_compare_resumes_without_redoing_finished_runs(tmp_path):
 def test_parse_init_spec():
     assert parse_init_spec("impulse:target_mass=0.3,solver=gd,offsets=enumerated") == (
         "impulse", {"target_mass": 0.3, "solver": "gd", "offsets": "enumerated"})
+    # commas inside brackets belong to the value
+    assert parse_init_spec("impulse:layers=(0,1,2),pe_scale=1.0,offsets=[(0,1),(1,0)]") == (
+        "impulse", {"layers": (0, 1, 2), "pe_scale": 1.0, "offsets": [(0, 1), (1, 0)]})
+
+
+def test_compare_checks_every_spec_before_training(tmp_path):
+    base = recipe("digits", epochs=1, train_size=None)
+    with pytest.raises(ValueError, match="unknown scheme 'bogus'"):
+        compare(base, ["pytorch", "bogus"], [0], tmp_path / "cmp", progress=False)
+    with pytest.raises(ValueError, match="expected name:key=value"):
+        compare(base, ["pytorch", "impulse:pe_scale"], [0], tmp_path / "cmp", progress=False)
+    assert not (tmp_path / "cmp").exists()  # nothing was trained
     assert parse_init_spec("timm") == ("timm", {})
     with pytest.raises(ValueError, match="key=value"):
         parse_init_spec("impulse:oops")
