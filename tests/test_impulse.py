@@ -234,9 +234,13 @@ def test_pe_scale_writes_scaled_sincos_into_grid_rows():
     assert torch.equal(model.pos_embed[0, 0].detach(), cls_row)  # the class token's row is not on the grid
     assert model.pos_embed.requires_grad  # still learned
     assert hit_and_mass(model)[0].min().item() == 1.0
-    # default pe_scale = 4 also on a fixed sin-cos PE
+    # the default pe_scale = 1 replaces a learned PE by the plain table, and also writes a fixed one
+    torch.manual_seed(0)
+    learned = small_vit(class_token=True, global_pool="token", pos_embed="learn")
+    structinit.init_(learned, "impulse", seed=0)
+    torch.testing.assert_close(learned.pos_embed[0, 1:].detach(), table, atol=1e-6, rtol=1e-6)
     fixed = structinit.create_model("vit_micro_patch2_16")
-    structinit.init_(fixed, "impulse", seed=0)
+    structinit.init_(fixed, "impulse", seed=0, pe_scale=4.0)
     torch.testing.assert_close(fixed.pos_embed[0].detach(), 4.0 * table, atol=1e-6, rtol=1e-6)
 
 
