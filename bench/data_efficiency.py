@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from structinit.compare import compare, format_summary
+from structinit.compare import compare, format_summary, split_init_specs
 from structinit.recipes import recipe
 
 DEFAULT_INITS = "pytorch,timm,mimetic,impulse"
@@ -24,14 +24,15 @@ DEFAULT_INITS = "pytorch,timm,mimetic,impulse"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets"))
-    ap.add_argument("--inits", default=DEFAULT_INITS, help="init specs separated by ';' or ','")
+    ap.add_argument("--inits", default=DEFAULT_INITS,
+                    help="init specs, e.g. pytorch,impulse:pe_scale=2.0,target_mass=0.3")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=None, help="override the recipe's 30 epochs")
     ap.add_argument("--out", default="runs/data-efficiency")
     args = ap.parse_args()
     if not (args.data_dir / "cifar-10-batches-py").is_dir():
         sys.exit(f"error: {args.data_dir}/cifar-10-batches-py not found: pass --data-dir (CIFAR-10 python batches)")
-    inits = [s for s in (args.inits.split(";") if ";" in args.inits else args.inits.split(",")) if s]
+    inits = split_init_specs(args.inits)
     overrides = {"data_dir": str(args.data_dir)} | ({"epochs": args.epochs} if args.epochs else {})
     summary = compare(recipe("cpu-cifar", **overrides), inits, [int(s) for s in args.seeds.split(",")],
                       args.out, progress=False)

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p_cmp = sub.add_parser("compare", help="train several inits × seeds and summarise")
     _add_training_flags(p_cmp)
-    p_cmp.add_argument("--inits", default="pytorch,timm,mimetic,impulse", help="comma-separated scheme names")
+    p_cmp.add_argument("--inits", default="pytorch,timm,mimetic,impulse",
+                       help="comma-separated init specs: pytorch,impulse:pe_scale=1.0,target_mass=0.3,mimetic")
     p_cmp.add_argument("--init", action="append", default=[], metavar="SPEC",
                        help="an extra init with options, e.g. impulse:target_mass=0.3,pe_scale=2 (repeatable)")
     p_cmp.add_argument("--seeds", default="3", help="a count (3 → seeds 0,1,2) or a list (0,4,7)")
@@ -97,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
     elif args.command == "compare":
-        from structinit.compare import compare, format_summary
+        from structinit.compare import compare, format_summary, split_init_specs
 
-        inits = [s for s in args.inits.split(",") if s] + args.init
+        inits = split_init_specs(args.inits) + args.init
         seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
         cfg = _config(args)
         out = args.out or f"runs/compare-{args.recipe}"

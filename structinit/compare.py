@@ -46,6 +46,29 @@ def _split_top_level(text: str) -> list[str]:
     return [*items, text[start:]]
 
 
+def split_init_specs(text: str) -> list[str]:
+    """``'pytorch,impulse:pe_scale=1.0,layers=(0,1),mimetic'`` → ``['pytorch',
+    'impulse:pe_scale=1.0,layers=(0,1)', 'mimetic']``; ``';'`` also separates specs.
+
+    A comma-separated piece that holds ``key=value`` and no ``name:`` belongs to the spec
+    before it (scheme names never contain ``=``); commas inside brackets belong to values.
+    """
+    specs: list[str] = []
+    for chunk in text.split(";"):
+        for piece in _split_top_level(chunk):
+            piece = piece.strip()
+            if not piece:
+                continue
+            continues = "=" in piece and ":" not in piece.split("=", 1)[0]
+            if continues:
+                if not specs or ":" not in specs[-1]:
+                    raise ValueError(f"init list {text!r}: option {piece!r} follows no 'scheme:' to belong to")
+                specs[-1] += "," + piece
+            else:
+                specs.append(piece)
+    return specs
+
+
 def primary_metric(final: dict[str, float]) -> str:
     """The metric a run is judged on: held-out accuracy if there is one, else test accuracy."""
     for key in ("holdout_acc", "test_acc"):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from structinit.checkpoint import load_checkpoint, save_checkpoint
-from structinit.compare import compare, parse_init_spec
+from structinit.compare import compare, parse_init_spec, split_init_specs
 from structinit.recipes import recipe
 from structinit.train import NonFiniteLossError, TrainConfig, cosine_lr, train
 
@@ -190,6 +190,17 @@ def test_parse_init_spec():
     # commas inside brackets belong to the value
     assert parse_init_spec("impulse:layers=(0,1,2),pe_scale=1.0,offsets=[(0,1),(1,0)]") == (
         "impulse", {"layers": (0, 1, 2), "pe_scale": 1.0, "offsets": [(0, 1), (1, 0)]})
+
+
+def test_split_init_specs():
+    assert split_init_specs("pytorch,impulse:pe_scale=1.0,layers=(0,1,2),target_mass=0.3,mimetic") == [
+        "pytorch", "impulse:pe_scale=1.0,layers=(0,1,2),target_mass=0.3", "mimetic"]
+    assert split_init_specs("impulse:layers=(0,1,2)") == ["impulse:layers=(0,1,2)"]
+    assert split_init_specs("impulse:pe_scale=2.0;impulse:target_mass=0.3") == [
+        "impulse:pe_scale=2.0", "impulse:target_mass=0.3"]
+    assert split_init_specs("pytorch,,timm,") == ["pytorch", "timm"]
+    with pytest.raises(ValueError, match="'pe_scale=2' follows no 'scheme:'"):
+        split_init_specs("pytorch,pe_scale=2")
 
 
 def test_compare_checks_every_spec_before_training(tmp_path):
