@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from structinit.compare import compare, format_summary, split_init_specs
-from structinit.recipes import recipe
+from structinit.harness.compare import compare, format_summary, split_init_specs
+from structinit.harness.recipes import recipe
 
 DEFAULT_INITS = "pytorch,timm,mimetic,impulse"
 

@@ -4,68 +4,107 @@
     model = structinit.create_model("vit_tiny_patch2_32")
     structinit.init_(model, "impulse", seed=0)          # or "mimetic", "timm", "pytorch", …
     structinit.impulse_fidelity(model)                   # {'mass': (L×H), 'hit': (L×H)}
+
+Importing structinit loads the init API only (torch, numpy, scipy). The training harness,
+datasets and augmentation (``TrainConfig``, ``train``, ``compare``, ``load_dataset``, …) are
+imported on first use and need the ``harness`` extra: ``pip install "structinit[harness]"``.
 """
+
+import importlib
 
 from structinit.adapters import (
     AttentionAdapter,
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
+    TokenLayout,
     find_attention_layers,
+    infer_layout,
     register_adapter,
     unregister_adapter,
 )
-from structinit.analysis import attention_maps, impulse_fidelity
-from structinit.augment import Augment
-from structinit.compare import compare
-from structinit.data import ArrayDataset, holdout_split, load_dataset, stratified_subset
-from structinit.layout import TokenLayout, infer_layout
-from structinit.mimetic_math import mimetic_factors, mimetic_qk, mimetic_vo
-from structinit.models import VisionTransformer, create_model, list_models
-from structinit.posembed import sincos_2d
-from structinit.recipes import RECIPES, recipe
-from structinit.schemes.baselines import (
+from structinit.analysis import attention_maps, fidelity_summary, impulse_fidelity
+from structinit.functional import (
+    IMPULSE_SOLVERS,
+    analytic_qk,
+    attention_probs,
+    closed_form_qk,
+    enumerated_offsets,
+    gd_qk,
+    impulse_matrix,
+    impulse_qk,
+    kernel_offsets,
+    mimetic_factors,
+    mimetic_qk,
+    mimetic_vo,
+    random_offsets,
+    sincos_2d,
+    target_index,
+)
+from structinit.models import VisionTransformer, create_model, list_models, register_model
+from structinit.schemes import (
+    Plan,
+    get_record,
+    impulse_init_,
+    init_,
     jax_init_,
     kaiming_uniform_init_,
+    mimetic_init_,
+    plan_init,
     pytorch_init_,
+    register_scheme,
+    schemes,
+    set_record,
     timm_init_,
     trunc_normal_init_,
     xavier_fused_init_,
     xavier_init_,
 )
-from structinit.schemes.impulse import impulse_init_
-from structinit.schemes.mimetic import mimetic_init_
-from structinit.schemes.registry import init_, register_scheme, schemes
-from structinit.solvers import analytic_qk, closed_form_qk, gd_qk, impulse_qk
-from structinit.targets import (
-    enumerated_offsets,
-    impulse_matrix,
-    kernel_offsets,
-    random_offsets,
-    target_index,
-)
-from structinit.train import TrainConfig, train
 
 __version__ = "0.1.0"
 
+# The harness, data and augmentation stacks (PIL, scipy.io, matplotlib, tqdm, scikit-learn) are
+# loaded on first access, so that `import structinit` stays light for users who only initialise.
+_LAZY = {
+    "TrainConfig": "structinit.harness.train", "train": "structinit.harness.train",
+    "recipe": "structinit.harness.recipes", "RECIPES": "structinit.harness.recipes",
+    "compare": "structinit.harness.compare",
+    "ArrayDataset": "structinit.data", "load_dataset": "structinit.data",
+    "stratified_subset": "structinit.data", "holdout_split": "structinit.data",
+    "Augment": "structinit.augment",
+}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'structinit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 __all__ = [
     # one call for a whole model
-    "init_", "schemes", "register_scheme",
+    "init_", "plan_init", "Plan", "schemes", "register_scheme", "get_record", "set_record",
     # per-scheme functions
     "impulse_init_", "mimetic_init_", "pytorch_init_", "timm_init_", "jax_init_",
     "xavier_init_", "xavier_fused_init_", "trunc_normal_init_", "kaiming_uniform_init_",
     # tensor-level helpers for your own layers
     "impulse_matrix", "target_index", "kernel_offsets", "enumerated_offsets", "random_offsets",
-    "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "mimetic_factors", "mimetic_qk", "mimetic_vo",
-    "sincos_2d",
+    "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "IMPULSE_SOLVERS",
+    "mimetic_factors", "mimetic_qk", "mimetic_vo", "sincos_2d", "attention_probs",
     # models
-    "VisionTransformer", "create_model", "list_models",
+    "VisionTransformer", "create_model", "list_models", "register_model",
     # adapters and layout
     "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
     "register_adapter", "unregister_adapter", "find_attention_layers", "TokenLayout", "infer_layout",
     # diagnostics
-    "attention_maps", "impulse_fidelity",
-    # training harness
+    "attention_maps", "impulse_fidelity", "fidelity_summary",
+    # training harness (imported on first use)
     "TrainConfig", "train", "recipe", "RECIPES", "compare",
     "ArrayDataset", "load_dataset", "stratified_subset", "holdout_split", "Augment",
-]
+]  # fmt: skip

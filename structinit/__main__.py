@@ -1,5 +1,5 @@
 import sys
 
-from structinit.cli import main
+from structinit.harness.cli import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ from torch import nn
 import structinit
 from attention_modules import MyAdapter, MyAttn, SepAttention
 from structinit.adapters import adapter_for
-from structinit.schemes.base import Plan
+from structinit.schemes.plan import Plan
 
 # ---------------------------------------------------------------------------------------------
 # read / write round trip for every adapter kind

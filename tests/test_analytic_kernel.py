@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import structinit
 from impulse_helpers import hit_and_mass, ln_sincos, logits_from_factors, small_vit, target_margins
-from structinit.posembed import sincos_frequencies
-from structinit.solvers.analytic import analytic_qk, ridge_readout
+from structinit.functional.impulse_analytic import analytic_qk, ridge_readout
+from structinit.functional.posembed import sincos_frequencies
 
 
 @pytest.mark.parametrize("dim,heads,grid,kernel", [(64, 4, (9, 9), 5), (64, 2, (7, 10), 3), (192, 3, (12, 12), 7)])

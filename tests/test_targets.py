@@ -3,7 +3,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from structinit.targets import (
+from structinit.functional.targets import (
     enumerated_offsets,
     impulse_matrix,
     kernel_offsets,

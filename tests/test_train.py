@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from structinit.checkpoint import load_checkpoint, save_checkpoint
-from structinit.compare import compare, parse_init_spec, split_init_specs
-from structinit.recipes import recipe
-from structinit.train import NonFiniteLossError, TrainConfig, cosine_lr, train
+from structinit.harness.checkpoint import load_checkpoint, save_checkpoint
+from structinit.harness.compare import compare, parse_init_spec, split_init_specs
+from structinit.harness.recipes import recipe
+from structinit.harness.train import NonFiniteLossError, TrainConfig, cosine_lr, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,13 +67,13 @@ def test_existing_run_needs_resume_and_same_config(tmp_path):
 def test_resume_refuses_a_run_whose_init_changed_since(tmp_path, monkeypatch):
     """The checkpoint records a fingerprint of the initial weights: when an init's defaults
     change, an old run with the same spelled-out config is not silently resumed or reused."""
-    from structinit.schemes import impulse
+    from structinit.functional import AnalyticSolver
 
     cfg = digits(tmp_path, epochs=1, init="impulse")
     first = train(cfg, progress=False)
     assert len(first["init_fingerprint"]) == 64
     assert train(cfg, resume=True, progress=False)["final"] == first["final"]  # unchanged: reused
-    monkeypatch.setitem(impulse._analytic.__kwdefaults__, "target_mass", 0.6)  # "a new default"
+    monkeypatch.setitem(AnalyticSolver.__init__.__kwdefaults__, "target_mass", 0.6)  # "a new default"
     with pytest.raises(ValueError, match=r"checkpoint\.pt was trained from different initial weights"):
         train(cfg, resume=True, progress=False)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from structinit import cli
-from structinit.checkpoint import load_checkpoint
-from structinit.recipes import RECIPES, recipe
-from structinit.train import EMA, resolve_precision, train
+from structinit.harness import cli
+from structinit.harness.checkpoint import load_checkpoint
+from structinit.harness.recipes import RECIPES, recipe
+from structinit.harness.train import EMA, resolve_precision, train
 
 
 def digits(tmp_path: Path, **kw):

@@ -13,6 +13,9 @@ written by :mod:`structinit` on one model is valid on the other:
     head               Linear(D, classes)
 
 ``attn.qkv`` is ``Linear(D, 3D)`` whose output is [q; k; v], heads contiguous in each third.
+Attention maps of this (or any) model come from :func:`structinit.attention_maps`.
+
+The named entry points at the end are registered for :func:`structinit.create_model`.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.posembed import sincos_2d
+from structinit.functional.posembed import sincos_2d
+from structinit.models.registry import register_model
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # timm's ViT norm
 
@@ -77,11 +81,6 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(x.shape[0], -1, q.shape[1] * q.shape[3])))
-
-    def attention_map(self, x: torch.Tensor) -> torch.Tensor:
-        """softmax(q kᵀ · scale) for input tokens x, shape (B, heads, N, N) — the analysis path."""
-        q, k, _ = self._qkv(x)
-        return (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
 
 
 class Mlp(nn.Module):
@@ -198,12 +197,66 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
-    def attention_maps(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Per block, the attention probabilities (B, heads, T, T), prefix tokens first."""
-        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))
-        maps = []
-        for blk in self.blocks:
-            maps.append(blk.attn.attention_map(blk.norm1(x)))
-            x = blk(x)
-        return maps
+
+# ----------------------------------------------------------------------------- entry points
+# Small-data models follow the 2024 paper: no class token, average pooling, fixed sin-cos PE.
+_SMALL_DATA = dict(class_token=False, global_pool="avg", pos_embed="sincos")
+
+
+def _vit(defaults: dict, overrides: dict) -> VisionTransformer:
+    return VisionTransformer(**{**defaults, **overrides})
+
+
+@register_model
+def vit_tiny_patch2_32(**kwargs) -> VisionTransformer:
+    """ViT-Ti/2 on 32×32 images (the 2024 paper's CIFAR model): 16×16 tokens, D 192, depth 12, 3 heads."""
+    return _vit(dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3, num_classes=10,
+                     **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_tiny_patch4_32(**kwargs) -> VisionTransformer:
+    """ViT-Ti/4 on 32×32 images: 8×8 tokens, D 192, depth 12, 3 heads."""
+    return _vit(dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10,
+                     **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_small_patch4_32(**kwargs) -> VisionTransformer:
+    """ViT-S/4 on 32×32 images: 8×8 tokens, D 384, depth 12, 6 heads."""
+    return _vit(dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10,
+                     **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_tiny_patch16_224(**kwargs) -> VisionTransformer:
+    """timm's ViT-Ti/16 (224, class token, learned PE): 14×14 tokens, D 192, depth 12, 3 heads."""
+    return _vit(dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3), kwargs)
+
+
+@register_model
+def vit_base_patch16_224(**kwargs) -> VisionTransformer:
+    """timm's ViT-B/16 (224, class token, learned PE): 14×14 tokens, D 768, depth 12, 12 heads."""
+    return _vit(dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12), kwargs)
+
+
+# CPU-scale models for this project's 2-core machines.
+@register_model
+def vit_cpu_patch4_32(**kwargs) -> VisionTransformer:
+    """The ``cpu-cifar`` model: 32×32 images, 8×8 tokens, D 128, depth 6, 4 heads, MLP ×2."""
+    return _vit(dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
+                     num_classes=10, **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_cpu_patch2_8(**kwargs) -> VisionTransformer:
+    """The ``digits`` model: 8×8 grayscale images, 4×4 tokens, D 64, depth 4, 4 heads, MLP ×2."""
+    return _vit(dict(img_size=8, patch_size=2, in_chans=1, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
+                     num_classes=10, **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_micro_patch2_16(**kwargs) -> VisionTransformer:
+    """A test-size ViT: 16×16 images, 8×8 tokens, D 32, depth 2, 2 heads, MLP ×2."""
+    return _vit(dict(img_size=16, patch_size=2, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
+                     num_classes=10, **_SMALL_DATA), kwargs)

@@ -11,11 +11,18 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from structinit.adapters import FusedQKVAdapter
-from structinit.schemes.base import Plan, make_generator
-from structinit.schemes.registry import register_scheme
+from structinit.adapters import FusedQKVAdapter, adapter_for
+from structinit.schemes.plan import Plan
+from structinit.schemes.registry import register_planner
+from structinit.utils import make_generator
 
 WeightFn = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
+
+# Public classes in place of torch's private bases (_ConvNd, _NormBase); Lazy* variants and
+# SyncBatchNorm subclass these.
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_NORM = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
+         nn.SyncBatchNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
 def _empty(shape) -> torch.Tensor:
@@ -86,16 +93,18 @@ def _plan_weights(
                     linear_like(name + ".in_proj", w, None)
                 if m.in_proj_bias is not None:
                     plan.add([(m.in_proj_bias, torch.zeros_like(m.in_proj_bias))])
-        elif isinstance(m, nn.modules.conv._ConvNd):
+        elif isinstance(m, _CONV):
             w = (conv or (lambda n, s, g: torch_default_weight(s, g)))(name, tuple(m.weight.shape), gen)
             plan.add([(m.weight, w)])
             if m.bias is not None:
                 b = (torch_default_bias(m.bias.shape, _fans(m.weight.shape)[0], gen) if conv is None
                      else torch.zeros(m.bias.shape))
                 plan.add([(m.bias, b)])
-        elif isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)):
+        elif isinstance(m, _NORM):
             if getattr(m, "weight", None) is not None:
-                plan.add([(m.weight, torch.ones(m.weight.shape)), (m.bias, torch.zeros(m.bias.shape))])
+                plan.add([(m.weight, torch.ones(m.weight.shape))])
+            if getattr(m, "bias", None) is not None:
+                plan.add([(m.bias, torch.zeros(m.bias.shape))])
     pos = getattr(model, "pos_embed", None)
     if isinstance(pos, nn.Parameter) and pos.requires_grad:
         plan.add([(pos, nn.init.trunc_normal_(_empty(pos.shape), std=pos_embed_std, a=-2, b=2, generator=gen))])
@@ -113,22 +122,30 @@ def _post_order(module: nn.Module):
     yield module
 
 
-def _finish(model: nn.Module, plan: Plan) -> nn.Module:
-    from structinit.adapters import adapter_for  # clear impulse records of rewritten layers
-
+def _finish(model: nn.Module, plan: Plan) -> Plan:
+    """``plan``, also clearing the impulse records of the attention layers it rewrites."""
     for m in model.modules():
         if adapter_for(m) is not None:
-            plan.records.append((m, None))
-    plan.commit()
-    return model
+            plan.records.append((m, "impulse", None))
+    return plan
+
+
+def _reset(module: nn.Module) -> None:
+    """A module's own default init. ``nn.MultiheadAttention`` has no public
+    ``reset_parameters``: its ``_reset_parameters`` is the only way to it (the one use of a
+    private torch method in structinit)."""
+    reset = getattr(module, "reset_parameters", None)
+    if reset is None and isinstance(module, nn.MultiheadAttention):
+        reset = module._reset_parameters
+    if callable(reset):
+        reset()
 
 
 def _zero_bias(name, size):
     return torch.zeros(size)
 
 
-@register_scheme("pytorch")
-def pytorch_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's own defaults: every module's ``reset_parameters`` (Linear/Conv Kaiming-uniform
     a = √5 with U(±1/√fan_in) bias, LayerNorm 1/0, MultiheadAttention Xavier + zero bias),
     run on a forked RNG seeded from ``generator``/``seed``; learned ``pos_embed`` ← N(0, 0.02²)
@@ -136,16 +153,16 @@ def pytorch_init_(model: nn.Module, *, generator: torch.Generator | None = None,
     gen = make_generator(generator, seed)
     seed_value = int(torch.randint(2**62, (1,), generator=gen))
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed_value)
-        # Children before parents, as at construction: nn.MultiheadAttention zeroes its
-        # out_proj bias *after* out_proj has drawn its own.
-        for m in _post_order(model):
-            reset = getattr(m, "reset_parameters", None) or (
-                m._reset_parameters if isinstance(m, nn.MultiheadAttention) else None)
-            if callable(reset):
-                reset()
-    plan = Plan()
+
+    def reset_all() -> None:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed_value)
+            # Children before parents, as at construction: nn.MultiheadAttention zeroes its
+            # out_proj bias *after* out_proj has drawn its own.
+            for m in _post_order(model):
+                _reset(m)
+
+    plan = Plan(actions=[reset_all])  # the resets write the model themselves, so they run at commit
     pos = getattr(model, "pos_embed", None)
     if isinstance(pos, nn.Parameter) and pos.requires_grad:
         plan.add([(pos, torch.randn(pos.shape, generator=gen) * 0.02)])
@@ -156,8 +173,10 @@ def pytorch_init_(model: nn.Module, *, generator: torch.Generator | None = None,
     return _finish(model, plan)
 
 
-@register_scheme("timm")
-def timm_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+pytorch_init_ = register_planner("pytorch", plan_pytorch)
+
+
+def plan_timm(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
     patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
     ``cls_token`` N(0, 1e-6²)."""
@@ -165,12 +184,14 @@ def timm_init_(model: nn.Module, *, generator: torch.Generator | None = None, se
     return _finish(model, _plan_weights(model, gen, _trunc(0.02), _zero_bias))
 
 
+timm_init_ = register_planner("timm", plan_timm)
+
+
 def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
     return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
 
 
-@register_scheme("jax")
-def jax_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """The original JAX ViT init (timm's ``weight_init='jax'``): Linear Xavier-uniform (the fused
     qkv as one matrix), zero bias except N(0, 1e-6²) in MLPs; zero ``head``; LeCun-normal
     patch-embedding conv with zero bias; ``pos_embed`` trunc-normal 0.02."""
@@ -188,27 +209,33 @@ def jax_init_(model: nn.Module, *, generator: torch.Generator | None = None, see
     return _finish(model, plan)
 
 
-@register_scheme("xavier_fused")
-def xavier_fused_init_(
+jax_init_ = register_planner("jax", plan_jax)
+
+
+def plan_xavier_fused(
     model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None
-) -> nn.Module:
+) -> Plan:
     """Xavier-uniform on every Linear, the fused qkv (3D×D) treated as one matrix, so each of q,
     k, v gets std √(2/(D+3D)) — smaller than a separate D×D projection would. Zero biases."""
     gen = make_generator(generator, seed)
     return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias))
 
 
-@register_scheme("xavier")
-def xavier_init_(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
+
+
+def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
     each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
     gen = make_generator(generator, seed)
     return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias, per_block=True))
 
 
-@register_scheme("trunc_normal")
-def trunc_normal_init_(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
-                       generator: torch.Generator | None = None, seed: int | None = None) -> nn.Module:
+xavier_init_ = register_planner("xavier", plan_xavier)
+
+
+def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
+                       generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
     ``nn.init.trunc_normal_``); zero biases; other modules as in :func:`timm_init_`."""
     if not std > 0 or not a < b:
@@ -217,10 +244,12 @@ def trunc_normal_init_(model: nn.Module, *, std: float = 0.02, a: float = -2.0, 
     return _finish(model, _plan_weights(model, gen, _trunc(std, a, b), _zero_bias))
 
 
-@register_scheme("kaiming_uniform")
-def kaiming_uniform_init_(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
+trunc_normal_init_ = register_planner("trunc_normal", plan_trunc_normal)
+
+
+def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
                           nonlinearity: str = "leaky_relu", generator: torch.Generator | None = None,
-                          seed: int | None = None) -> nn.Module:
+                          seed: int | None = None) -> Plan:
     """Every Linear weight Kaiming-uniform with the given ``a``/``mode``/``nonlinearity``
     (defaults = PyTorch's Linear); zero biases; other modules as in :func:`timm_init_`."""
     if mode not in ("fan_in", "fan_out"):
@@ -232,3 +261,6 @@ def kaiming_uniform_init_(model: nn.Module, *, a: float = math.sqrt(5), mode: st
         return nn.init.kaiming_uniform_(_empty(shape), a=a, mode=mode, nonlinearity=nonlinearity, generator=g)
 
     return _finish(model, _plan_weights(model, gen, weight, _zero_bias))
+
+
+kaiming_uniform_init_ = register_planner("kaiming_uniform", plan_kaiming_uniform)

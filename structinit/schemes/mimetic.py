@@ -1,4 +1,5 @@
-"""Mimetic attention initialisation (Trockman & Kolter, 2023) applied to a model."""
+"""Mimetic attention initialisation (Trockman & Kolter, 2023) applied to a model; the maths
+is in :mod:`structinit.functional.mimetic`."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from structinit.adapters import find_attention_layers
-from structinit.mimetic_math import NOISE, mimetic_qk, mimetic_vo
-from structinit.schemes.base import Plan, make_generator, select_layers
-from structinit.schemes.registry import register_scheme
+from structinit.adapters import find_attention_layers, select_layers
+from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
+from structinit.schemes.plan import Plan
+from structinit.schemes.registry import register_planner
+from structinit.utils import check_choice, make_generator
 
 
-@register_scheme("mimetic")
-def mimetic_init_(
+def plan_mimetic(
     model: nn.Module,
     *,
     alpha: float = 0.7,
@@ -26,7 +27,7 @@ def mimetic_init_(
     reference_layout: bool = False,
     generator: torch.Generator | None = None,
     seed: int | None = None,
-) -> nn.Module:
+) -> Plan:
     r"""Mimetic initialisation of every chosen attention layer, in place.
 
     Per head h (a fresh draw each): W_q^h W_k^hᵀ = best rank-r approximation of
@@ -36,9 +37,12 @@ def mimetic_init_(
 
     ``reference_layout=True`` stores the v/proj factors untransposed, as the public ports do
     (composite x (R L)ᵀ instead of x M) — only for comparison with them.
+
+    Examples:
+        >>> model = structinit.create_model("vit_tiny_patch4_32")
+        >>> _ = structinit.mimetic_init_(model, alpha=0.7, beta=0.7, seed=0)
     """
-    if noise not in NOISE:
-        raise ValueError(f"noise={noise!r}: valid names are {', '.join(NOISE)}")
+    check_choice("noise", noise, NOISE)
     chosen = select_layers(find_attention_layers(model), layers)
     if reference_layout:
         for name, ad in chosen:
@@ -47,9 +51,12 @@ def mimetic_init_(
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
-        wq, wk, _ = mimetic_qk(ad.dim, ad.num_heads, ad.head_dim, alpha, beta, noise, gen)
+        wq, wk, _ = mimetic_qk(ad.dim, ad.num_heads, ad.head_dim, alpha=alpha, beta=beta, noise=noise, generator=gen)
         plan.add_qk(ad, wq, wk)  # record=None clears a stale impulse record
-        wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma, delta, noise, gen, reference_layout)
+        wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=gamma, delta=delta, noise=noise,
+                               generator=gen, reference_layout=reference_layout)
         plan.add(ad.vo_writes(wv, wo))
-    plan.commit()
-    return model
+    return plan
+
+
+mimetic_init_ = register_planner("mimetic", plan_mimetic, target="attention")

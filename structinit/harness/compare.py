@@ -14,9 +14,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from structinit.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
-from structinit.train import TrainConfig, train
 
 
 def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
+from structinit.harness.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
 
 CHECKPOINT = "checkpoint.pt"
 

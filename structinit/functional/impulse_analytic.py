@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from structinit.posembed import sincos_frequencies
-from structinit.targets import Offset, target_index
+from structinit.functional.posembed import sincos_frequencies
+from structinit.functional.targets import Offset, target_index
 
 
 def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,15 +90,18 @@ def analytic_qk(
     grid: tuple[int, int],
     offsets: list[Offset],
     head_dim: int,
-    omega: torch.Tensor,
+    omega: torch.Tensor | None = None,
+    *,
     ridge: float = 2e-3,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
 
     Returns Wq, Wk of shape (heads, D, head_dim), float64, with ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h``
     in the least-squares sense (exact for the raw sin-cos table, see the module doc).
-    ``omega`` are the candidate frequencies (the sin-cos table's own are a good choice).
+    ``omega`` are the candidate frequencies (default: the sin-cos table's own for width D).
     """
+    if omega is None:
+        omega = sincos_frequencies(4 * max(z.shape[1] // 4, 1))
     budget = head_dim // 4
     if budget < 1:
         raise ValueError(
@@ -189,6 +192,7 @@ def impulse_qk(
     grid: tuple[int, int],
     offsets: list[Offset],
     head_dim: int,
+    *,
     target_mass: float = 0.5,
     softmax_scale: float | None = None,
     ridge: float = 2e-3,
@@ -206,7 +210,7 @@ def impulse_qk(
     """
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     d = z.shape[1]
-    wq, wk = analytic_qk(z, grid, offsets, head_dim, sincos_frequencies(4 * max(d // 4, 1)), ridge)
+    wq, wk = analytic_qk(z, grid, offsets, head_dim, ridge=ridge)
     z = z.double()
     kernel = (z @ wq) @ (z @ wk).transpose(1, 2)  # (heads, N, N)
     rows, cols = _target_logits(kernel, grid, offsets)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from structinit.targets import Offset, impulse_matrix
+from structinit.functional.targets import Offset, impulse_matrix
 
 
 def pinv_projector(p: torch.Tensor, rank: int) -> torch.Tensor:
@@ -32,6 +32,7 @@ def closed_form_qk(
     grid: tuple[int, int],
     offsets: list[Offset],
     head_dim: int,
+    *,
     generator: torch.Generator | None = None,
     logit_scale: float = 1000.0,
     noise: float = 3.0,

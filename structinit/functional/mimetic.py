@@ -15,7 +15,7 @@ import torch
 NOISE = ("uniform", "normal")
 
 
-def mimetic_noise(dim: int, noise: str = "uniform", generator: torch.Generator | None = None) -> torch.Tensor:
+def mimetic_noise(dim: int, noise: str = "uniform", *, generator: torch.Generator | None = None) -> torch.Tensor:
     """Z (dim×dim), i.i.d. mean 0, variance 1/dim, float64."""
     if noise == "uniform":
         return (torch.rand(dim, dim, generator=generator, dtype=torch.float64) * 2 - 1) * math.sqrt(3.0 / dim)
@@ -25,23 +25,23 @@ def mimetic_noise(dim: int, noise: str = "uniform", generator: torch.Generator |
 
 
 def mimetic_factors(
-    dim: int, alpha: float, beta: float, noise: str = "uniform", generator: torch.Generator | None = None
+    dim: int, alpha: float, beta: float, *, noise: str = "uniform", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(L, R, M): M = α Z + β I and its balanced factors L = U S^{½}, R = S^{½} Vᵀ (float64)."""
-    m = alpha * mimetic_noise(dim, noise, generator) + beta * torch.eye(dim, dtype=torch.float64)
+    m = alpha * mimetic_noise(dim, noise, generator=generator) + beta * torch.eye(dim, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(m)
     return u * s.sqrt(), s.sqrt()[:, None] * vh, m
 
 
 def mimetic_qk(
-    dim: int, num_heads: int, head_dim: int, alpha: float = 0.7, beta: float = 0.7,
+    dim: int, num_heads: int, head_dim: int, *, alpha: float = 0.7, beta: float = 0.7,
     noise: str = "uniform", generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Wq, Wk (heads, D, r) with Wq[h] Wk[h]ᵀ = rank-r truncation of M_h (a fresh M per head),
     and the M_h themselves (heads, D, D)."""
     wq, wk, ms = [], [], []
     for _ in range(num_heads):
-        left, right, m = mimetic_factors(dim, alpha, beta, noise, generator)
+        left, right, m = mimetic_factors(dim, alpha, beta, noise=noise, generator=generator)
         wq.append(left[:, :head_dim])
         wk.append(right[:head_dim].T)
         ms.append(m)
@@ -49,7 +49,7 @@ def mimetic_qk(
 
 
 def mimetic_vo(
-    dim: int, inner: int, gamma: float = 0.4, delta: float = 0.4, noise: str = "uniform",
+    dim: int, inner: int, *, gamma: float = 0.4, delta: float = 0.4, noise: str = "uniform",
     generator: torch.Generator | None = None, reference_layout: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Wv (D, inner), Wo (inner, D) and M (D×D) with Wv Wo = M = γ Z − δ I (its rank-``inner``
@@ -60,7 +60,7 @@ def mimetic_vo(
     a diagonal that is negative on average but not entry by entry, different noise). Only for
     comparisons with those ports.
     """
-    left, right, m = mimetic_factors(dim, gamma, -delta, noise, generator)
+    left, right, m = mimetic_factors(dim, gamma, -delta, noise=noise, generator=generator)
     left, right = left[:, :inner], right[:inner]
     if reference_layout:
         if inner != dim:

@@ -13,11 +13,10 @@ works too). Register your own with :func:`register_adapter`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import nn
+
+from structinit.functional.attention import attention_probs
 
 Views = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -96,7 +95,7 @@ class AttentionAdapter:
     def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
         """softmax(q kᵀ · scale), shape (..., heads, T, T), for input tokens x (..., T, D)."""
         q, k = self.qk_features(x)
-        return (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+        return attention_probs(q, k, self.scale)
 
 
 def _clone(t):
@@ -134,6 +133,12 @@ class FusedQKVAdapter(AttentionAdapter):
             and hasattr(m, "num_heads")
             and m.qkv.out_features % 3 == 0
         )
+
+
+def is_self_attention(module: nn.MultiheadAttention) -> bool:
+    """True when keys and values have the query's width, i.e. torch packs q/k/v into one
+    ``in_proj_weight`` (what torch's private ``_qkv_same_embed_dim`` records)."""
+    return module.kdim == module.embed_dim and module.vdim == module.embed_dim
 
 
 _SEPARATE_NAMES = (("q", "k", "v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
@@ -177,7 +182,7 @@ class MultiheadAttentionAdapter(AttentionAdapter):
     uses separate q/k/v weights only when kdim/vdim differ, i.e. for cross-attention)."""
 
     def __init__(self, module: nn.MultiheadAttention):
-        if not module._qkv_same_embed_dim:
+        if not is_self_attention(module):
             raise ValueError(
                 f"nn.MultiheadAttention with kdim={module.kdim}, vdim={module.vdim} != "
                 f"embed_dim={module.embed_dim} is cross-attention; structinit initialises "
@@ -201,95 +206,3 @@ class MultiheadAttentionAdapter(AttentionAdapter):
         return isinstance(m, nn.MultiheadAttention)
 
 
-@dataclass
-class _Entry:
-    match: Callable[[nn.Module], bool]
-    factory: Callable[[nn.Module], AttentionAdapter]
-    name: str
-
-
-_BUILTIN = [
-    _Entry(MultiheadAttentionAdapter.matches, MultiheadAttentionAdapter, "MultiheadAttention"),
-    _Entry(FusedQKVAdapter.matches, FusedQKVAdapter, "fused qkv"),
-    _Entry(SeparateQKVAdapter.matches, SeparateQKVAdapter, "separate q/k/v"),
-]
-_USER: list[_Entry] = []
-
-
-def register_adapter(
-    target: type[nn.Module] | Callable[[nn.Module], bool],
-    factory: Callable[[nn.Module], AttentionAdapter],
-) -> None:
-    """Teach structinit a new attention class.
-
-    ``target`` is a module class (matched with ``isinstance``) or a predicate on modules;
-    ``factory(module)`` returns an :class:`AttentionAdapter`. User adapters are tried before
-    the built-in ones, most recently registered first.
-    """
-    if isinstance(target, type):
-        cls = target
-        match, name = (lambda m: isinstance(m, cls)), cls.__name__
-    elif callable(target):
-        match, name = target, getattr(target, "__name__", repr(target))
-    else:
-        raise TypeError(f"target={target!r}: expected an nn.Module subclass or a predicate")
-    _USER.insert(0, _Entry(match, factory, name))
-
-
-def unregister_adapter(target) -> None:
-    """Remove adapters registered for ``target`` (the class or predicate given before)."""
-    name = target.__name__ if isinstance(target, type) else getattr(target, "__name__", repr(target))
-    _USER[:] = [e for e in _USER if e.name != name]
-
-
-def adapter_for(module: nn.Module) -> AttentionAdapter | None:
-    for entry in (*_USER, *_BUILTIN):
-        if entry.match(module):
-            return entry.factory(module)
-    return None
-
-
-def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]]:
-    """All self-attention layers of ``model`` in definition order, as (name, adapter).
-
-    A matched module's children are not searched further. Raises ValueError if there is no
-    attention layer, or if a module whose class name says it is attention matches no adapter.
-    """
-    found: list[tuple[str, AttentionAdapter]] = []
-    inside: list[str] = []
-    unknown: list[tuple[str, str]] = []
-    for name, module in model.named_modules():
-        if any(name.startswith(p + ".") for p in inside):
-            continue
-        adapter = adapter_for(module)
-        if adapter is not None:
-            found.append((name, adapter))
-            inside.append(name)
-        elif _looks_like_attention(module):
-            unknown.append((name, type(module).__name__))
-    # An "attention block" that merely contains a supported attention module is fine.
-    unknown = [(n, t) for n, t in unknown if not any(n == "" or f.startswith(n + ".") for f, _ in found)]
-    if unknown:
-        raise ValueError(
-            "found attention-like modules that no adapter understands: "
-            + ", ".join(f"{n or '<root>'} ({t})" for n, t in unknown)
-            + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
-            "projections with an output Linear and a head count; nn.MultiheadAttention. "
-            "Register your class with structinit.register_adapter(YourAttention, factory)."
-        )
-    if not found:
-        types = sorted({type(m).__name__ for m in model.modules()})
-        raise ValueError(
-            f"no attention layer found in {type(model).__name__} (module types: {', '.join(types)}). "
-            "structinit initialises self-attention; register an adapter with "
-            "structinit.register_adapter(YourAttention, factory) if your model has one."
-        )
-    return found
-
-
-def _looks_like_attention(m: nn.Module) -> bool:
-    name = type(m).__name__.lower()
-    has_weights = any(True for _ in m.parameters(recurse=False)) or any(
-        isinstance(c, nn.Linear) for c in m.children()
-    )
-    return ("attention" in name or name.endswith("attn")) and has_weights

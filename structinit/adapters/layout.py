@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from structinit.utils import is_int
+
 
 @dataclass(frozen=True)
 class TokenLayout:
@@ -36,7 +38,7 @@ def infer_layout(
         num_prefix_tokens = int(getattr(model, "cls_token", None) is not None)
         reg = getattr(model, "reg_token", None)
         num_prefix_tokens += 0 if reg is None else reg.shape[1]
-    if isinstance(num_prefix_tokens, bool) or int(num_prefix_tokens) < 0:
+    if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
         raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r}: expected an int ≥ 0")
     num_prefix_tokens = int(num_prefix_tokens)
     if grid is None:
@@ -55,7 +57,7 @@ def infer_layout(
             f"cannot infer the token grid of {type(model).__name__}: it has no "
             "`patch_embed.grid_size` and no square `pos_embed`; pass grid=(h, w)"
         )
-    if len(grid) != 2 or not all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in grid):
+    if len(grid) != 2 or not all(is_int(g) and g > 0 for g in grid):
         raise ValueError(f"grid={grid!r}: expected two positive ints (h, w)")
     return TokenLayout((int(grid[0]), int(grid[1])), num_prefix_tokens)
 

@@ -11,7 +11,7 @@ PSEUDO_INPUTS = ("pe", "uniform", "gaussian", "pe+uniform", "pe+gaussian")
 
 
 def pseudo_input(
-    kind: str, pe: torch.Tensor | None, shape: tuple[int, int], generator: torch.Generator | None = None
+    kind: str, pe: torch.Tensor | None, shape: tuple[int, int], *, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """LayerNorm (no affine, eps 1e-5) of: the position embedding ``pe`` (``'pe'``); uniform
     noise in [−1, 1]; truncated-normal noise with std √½ (the variance of sin/cos entries);

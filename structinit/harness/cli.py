@@ -29,7 +29,7 @@ def _literal(text: str):
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
-    from structinit.recipes import RECIPES
+    from structinit.harness.recipes import RECIPES
 
     p.add_argument("--recipe", default="digits", choices=sorted(RECIPES), help="base settings (default: digits)")
     for flag, (name, typ) in _FIELDS.items():
@@ -42,7 +42,7 @@ def _add_training_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, **extra):
-    from structinit.recipes import recipe
+    from structinit.harness.recipes import recipe
 
     overrides = {name: getattr(args, name) for name, _ in _FIELDS.values() if getattr(args, name) is not None}
     for flag in ("download", "compile"):
@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from structinit.demo import fidelity_rows, format_table
+        from structinit.harness.demo import fidelity_rows, format_table
 
         print(format_table(fidelity_rows(args.model, seed=args.seed),
                            f"{args.model}: attention at init, position-only pseudo input"))
     elif args.command == "train":
-        from structinit.compare import parse_init_spec
-        from structinit.train import train
+        from structinit.harness.compare import parse_init_spec
+        from structinit.harness.train import train
 
         init, options = parse_init_spec(args.init)
         out = args.out or f"runs/{args.recipe}-{args.init.replace(':', '_')}-seed{args.seed}"
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
     elif args.command == "compare":
-        from structinit.compare import compare, format_summary, split_init_specs
+        from structinit.harness.compare import compare, format_summary, split_init_specs
 
         inits = split_init_specs(args.inits) + args.init
         seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from structinit.train import TrainConfig
+from structinit.harness.train import TrainConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
     # The 2024 paper's CIFAR setting (Zheng, Li, Lucey): ViT-Ti/2 on 32×32, no class token,

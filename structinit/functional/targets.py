@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from structinit.utils import is_int
+
 Offset = tuple[int, int]
 
 # 2025 code's order of the 3×3 taps: centre, up, right, left, down, then the four diagonals.
@@ -25,7 +27,7 @@ ENUMERATION_ORDER_3X3: tuple[Offset, ...] = (
 
 def check_kernel_size(kernel_size: int, grid: tuple[int, int] | None = None) -> None:
     """Raise ValueError unless ``kernel_size`` is a positive odd int that fits the grid."""
-    if isinstance(kernel_size, bool) or not isinstance(kernel_size, int):
+    if not is_int(kernel_size):
         raise TypeError(f"kernel_size={kernel_size!r}: expected an odd int such as 3, 5 or 7")
     if kernel_size <= 0 or kernel_size % 2 == 0:
         raise ValueError(
@@ -72,7 +74,7 @@ def check_offsets(offsets: Sequence[Offset], kernel_size: int) -> list[Offset]:
     half = kernel_size // 2
     out = []
     for o in offsets:
-        if len(o) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in o):
+        if len(o) != 2 or not all(is_int(v) for v in o):
             raise TypeError(f"offset {o!r}: expected a pair of ints (dy, dx)")
         if max(abs(o[0]), abs(o[1])) > half:
             raise ValueError(

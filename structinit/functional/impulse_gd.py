@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from structinit.targets import Offset, impulse_matrix
+from structinit.functional.targets import Offset, impulse_matrix
 
 
 def gd_qk(
@@ -21,6 +21,7 @@ def gd_qk(
     grid: tuple[int, int],
     offsets: list[Offset],
     head_dim: int,
+    *,
     generator: torch.Generator | None = None,
     steps: int = 10_000,
     lr: float = 1e-4,

@@ -1,74 +1,20 @@
-"""Diagnostics: attention maps of any supported model, and how faithfully each head
-implements its impulse (the fraction of attention on, and the argmax hit of, its target)."""
+"""How faithfully each head implements its impulse: the attention mass on its target and the
+argmax hit rate, with the position-only pseudo input or with real images."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from structinit.adapters import AttentionAdapter, MultiheadAttentionAdapter, find_attention_layers
-from structinit.layout import grid_pos_embed, infer_layout
-from structinit.schemes.base import RECORD_ATTR, check_finite, select_layers
-from structinit.targets import Offset, target_index
-
-
-def _tokens(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The (B, T, D) tokens an attention module receives as its (self-attention) query."""
-    x = args[0] if args else next(kwargs[k] for k in ("x", "hidden_states", "query") if k in kwargs)
-    if isinstance(adapter, MultiheadAttentionAdapter) and not adapter.module.batch_first and x.ndim == 3:
-        x = x.transpose(0, 1)
-    return x if x.ndim == 3 else x.unsqueeze(0)
-
-
-def _run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Tensor], None]) -> None:
-    handles = []
-    for i, (_, ad) in enumerate(layers):
-        def hook(module, args, kwargs, i=i, ad=ad):
-            fn(i, _tokens(ad, args, kwargs).detach())
-        handles.append(ad.module.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None) -> list[torch.Tensor]:
-    """Attention probabilities of every (chosen) attention layer for one forward pass of
-    ``inputs``: a list of (B, heads, T, T) float tensors, T including prefix tokens.
-
-    Works on any model an adapter understands: each layer's input is captured with a hook
-    and its map recomputed from the adapter's q/k weights. Holds all maps in memory; for
-    large batches use :func:`impulse_fidelity`, which reduces them on the fly.
-    """
-    chosen = select_layers(find_attention_layers(model), layers)
-    maps: list[torch.Tensor | None] = [None] * len(chosen)
-
-    def keep(i, x):
-        maps[i] = chosen[i][1].attention_probs(x.float())
-
-    was_training = model.training
-    model.eval()
-    try:
-        _run_with_hooks(model, inputs, chosen, keep)
-    finally:
-        model.train(was_training)
-    _check_all_called(chosen, [m is not None for m in maps])
-    return maps
-
-
-def _check_all_called(chosen, called) -> None:
-    missing = [name for (name, _), ok in zip(chosen, called) if not ok]
-    if missing:
-        raise RuntimeError(
-            f"attention layer(s) {', '.join(missing)} were not called through their forward() "
-            "during the model's forward pass (a fused inference fast path, or an unused layer); "
-            "their maps cannot be captured"
-        )
+from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.analysis.capture import check_all_called, run_with_hooks
+from structinit.functional.attention import layer_norm_tokens
+from structinit.functional.targets import Offset, target_index
+from structinit.schemes.records import get_record
+from structinit.utils import check_finite
 
 
 def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
@@ -77,7 +23,7 @@ def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
         if offsets is not None:
             offs = offsets[i] if offsets and isinstance(offsets[0][0], (list, tuple)) else offsets
         else:
-            record = getattr(ad.module, RECORD_ATTR, None)
+            record = get_record(ad.module, "impulse")
             if record is None:
                 raise ValueError(
                     f"attention layer {name!r} has no impulse offsets recorded (it was not "
@@ -143,7 +89,7 @@ def impulse_fidelity(
         if pe is None:
             raise ValueError("the model has no `pos_embed`; pass pos_embed=<(N, D) tensor> or images")
         check_finite("pos_embed", pe)
-        x = F.layer_norm(pe.detach().float().reshape(1, layout.num_patches, -1), (pe.shape[-1],), eps=1e-6)
+        x = layer_norm_tokens(pe.detach().reshape(1, layout.num_patches, -1)).float()
         for i in range(len(chosen)):
             reduce(i, x, prefix=0)
     else:
@@ -151,12 +97,31 @@ def impulse_fidelity(
         model.eval()
         try:
             for start in range(0, images.shape[0], batch_size):
-                _run_with_hooks(model, images[start : start + batch_size], chosen,
+                run_with_hooks(model, images[start : start + batch_size], chosen,
                                 lambda i, x: reduce(i, x, prefix=p))
         finally:
             model.train(was_training)
-        _check_all_called(chosen, (counts.sum(1) > 0).tolist())
+        check_all_called(chosen, (counts.sum(1) > 0).tolist())
     valid = counts > 0
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
     return {"mass": mass, "hit": hit}
+
+
+@dataclass(frozen=True)
+class FidelitySummary:
+    """The four numbers a fidelity table reports: layer 1 and the mean over layers."""
+
+    mass_first: float
+    hit_first: float
+    mass_mean: float
+    hit_mean: float
+
+
+def fidelity_summary(fid: dict[str, torch.Tensor]) -> FidelitySummary:
+    """Reduce :func:`impulse_fidelity`'s (layers × heads) tables to a :class:`FidelitySummary`
+    (heads averaged; NaN entries of narrower layers ignored)."""
+    mass, hit = fid["mass"], fid["hit"]
+    return FidelitySummary(mass[0].nanmean().item(), hit[0].nanmean().item(),
+                           mass.nanmean().item(), hit.nanmean().item())
+

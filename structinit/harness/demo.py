@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from structinit.analysis import impulse_fidelity
+from structinit.functional.targets import enumerated_offsets
 from structinit.models import create_model
 from structinit.schemes.registry import init_, schemes
-from structinit.targets import enumerated_offsets
 
 # (label, scheme, options); gd is shortened so the demo stays under a minute on 2 cores.
 DEMO_INITS: list[tuple[str, str, dict]] = [

@@ -1,0 +1,27 @@
+"""Finding layers in a model and reading/writing their weights in one layout: attention
+adapters (fused qkv, separate q/k/v, ``nn.MultiheadAttention``, or your own), their registry,
+and the token layout (grid, prefix tokens, position-embedding rows)."""
+
+from structinit.adapters.attention import (
+    AttentionAdapter,
+    FusedQKVAdapter,
+    MultiheadAttentionAdapter,
+    SeparateQKVAdapter,
+    is_self_attention,
+)
+from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout
+from structinit.adapters.registry import (
+    ATTENTION_ADAPTERS,
+    AdapterEntry,
+    adapter_for,
+    find_attention_layers,
+    register_adapter,
+    select_layers,
+    unregister_adapter,
+)
+
+__all__ = [
+    "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
+    "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
+    "infer_layout", "is_self_attention", "register_adapter", "select_layers", "unregister_adapter",
+]  # fmt: skip

@@ -1,0 +1,136 @@
+"""Which adapter understands which attention module, and finding every attention layer of a
+model. User adapters are tried before the built-in ones, most recently registered first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+from structinit.adapters.attention import (
+    AttentionAdapter,
+    FusedQKVAdapter,
+    MultiheadAttentionAdapter,
+    SeparateQKVAdapter,
+)
+from structinit.utils import Registry, is_int
+
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    """``match(module)`` says whether ``factory(module)`` can build an adapter for it."""
+
+    match: Callable[[nn.Module], bool]
+    factory: Callable[[nn.Module], AttentionAdapter]
+
+
+ATTENTION_ADAPTERS: Registry[AdapterEntry] = Registry("attention adapter")
+# Built-ins, in the order they are tried after any user adapter.
+for _cls in (MultiheadAttentionAdapter, FusedQKVAdapter, SeparateQKVAdapter):
+    ATTENTION_ADAPTERS.register(f"structinit.{_cls.__name__}", AdapterEntry(_cls.matches, _cls))
+
+
+def _target_name(target) -> str:
+    """Registry key of a user target: its qualified name, so that it never collides with a
+    built-in entry or with a same-named class of another module."""
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def register_adapter(
+    target: type[nn.Module] | Callable[[nn.Module], bool],
+    factory: Callable[[nn.Module], AttentionAdapter],
+) -> None:
+    """Teach structinit a new attention class.
+
+    ``target`` is a module class (matched with ``isinstance``) or a predicate on modules;
+    ``factory(module)`` returns an :class:`AttentionAdapter`. User adapters are tried before
+    the built-in ones, most recently registered first; registering the same target again
+    replaces its factory.
+    """
+    if isinstance(target, type):
+        cls = target
+        match = lambda m: isinstance(m, cls)
+    elif callable(target):
+        match = target
+    else:
+        raise TypeError(f"target={target!r}: expected an nn.Module subclass or a predicate")
+    if not callable(factory):
+        raise TypeError(f"factory={factory!r}: expected a callable module → AttentionAdapter")
+    ATTENTION_ADAPTERS.register(_target_name(target), AdapterEntry(match, factory), replace=True, first=True)
+
+
+def unregister_adapter(target) -> None:
+    """Remove the adapter registered for ``target`` (the class or predicate given before)."""
+    ATTENTION_ADAPTERS.remove(_target_name(target))
+
+
+def adapter_for(module: nn.Module) -> AttentionAdapter | None:
+    """The adapter of the first registered entry that matches ``module``, or None."""
+    for entry in ATTENTION_ADAPTERS.values():
+        if entry.match(module):
+            return entry.factory(module)
+    return None
+
+
+def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]]:
+    """All self-attention layers of ``model`` in definition order, as (name, adapter).
+
+    A matched module's children are not searched further. Raises ValueError if there is no
+    attention layer, or if a module whose class name says it is attention matches no adapter.
+    """
+    found: list[tuple[str, AttentionAdapter]] = []
+    inside: list[str] = []
+    unknown: list[tuple[str, str]] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(p + ".") for p in inside):
+            continue
+        adapter = adapter_for(module)
+        if adapter is not None:
+            found.append((name, adapter))
+            inside.append(name)
+        elif _looks_like_attention(module):
+            unknown.append((name, type(module).__name__))
+    # An "attention block" that merely contains a supported attention module is fine.
+    unknown = [(n, t) for n, t in unknown if not any(n == "" or f.startswith(n + ".") for f, _ in found)]
+    if unknown:
+        raise ValueError(
+            "found attention-like modules that no adapter understands: "
+            + ", ".join(f"{n or '<root>'} ({t})" for n, t in unknown)
+            + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
+            "projections with an output Linear and a head count; nn.MultiheadAttention. "
+            "Register your class with structinit.register_adapter(YourAttention, factory)."
+        )
+    if not found:
+        types = sorted({type(m).__name__ for m in model.modules()})
+        raise ValueError(
+            f"no attention layer found in {type(model).__name__} (module types: {', '.join(types)}). "
+            "structinit initialises self-attention; register an adapter with "
+            "structinit.register_adapter(YourAttention, factory) if your model has one."
+        )
+    return found
+
+
+def _looks_like_attention(m: nn.Module) -> bool:
+    name = type(m).__name__.lower()
+    has_weights = any(True for _ in m.parameters(recurse=False)) or any(
+        isinstance(c, nn.Linear) for c in m.children()
+    )
+    return ("attention" in name or name.endswith("attn")) and has_weights
+
+
+def select_layers(found: list, layers: Iterable[int] | int | None) -> list:
+    """``found`` restricted to the indices in ``layers`` (negative indices allowed)."""
+    if layers is None:
+        return list(found)
+    if is_int(layers):
+        layers = [layers]
+    out = []
+    for i in layers:
+        if not is_int(i) or not -len(found) <= i < len(found):
+            raise ValueError(
+                f"layers contains {i!r}, but the model has {len(found)} attention layers "
+                f"(valid indices 0 … {len(found) - 1}, or negative from the end)"
+            )
+        out.append(found[i])
+    return out

@@ -1,0 +1,71 @@
+"""The one capture path for attention maps: a forward pre-hook on every attention layer
+takes the tokens the layer receives, and the layer's adapter recomputes its attention
+probabilities from them. It works on any model an adapter understands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from structinit.adapters import AttentionAdapter, MultiheadAttentionAdapter, find_attention_layers, select_layers
+
+
+def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The (B, T, D) tokens an attention module receives as its (self-attention) query."""
+    x = args[0] if args else next(kwargs[k] for k in ("x", "hidden_states", "query") if k in kwargs)
+    if isinstance(adapter, MultiheadAttentionAdapter) and not adapter.module.batch_first and x.ndim == 3:
+        x = x.transpose(0, 1)
+    return x if x.ndim == 3 else x.unsqueeze(0)
+
+
+def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Tensor], None]) -> None:
+    """One forward pass of ``inputs`` without gradients; ``fn(i, x)`` gets the (B, T, D) input
+    tokens of ``layers[i]`` (a list of (name, adapter)) as the layer is called."""
+    handles = []
+    for i, (_, ad) in enumerate(layers):
+        def hook(module, args, kwargs, i=i, ad=ad):
+            fn(i, layer_input(ad, args, kwargs).detach())
+        handles.append(ad.module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Attention probabilities of every (chosen) attention layer for one forward pass of
+    ``inputs``: a list of (B, heads, T, T) float tensors, T including prefix tokens.
+
+    Works on any model an adapter understands: each layer's input is captured with a hook
+    and its map recomputed from the adapter's q/k weights. Holds all maps in memory; for
+    large batches use :func:`impulse_fidelity`, which reduces them on the fly.
+    """
+    chosen = select_layers(find_attention_layers(model), layers)
+    maps: list[torch.Tensor | None] = [None] * len(chosen)
+
+    def keep(i, x):
+        maps[i] = chosen[i][1].attention_probs(x.float())
+
+    was_training = model.training
+    model.eval()
+    try:
+        run_with_hooks(model, inputs, chosen, keep)
+    finally:
+        model.train(was_training)
+    check_all_called(chosen, [m is not None for m in maps])
+    return maps
+
+
+def check_all_called(chosen, called) -> None:
+    """Raise if a chosen layer's hook never fired (its maps were not captured)."""
+    missing = [name for (name, _), ok in zip(chosen, called) if not ok]
+    if missing:
+        raise RuntimeError(
+            f"attention layer(s) {', '.join(missing)} were not called through their forward() "
+            "during the model's forward pass (a fused inference fast path, or an unused layer); "
+            "their maps cannot be captured"
+        )

@@ -1,0 +1,47 @@
+"""Tensor maths, tensor in and tensor out, in the style of ``torch.nn.init``: impulse targets
+and offsets, position embeddings, attention probabilities, the impulse solvers (analytic,
+closed form, gradient descent) and their registry, and mimetic factors. Every random draw
+takes ``generator=``. Nothing here knows about ``nn.Module``."""
+
+from structinit.functional.attention import attention_probs, layer_norm_tokens
+from structinit.functional.impulse_analytic import (
+    analytic_qk,
+    axis_kernel,
+    calibrate_logit_scale,
+    impulse_qk,
+    ridge_readout,
+)
+from structinit.functional.impulse_closed_form import closed_form_qk, pinv_projector
+from structinit.functional.impulse_gd import gd_qk
+from structinit.functional.impulse_solvers import (
+    IMPULSE_SOLVERS,
+    AnalyticSolver,
+    ClosedFormSolver,
+    GradientDescentSolver,
+    ImpulseSolver,
+    LayerSpec,
+    SolvedLayer,
+    make_impulse_solver,
+)
+from structinit.functional.mimetic import NOISE, mimetic_factors, mimetic_noise, mimetic_qk, mimetic_vo
+from structinit.functional.posembed import sincos_2d, sincos_frequencies
+from structinit.functional.pseudo_input import PSEUDO_INPUTS, pseudo_input
+from structinit.functional.targets import (
+    Offset,
+    check_kernel_size,
+    check_offsets,
+    enumerated_offsets,
+    impulse_matrix,
+    kernel_offsets,
+    random_offsets,
+    target_index,
+)
+
+__all__ = [
+    "IMPULSE_SOLVERS", "NOISE", "PSEUDO_INPUTS", "AnalyticSolver", "ClosedFormSolver", "GradientDescentSolver",
+    "ImpulseSolver", "LayerSpec", "Offset", "SolvedLayer", "analytic_qk", "attention_probs", "axis_kernel",
+    "calibrate_logit_scale", "check_kernel_size", "check_offsets", "closed_form_qk", "enumerated_offsets",
+    "gd_qk", "impulse_matrix", "impulse_qk", "kernel_offsets", "layer_norm_tokens", "make_impulse_solver",
+    "mimetic_factors", "mimetic_noise", "mimetic_qk", "mimetic_vo", "pinv_projector", "pseudo_input",
+    "random_offsets", "ridge_readout", "sincos_2d", "sincos_frequencies", "target_index",
+]  # fmt: skip

@@ -1,0 +1,33 @@
+"""Attention maths shared by every path that computes attention maps: the one
+implementation of the attention probabilities, and LayerNorm of position-only tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    r"""Attention probabilities softmax(scale · q kᵀ) over the last axis.
+
+    Args:
+        q: queries (..., T, r).
+        k: keys (..., S, r).
+        scale: the softmax scale the attention applies (usually r^−½).
+
+    Returns:
+        (..., T, S) probabilities; each row sums to one.
+
+    Examples:
+        >>> q = k = torch.eye(3)
+        >>> attention_probs(q, k, 10.0).argmax(-1)
+        tensor([0, 1, 2])
+    """
+    return (q @ k.transpose(-2, -1) * scale).softmax(dim=-1)
+
+
+def layer_norm_tokens(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """LayerNorm without affine over the last axis, in float64: the position-only pseudo input
+    LayerNorm(PE) that a ViT block's first norm gives at init (its weight 1, bias 0; eps 1e-6
+    as timm's ViT)."""
+    return F.layer_norm(x.double(), (x.shape[-1],), eps=eps)
