@@ -62,6 +62,8 @@ class Registry(Generic[T]):
             raise ValueError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
         return self._entries[name]
 
+    __getitem__ = get
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._entries)
