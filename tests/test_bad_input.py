@@ -8,10 +8,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import structinit
+from rejection import RECORD, check_rejected
 from structinit.models.vit import Attention
-
-RECORD = "structinit_impulse"
-
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -26,36 +24,6 @@ def small(**kw):
 def micro(**kw):
     """8×8 grid, D = 32, 2 heads, depth 2."""
     return structinit.create_model("vit_micro_patch2_16", **kw)
-
-
-def snapshot(model):
-    return {
-        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "grad": {k: p.requires_grad for k, p in model.named_parameters()},
-    }
-
-
-def bits(t):
-    return t.contiguous().view(torch.uint8) if t.is_floating_point() else t
-
-
-def assert_untouched(model, snap):
-    state = model.state_dict()
-    assert list(state) == list(snap["state"])
-    for k, v in state.items():
-        old = snap["state"][k]
-        assert v.dtype == old.dtype and v.shape == old.shape, k
-        assert torch.equal(bits(v), bits(old)), f"{k} was modified"
-    assert {k: p.requires_grad for k, p in model.named_parameters()} == snap["grad"]
-    assert not any(hasattr(m, RECORD) for m in model.modules()), "an impulse record was left behind"
-
-
-def check_rejected(model, call, exc, match):
-    snap = snapshot(model)
-    with pytest.raises(exc, match=match) as info:
-        call(model)
-    assert_untouched(model, snap)
-    return str(info.value)
 
 
 class EncoderOnly(nn.Module):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import structinit
+from rejection import check_rejected
 
 BASELINES = ["pytorch", "timm", "jax", "xavier", "xavier_fused", "trunc_normal", "kaiming_uniform"]
 D = 192
@@ -201,14 +202,11 @@ def test_trunc_normal_tight_bounds(a, b):
         assert model.blocks[0].mlp.fc1.weight.mean().item() > 0
 
 
-def test_trunc_normal_rejects_bad_parameters():
-    model = scramble(vit())
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    for opts in (dict(std=0.0), dict(std=0.02, a=0.1, b=-0.1)):
-        with pytest.raises(ValueError):
-            structinit.init_(model, "trunc_normal", seed=0, **opts)
-    for k, v in model.state_dict().items():
-        assert torch.equal(v, before[k]), k
+@pytest.mark.parametrize("opts, match", [(dict(std=0.0), r"std=0\.0"), (dict(std=-1), r"std=-1"),
+                                         (dict(std=0.02, a=0.1, b=-0.1), r"a=0\.1, b=-0\.1.*a < b"),
+                                         (dict(std="wide"), r"std='wide'")])
+def test_trunc_normal_rejects_bad_parameters(opts, match):
+    check_rejected(scramble(vit()), lambda m: structinit.init_(m, "trunc_normal", seed=0, **opts), ValueError, match)
 
 
 @pytest.mark.parametrize("opts,bound_fn", [
@@ -224,12 +222,10 @@ def test_kaiming_uniform(opts, bound_fn):
     assert_layernorms_reset(model)
 
 
-def test_kaiming_uniform_rejects_bad_options():
-    model = vit()
-    with pytest.raises(ValueError):
-        structinit.init_(model, "kaiming_uniform", mode="fan_avg", seed=0)
-    with pytest.raises(ValueError):
-        structinit.init_(model, "kaiming_uniform", nonlinearity="swish", seed=0)
+@pytest.mark.parametrize("opts, match", [(dict(mode="fan_avg"), r"mode='fan_avg'.*fan_in"),
+                                         (dict(nonlinearity="swish"), r"nonlinearity='swish'.*relu")])
+def test_kaiming_uniform_rejects_bad_options(opts, match):
+    check_rejected(vit(), lambda m: structinit.init_(m, "kaiming_uniform", seed=0, **opts), ValueError, match)
 
 
 # --------------------------------------------------------------------------- all baselines

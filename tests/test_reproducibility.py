@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import structinit
+from rejection import check_rejected
 
 # Schemes that write only the attention layers (and maybe the PE): the remaining tensors come
 # from the constructor, so both models are first brought to the same state with 'timm'.
@@ -142,6 +143,4 @@ def test_generator_is_advanced_not_reset():
 
 @pytest.mark.parametrize("bad", [1.5, "0", True])
 def test_invalid_seed_rejected(bad):
-    model = build(0)
-    with pytest.raises(TypeError):
-        structinit.init_(model, "timm", seed=bad)
+    check_rejected(build(0), lambda m: structinit.init_(m, "timm", seed=bad), TypeError, rf"seed={bad!r}")

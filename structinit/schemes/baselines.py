@@ -14,7 +14,7 @@ from torch import nn
 from structinit.adapters import FusedQKVAdapter, adapter_for
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
-from structinit.utils import make_generator
+from structinit.utils import check_choice, check_number, make_generator
 
 WeightFn = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
 
@@ -238,8 +238,10 @@ def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b
                        generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
     ``nn.init.trunc_normal_``); zero biases; other modules as in :func:`timm_init_`."""
-    if not std > 0 or not a < b:
-        raise ValueError(f"std={std}, a={a}, b={b}: need std > 0 and a < b")
+    check_number("std", std, low=0, low_open=True)
+    a, b = check_number("a", a), check_number("b", b)
+    if not a < b:
+        raise ValueError(f"a={a}, b={b}: the truncation bounds need a < b")
     gen = make_generator(generator, seed)
     return _finish(model, _plan_weights(model, gen, _trunc(std, a, b), _zero_bias))
 
@@ -252,9 +254,11 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
                           seed: int | None = None) -> Plan:
     """Every Linear weight Kaiming-uniform with the given ``a``/``mode``/``nonlinearity``
     (defaults = PyTorch's Linear); zero biases; other modules as in :func:`timm_init_`."""
-    if mode not in ("fan_in", "fan_out"):
-        raise ValueError(f"mode={mode!r}: expected 'fan_in' or 'fan_out'")
-    nn.init.calculate_gain(nonlinearity, a)  # raises a clear error for unknown names
+    check_choice("mode", mode, ("fan_in", "fan_out"))
+    try:
+        nn.init.calculate_gain(nonlinearity, a)
+    except ValueError as err:
+        raise ValueError(f"nonlinearity={nonlinearity!r}: {err}; use e.g. 'leaky_relu', 'relu' or 'linear'") from err
     gen = make_generator(generator, seed)
 
     def weight(name, shape, g):
