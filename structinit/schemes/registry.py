@@ -92,12 +92,13 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     entry = SCHEMES.get(scheme)
+    fn = entry.plan or entry.init
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after the model
+    if not any(p.kind is p.VAR_KEYWORD for p in params):  # a **options scheme checks its own
+        check_options(fn, options, f"scheme {scheme!r}",
+                      valid=[p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)])
     if entry.plan is not None:
         return entry.plan(model, **options)
-    params = inspect.signature(entry.init).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in params):
-        check_options(entry.init, options, f"scheme {scheme!r}",
-                      valid=[p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][1:])
     plan = Plan()
     plan.actions.append(lambda: entry.init(model, **options))
     return plan
@@ -113,6 +114,5 @@ def init_(model: nn.Module, scheme: str, **options) -> nn.Module:
         >>> model = structinit.create_model("vit_tiny_patch2_32")
         >>> _ = structinit.init_(model, "impulse", kernel_size=3, seed=0)
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    return get_scheme(scheme)(model, **options)
+    plan_init(model, scheme, **options).commit()
+    return model

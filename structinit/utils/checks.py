@@ -12,9 +12,9 @@ import torch
 
 
 class OptionError(TypeError, ValueError):
-    """An unknown keyword option. It is a ``ValueError`` (a bad value in a spec such as
-    ``impulse:target_mas=0.3``) and a ``TypeError`` (what Python raises for an unexpected
-    keyword), so either ``except`` catches it."""
+    """An unknown keyword option, or an option value of the wrong type. It is a ``TypeError``
+    (what Python raises for an unexpected keyword or type) and a ``ValueError`` (a bad entry
+    in a spec such as ``impulse:target_mas=0.3``), so either ``except`` catches it."""
 
 
 def is_int(value: object) -> bool:
@@ -31,7 +31,7 @@ def is_number(value: object) -> bool:
 def check_int(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
     """``value`` as an int in [low, high]; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
     if not is_int(value):
-        raise TypeError(f"{name}={value!r}: expected an int")
+        raise OptionError(f"{name}={value!r}: expected an int")
     if (low is not None and value < low) or (high is not None and value > high):
         raise ValueError(f"{name}={value!r}: expected an int in [{'−∞' if low is None else low}, "
                          f"{'∞' if high is None else high}]")

@@ -1,0 +1,281 @@
+"""The package layout keeps its promises: imports flow one way, `import structinit` stays light,
+one registry style, and plans that check and compute an init without writing it."""
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import structinit
+from rejection import check_rejected
+from structinit.functional import IMPULSE_SOLVERS, AnalyticSolver, make_impulse_solver
+from structinit.utils import OptionError, Registry
+
+PACKAGE = Path(structinit.__file__).parent
+# Layers from bottom to top; a module may import its own layer and the layers below it.
+LAYERS = ["utils", "functional", "adapters", "schemes", "models", "analysis", "harness"]
+BESIDE = {"data", "augment"}  # beside the stack: they may import utils only; the harness uses them
+
+
+def package_imports(path: Path) -> set[str]:
+    """Top-level structinit sub-packages imported by the module at ``path``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "structinit" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_no_module_at_the_package_root_but_init_and_main():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+def test_imports_flow_one_way():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) == 1:
+            continue  # the facade (__init__, __main__) may import anything
+        layer = rel.parts[0]
+        for target in package_imports(path) - {layer}:
+            if layer in BESIDE:
+                ok = target == "utils"
+            elif target in BESIDE:
+                ok = layer == "harness"
+            else:
+                ok = LAYERS.index(target) < LAYERS.index(layer)
+            if not ok:
+                upward.append(f"{rel} imports structinit.{target}")
+    assert not upward, upward
+
+
+HEAVY = ["PIL", "matplotlib", "sklearn", "scipy.io", "tqdm", "safetensors", "structinit.harness",
+         "structinit.data", "structinit.augment"]
+
+
+def test_import_structinit_and_init_do_not_load_the_harness_stack():
+    """Users who only initialise models need torch, numpy and scipy. torch itself may import
+    some of the heavy modules (it imports tqdm), so compare with what torch already loaded."""
+    code = f"""
+import json, sys
+import numpy, scipy.optimize, torch
+before = set(sys.modules)
+import structinit
+model = structinit.create_model("vit_micro_patch2_16")
+structinit.init_(model, "impulse", seed=0)
+structinit.impulse_fidelity(model)
+new = set(sys.modules) - before
+print(json.dumps(sorted(m for m in new if any(m == h or m.startswith(h + ".") for h in {HEAVY!r}))))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_lazy_harness_names_resolve():
+    from structinit.augment import Augment
+    from structinit.data import load_dataset
+    from structinit.harness.train import TrainConfig, train
+
+    assert structinit.TrainConfig is TrainConfig and structinit.train is train
+    assert structinit.load_dataset is load_dataset and structinit.Augment is Augment
+    assert set(structinit.__all__) <= set(dir(structinit))
+    with pytest.raises(AttributeError, match=r"no attribute 'not_a_name'"):
+        structinit.not_a_name  # noqa: B018
+
+
+# --------------------------------------------------------------------------- the registry class
+def test_registry_names_order_and_errors():
+    reg = Registry("widget")
+    reg.register("b", 2)
+    reg.register("a", 1)
+    reg.register("c", 3, first=True)
+    assert list(reg) == ["c", "b", "a"] and reg.names() == ["a", "b", "c"] and reg["b"] == 2
+    reg.register("b", 2)  # the same entry again: harmless
+    with pytest.raises(ValueError, match=r"widget 'b' is already registered.*replace=True"):
+        reg.register("b", 20)
+    reg.register("b", 20, replace=True)
+    assert reg.get("b") == 20
+    with pytest.raises(ValueError, match=r"unknown widget 'z'; valid names: a, b, c"):
+        reg.get("z")
+
+    @reg.register()
+    def named_by_function():
+        pass
+
+    assert reg.get("named_by_function") is named_by_function
+    reg.remove("named_by_function")
+    assert "named_by_function" not in reg
+
+
+def test_every_name_registry_uses_the_registry_class():
+    from structinit.adapters import ATTENTION_ADAPTERS
+    from structinit.models import MODELS
+    from structinit.schemes import SCHEMES
+
+    for reg in (ATTENTION_ADAPTERS, MODELS, SCHEMES, IMPULSE_SOLVERS):
+        assert isinstance(reg, Registry)
+    assert {"analytic", "closed_form", "gd"} <= set(IMPULSE_SOLVERS)
+    assert structinit.schemes("attention") == ["impulse", "mimetic"]
+    assert {"pytorch", "timm", "jax"} <= set(structinit.schemes("model"))
+    with pytest.raises(ValueError, match=r"target='token'.*attention"):
+        structinit.schemes("token")
+
+
+def test_register_model_entry_point():
+    @structinit.register_model
+    def tiny_test_vit(**kwargs):
+        return structinit.VisionTransformer(**{"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 1,
+                                               "num_heads": 2, "num_classes": 3, **kwargs})
+
+    try:
+        assert "tiny_test_vit" in structinit.list_models()
+        assert structinit.create_model("tiny_test_vit", num_classes=5).head.out_features == 5
+    finally:
+        structinit.models.MODELS.remove("tiny_test_vit")
+    with pytest.raises(ValueError, match=r"unknown model 'tiny_test_vit'; valid names: .*vit_base_patch16_224"):
+        structinit.create_model("tiny_test_vit")
+
+
+# --------------------------------------------------------------------------- plans
+SCHEME_OPTIONS = {"impulse": {}, "mimetic": {}, "pytorch": {}, "timm": {}, "jax": {}, "xavier": {},
+                  "xavier_fused": {}, "trunc_normal": {"std": 0.05}, "kaiming_uniform": {"a": 0.0}}
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEME_OPTIONS))
+def test_plan_writes_nothing_and_commit_equals_init(scheme):
+    assert set(SCHEME_OPTIONS) == set(structinit.schemes())
+    planned = structinit.create_model("vit_micro_patch2_16", pos_embed="learn")
+    direct = structinit.create_model("vit_micro_patch2_16", pos_embed="learn")
+    direct.load_state_dict(planned.state_dict())
+    before = {k: v.clone() for k, v in planned.state_dict().items()}
+    plan = structinit.plan_init(planned, scheme, seed=3, **SCHEME_OPTIONS[scheme])
+    assert all(torch.equal(v, before[k]) for k, v in planned.state_dict().items())
+    assert all(structinit.get_record(m) is None for m in planned.modules())
+    plan.commit()
+    structinit.init_(direct, scheme, seed=3, **SCHEME_OPTIONS[scheme])
+    for (k, a), b in zip(planned.state_dict().items(), direct.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert [structinit.get_record(m) for m in planned.modules()] == [structinit.get_record(m) for m in direct.modules()]
+
+
+@pytest.mark.parametrize("spec, match", [
+    (dict(target_mas=0.3), r"unknown option\(s\) target_mas; valid: target_mass, pe_scale, ridge"),
+    (dict(pe_scale="abc"), r"pe_scale='abc': expected a number in \(0, ∞\] or None"),
+    (dict(solver="gd", steps=2.5), r"steps=2\.5: expected an int"),
+])
+def test_plan_rejects_a_bad_spec_with_a_value_error_naming_the_option(spec, match):
+    check_rejected(structinit.create_model("vit_micro_patch2_16"),
+                   lambda m: structinit.plan_init(m, "impulse", seed=0, **spec).commit(), ValueError, match)
+
+
+def test_unknown_option_is_both_type_and_value_error():
+    with pytest.raises(OptionError) as info:
+        structinit.plan_init(structinit.create_model("vit_micro_patch2_16"), "mimetic", alpah=0.5)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+
+
+def test_plan_of_a_user_scheme_without_planner_checks_options_and_defers():
+    calls = []
+
+    def halve_init_(model, *, factor=0.5, seed=None):
+        calls.append(factor)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(factor)
+        return model
+
+    structinit.register_scheme("halve_test", halve_init_)
+    try:
+        model = structinit.create_model("vit_micro_patch2_16")
+        with pytest.raises(OptionError, match=r"unknown option\(s\) factr; valid: factor, seed"):
+            structinit.plan_init(model, "halve_test", factr=2)
+        before = model.head.weight.clone()
+        plan = structinit.plan_init(model, "halve_test", factor=0.25)
+        assert calls == [] and torch.equal(model.head.weight, before)
+        plan.commit()
+        assert calls == [0.25] and torch.equal(model.head.weight, before * 0.25)
+    finally:
+        from structinit.schemes import SCHEMES  # (structinit.schemes is the function listing names)
+
+        SCHEMES.remove("halve_test")
+
+
+def test_records_get_and_set():
+    attn = structinit.create_model("vit_micro_patch2_16").blocks[0].attn
+    assert structinit.get_record(attn) is None
+    structinit.set_record(attn, "impulse", {"offsets": [(0, 0), (1, 1)]})
+    assert structinit.get_record(attn, "impulse") == {"offsets": [(0, 0), (1, 1)]}
+    assert attn.structinit_impulse == {"offsets": [(0, 0), (1, 1)]}  # the attribute users may know
+    structinit.set_record(attn, "impulse", None)
+    assert structinit.get_record(attn) is None
+    with pytest.raises(ValueError, match=r"kind='not a name'"):
+        structinit.get_record(attn, "not a name")
+
+
+# --------------------------------------------------------------------------- impulse solvers
+@settings(max_examples=40, deadline=None)
+@given(mass=st.floats(-2, 3, allow_nan=False), scale=st.one_of(st.none(), st.floats(-2, 8, allow_nan=False)))
+def test_analytic_options_are_checked_when_the_solver_is_built(mass, scale):
+    valid = 0 < mass < 1 and (scale is None or scale > 0)
+    if valid:
+        solver = make_impulse_solver("analytic", target_mass=mass, pe_scale=scale)
+        assert solver == AnalyticSolver(target_mass=mass, pe_scale=scale)
+    else:
+        with pytest.raises(ValueError, match=r"target_mass=|pe_scale="):
+            make_impulse_solver("analytic", target_mass=mass, pe_scale=scale)
+
+
+def test_a_registered_solver_is_usable_by_name():
+    @IMPULSE_SOLVERS.register("sharp_test")
+    @dataclass(frozen=True, kw_only=True)
+    class SharpSolver(AnalyticSolver):
+        """The analytic solver with a sharper default: a subclass changes defaults only."""
+
+        target_mass: float = 0.9
+
+    try:
+        model = structinit.create_model("vit_micro_patch2_16")
+        structinit.init_(model, "impulse", solver="sharp_test", seed=0)
+        fid = structinit.impulse_fidelity(model)
+        assert bool((fid["hit"] == 1).all()) and abs(fid["mass"].mean().item() - 0.9) < 1e-3
+        assert structinit.get_record(model.blocks[0].attn)["solver"] == "sharp_test"
+    finally:
+        IMPULSE_SOLVERS.remove("sharp_test")
+
+
+def test_adapter_registration_is_keyed_by_qualified_name():
+    """A user class called MultiheadAttention neither collides with the built-in entry nor
+    shadows it after unregistering; registering twice replaces instead of duplicating."""
+    from structinit.adapters import ATTENTION_ADAPTERS, SeparateQKVAdapter
+
+    class MultiheadAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads, self.q, self.k, self.v, self.o = 2, *(nn.Linear(8, 8) for _ in range(4))
+
+    n = len(ATTENTION_ADAPTERS)
+    structinit.register_adapter(MultiheadAttention, SeparateQKVAdapter)
+    structinit.register_adapter(MultiheadAttention, SeparateQKVAdapter)
+    try:
+        assert len(ATTENTION_ADAPTERS) == n + 1
+        assert isinstance(structinit.adapters.adapter_for(MultiheadAttention()), SeparateQKVAdapter)
+    finally:
+        structinit.unregister_adapter(MultiheadAttention)
+    assert len(ATTENTION_ADAPTERS) == n
+    assert isinstance(structinit.adapters.adapter_for(nn.MultiheadAttention(8, 2)),
+                      structinit.MultiheadAttentionAdapter)
