@@ -41,6 +41,8 @@ from scipy.optimize import minimize
 from structinit.functional.posembed import sincos_frequencies
 from structinit.functional.targets import Offset, target_index
 
+Factors = tuple[torch.Tensor, torch.Tensor]  # Wq, Wk of shape (heads, D, head_dim)
+
 
 def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose ≤ ``budget`` frequencies from ``omega`` and weights c ≥ 0 with the smallest ‖c‖
@@ -85,15 +87,8 @@ def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
     return torch.linalg.solve(g + lam * torch.eye(g.shape[0], dtype=g.dtype), z).T
 
 
-def analytic_qk(
-    z: torch.Tensor,
-    grid: tuple[int, int],
-    offsets: list[Offset],
-    head_dim: int,
-    omega: torch.Tensor | None = None,
-    *,
-    ridge: float = 2e-3,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int,
+    omega: torch.Tensor | None = None, *, ridge: float = 2e-3) -> Factors:
     """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
 
     Returns Wq, Wk of shape (heads, D, head_dim), float64, with ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h``
@@ -187,16 +182,8 @@ def calibrate_logit_scale(
     return math.exp(s)
 
 
-def impulse_qk(
-    z: torch.Tensor,
-    grid: tuple[int, int],
-    offsets: list[Offset],
-    head_dim: int,
-    *,
-    target_mass: float = 0.5,
-    softmax_scale: float | None = None,
-    ridge: float = 2e-3,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int, *,
+    target_mass: float = 0.5, softmax_scale: float | None = None, ridge: float = 2e-3) -> Factors:
     """Analytic impulse factors, calibrated: Wq, Wk (heads, D, head_dim), float64, such that
     softmax(softmax_scale · z Wq[h] Wk[h]ᵀ zᵀ) puts mean mass ``target_mass`` on the targets
     for the pseudo input ``z`` (N×D, e.g. LayerNorm of the position embedding).

@@ -17,6 +17,8 @@ import torch
 
 from structinit.functional.targets import Offset, impulse_matrix
 
+Factors = tuple[torch.Tensor, torch.Tensor]  # Wq, Wk of shape (heads, D, head_dim)
+
 
 def pinv_projector(p: torch.Tensor, rank: int) -> torch.Tensor:
     """P⁺ = G⁺_r Pᵀ (D×N) with G = PᵀP and a rank-``rank`` truncated pseudo-inverse."""
@@ -27,19 +29,9 @@ def pinv_projector(p: torch.Tensor, rank: int) -> torch.Tensor:
     return (vh.T * inv) @ u.T @ p.T
 
 
-def closed_form_qk(
-    p: torch.Tensor,
-    grid: tuple[int, int],
-    offsets: list[Offset],
-    head_dim: int,
-    *,
-    generator: torch.Generator | None = None,
-    logit_scale: float = 1000.0,
-    noise: float = 3.0,
-    qk_norm: float = 7.0,
-    pinv_rank: int | None = None,
-    projector: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def closed_form_qk(p: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int, *,
+    generator: torch.Generator | None = None, logit_scale: float = 1000.0, noise: float = 3.0,
+    qk_norm: float = 7.0, pinv_rank: int | None = None, projector: torch.Tensor | None = None) -> Factors:
     """Wq, Wk (heads, D, head_dim) for pseudo input ``p`` (N×D); fresh noise from ``generator``.
     ``projector`` may pass a precomputed :func:`pinv_projector` (it depends on p only)."""
     n = p.shape[0]

@@ -15,20 +15,12 @@ import torch
 
 from structinit.functional.targets import Offset, impulse_matrix
 
+Factors = tuple[torch.Tensor, torch.Tensor]  # Wq, Wk of shape (heads, D, head_dim)
 
-def gd_qk(
-    x: torch.Tensor,
-    grid: tuple[int, int],
-    offsets: list[Offset],
-    head_dim: int,
-    *,
-    generator: torch.Generator | None = None,
-    steps: int = 10_000,
-    lr: float = 1e-4,
-    renorm_every: int = 100,
-    softmax_scale: float | None = None,
-    callback: Callable[[int, float], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+
+def gd_qk(x: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int, *,
+    generator: torch.Generator | None = None, steps: int = 10_000, lr: float = 1e-4, renorm_every: int = 100,
+    softmax_scale: float | None = None, callback: Callable[[int, float], None] | None = None) -> Factors:
     """Wq, Wk (heads, D, head_dim) fitted on pseudo input ``x`` (N×D), float32.
     ``callback(step, loss)`` is called every ``renorm_every`` steps (for progress/benchmarks)."""
     if steps < 0:
