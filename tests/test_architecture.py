@@ -279,3 +279,19 @@ def test_adapter_registration_is_keyed_by_qualified_name():
     assert len(ATTENTION_ADAPTERS) == n
     assert isinstance(structinit.adapters.adapter_for(nn.MultiheadAttention(8, 2)),
                       structinit.MultiheadAttentionAdapter)
+
+
+# --------------------------------------------------------------------------- docstring examples
+@pytest.mark.parametrize("module", [
+    "structinit.utils.registry", "structinit.functional.attention", "structinit.functional.impulse_solvers",
+    "structinit.schemes.records", "structinit.schemes.registry", "structinit.schemes.impulse",
+    "structinit.schemes.mimetic", "structinit.models.registry",
+])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(module)
+    result = doctest.testmod(mod, extraglobs={"structinit": structinit, "torch": torch, **vars(mod)},
+                             optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
