@@ -55,8 +55,9 @@ def plan_impulse(
     Args:
         model: any model whose attention layers an adapter understands (timm / structinit
             ViT, separate q/k/v projections, ``nn.MultiheadAttention``).
-        solver: ``'analytic'`` (default; exact, instant — see :mod:`structinit.functional.impulse_analytic`),
-            ``'closed_form'`` (2025 paper) or ``'gd'`` (2024 paper).
+        solver: ``'analytic'`` (default; exact, instant — see
+            :mod:`structinit.functional.impulse_analytic`), ``'closed_form'`` (2025 paper),
+            ``'gd'`` (2024 paper), or any solver registered in ``structinit.IMPULSE_SOLVERS``.
         kernel_size: odd k ∈ {3, 5, 7, …}, at most the grid side.
         offsets: ``'random'`` (uniform with replacement, per head), ``'enumerated'`` (centre, up,
             right, left, down, diagonals, cycling), or an explicit list of (dy, dx), one per
