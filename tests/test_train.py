@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from structinit.harness.checkpoint import load_checkpoint, save_checkpoint
-from structinit.harness.compare import compare, parse_init_spec, split_init_specs
+from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
+from structinit.harness.specs import parse_init_spec, parse_literal, split_init_specs
 from structinit.harness.train import NonFiniteLossError, TrainConfig, cosine_lr, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +191,13 @@ def test_parse_init_spec():
     # commas inside brackets belong to the value
     assert parse_init_spec("impulse:layers=(0,1,2),pe_scale=1.0,offsets=[(0,1),(1,0)]") == (
         "impulse", {"layers": (0, 1, 2), "pe_scale": 1.0, "offsets": [(0, 1), (1, 0)]})
+
+
+def test_parse_literal_is_what_cli_and_specs_read():
+    assert parse_literal("0.3") == 0.3 and parse_literal("None") is None and parse_literal("(0,1)") == (0, 1)
+    assert parse_literal("gd") == "gd" and parse_literal("'3'") == "3" and parse_literal("1e-3") == 1e-3
+    assert parse_literal("{[1]: 2}") == "{[1]: 2}"  # unhashable key: kept as text, not a crash
+    assert parse_init_spec("impulse:pe_scale=2,solver=gd")[1] == {"pe_scale": parse_literal("2"), "solver": "gd"}
 
 
 def test_split_init_specs():

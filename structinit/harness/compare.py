@@ -8,65 +8,18 @@ continues where it stopped. The summary is a mean ± std table, an accuracy-vs-e
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
 
-
-def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``'impulse:target_mass=0.3,solver=analytic'`` → ``('impulse', {...})``; values are Python
-    literals where they parse as one (numbers, None, tuples), strings otherwise."""
-    name, _, rest = spec.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, _split_top_level(rest)):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
-        try:
-            options[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value.strip()
-    return name.strip(), options
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets, so ``layers=(0,1),pe_scale=1`` gives two items."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    return [*items, text[start:]]
-
-
-def split_init_specs(text: str) -> list[str]:
-    """``'pytorch,impulse:pe_scale=1.0,layers=(0,1),mimetic'`` → ``['pytorch',
-    'impulse:pe_scale=1.0,layers=(0,1)', 'mimetic']``; ``';'`` also separates specs.
-
-    A comma-separated piece that holds ``key=value`` and no ``name:`` belongs to the spec
-    before it (scheme names never contain ``=``); commas inside brackets belong to values.
-    """
-    specs: list[str] = []
-    for chunk in text.split(";"):
-        for piece in _split_top_level(chunk):
-            piece = piece.strip()
-            if not piece:
-                continue
-            continues = "=" in piece and ":" not in piece.split("=", 1)[0]
-            if continues:
-                if not specs or ":" not in specs[-1]:
-                    raise ValueError(f"init list {text!r}: option {piece!r} follows no 'scheme:' to belong to")
-                specs[-1] += "," + piece
-            else:
-                specs.append(piece)
-    return specs
+__all__ = ["compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric", "split_init_specs",
+           "summarise"]
 
 
 def primary_metric(final: dict[str, float]) -> str:
