@@ -221,3 +221,20 @@ def test_compare_checks_every_spec_before_training(tmp_path):
     assert parse_init_spec("timm") == ("timm", {})
     with pytest.raises(ValueError, match="key=value"):
         parse_init_spec("impulse:oops")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    # a misspelt option: an OptionError (a ValueError) that names it and lists the valid ones
+    ("impulse:target_mas=0.3", r"'impulse:target_mas=0\.3': .*unknown option.*target_mas; valid: target_mass"),
+    # a bad value: the option and the value it got
+    ("impulse:pe_scale=abc", r"init spec 'impulse:pe_scale=abc': .*pe_scale='abc'"),
+    ("impulse:solver=gd,stepz=10", r"init spec 'impulse:solver=gd,stepz=10': .*unknown option.*stepz"),
+    ("impulse:target_mass=2.0", r"target_mass=2\.0: expected a number in \(0, 1\)"),
+])
+def test_compare_plans_every_spec_before_the_first_run(tmp_path, spec, message):
+    """Each spec is planned (checked and computed, not written) on the model its run would
+    build, so a bad option in the last spec fails before the first spec trains."""
+    base = recipe("digits", epochs=1, train_size=None)
+    with pytest.raises(ValueError, match=message):
+        compare(base, ["pytorch", spec], [0, 1], tmp_path / "cmp", progress=False)
+    assert not (tmp_path / "cmp").exists()  # no run folder was created

@@ -13,13 +13,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from structinit.harness.build import load_train_split, plan_model
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
 from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
 
-__all__ = ["compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric", "split_init_specs",
-           "summarise"]
+__all__ = ["check_specs", "compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric",
+           "split_init_specs", "summarise"]
 
 
 def primary_metric(final: dict[str, float]) -> str:
@@ -30,20 +31,47 @@ def primary_metric(final: dict[str, float]) -> str:
     raise ValueError(f"no evaluation accuracy in {sorted(final)}")
 
 
+def _run_config(base: TrainConfig, spec: str, name: str, options: dict[str, Any], seed: int,
+                out: Path) -> TrainConfig:
+    """The configuration of one run of the comparison (also the one its spec is checked with)."""
+    label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
+    return dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
+                               init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+
+
+def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
+                out_dir: str | Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Parse every init spec and plan its init on the model its first run will build, writing
+    nothing: a misspelt option or a bad value fails here, with a ``ValueError`` that names the
+    spec and the option, before any run starts. Returns ``{spec: (scheme, options)}``."""
+    if not seeds:
+        raise ValueError("seeds is empty; expected at least one seed")
+    parsed = {spec: parse_init_spec(spec) for spec in inits}
+    for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
+        get_scheme(name)
+    train_ds = load_train_split(base)  # the model's size depends on the images' shape and the class count
+    for spec, (name, options) in parsed.items():
+        cfg = _run_config(base, spec, name, options, seeds[0], Path(out_dir))
+        try:
+            plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"init spec {spec!r}: {err}") from err
+    return parsed
+
+
 def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
             progress: bool = True) -> dict[str, Any]:
-    """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict."""
+    """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict.
+
+    Every spec is checked completely first (:func:`check_specs`), so a bad one fails before
+    the first run, not after hours of the others."""
     out = Path(out_dir)
-    parsed = {spec: parse_init_spec(spec) for spec in inits}  # every spec is checked before any run
-    for name, _ in parsed.values():
-        get_scheme(name)
+    parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
         for spec in inits:
             name, options = parsed[spec]
-            label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
-            cfg = dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
-                                      init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+            cfg = _run_config(base, spec, name, options, seed, out)
             print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
             runs[spec].append(train(cfg, resume=True, progress=progress))
     summary = summarise(runs)

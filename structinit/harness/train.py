@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from structinit.harness.build import build_model, load_data
 from structinit.harness.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
 
 CHECKPOINT = "checkpoint.pt"
@@ -167,39 +168,6 @@ def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -
 
 
 # ----------------------------------------------------------------------------- setup
-def load_data(cfg: TrainConfig):
-    """(train set, {name: eval set}); the first eval set is the one a run is judged on."""
-    from structinit.data import holdout_split, load_dataset, stratified_subset
-
-    train_ds = load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
-    evals = {}
-    if cfg.holdout:
-        train_ds, held = holdout_split(train_ds, cfg.holdout, seed=cfg.seed, mode=cfg.holdout_mode)
-        evals["holdout"] = held
-    else:
-        test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
-        evals["test"] = test
-        if cfg.test_prefix:
-            evals[f"test_first{cfg.test_prefix}"] = test.subset(torch.arange(min(cfg.test_prefix, len(test))))
-    if cfg.train_size:
-        train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
-    return train_ds, evals
-
-
-def build_model(cfg: TrainConfig, train_ds) -> nn.Module:
-    """The named model, sized for the data, constructed and initialised from ``init_seed``."""
-    from structinit.models import create_model
-    from structinit.schemes.registry import init_
-
-    c, h, _ = train_ds.images.shape[1:]
-    kwargs = {"num_classes": train_ds.num_classes, "in_chans": c, "img_size": h, **cfg.model_kwargs}
-    seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
-    with torch.random.fork_rng(devices=[]):  # construction draws from the global RNG
-        torch.manual_seed(seed)
-        model = create_model(cfg.model, **kwargs)
-    return init_(model, cfg.init, seed=seed, **cfg.init_options)
-
-
 def _dist_env() -> tuple[int, int, int]:
     return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
