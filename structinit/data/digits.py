@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from structinit.data.datasets import ArrayDataset, normalisation_stats
+from structinit.data.optional import require
 from structinit.data.splits import stable_permutation
 
 __all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_split_indices", "load_digits"]
@@ -41,9 +42,8 @@ def load_digits(split: str = "train") -> ArrayDataset:
     """
     if split not in ("train", "test"):
         raise ValueError(f"split={split!r}: expected 'train' or 'test'")
-    from sklearn.datasets import load_digits as sklearn_digits  # deferred: sklearn import is slow
-
-    bunch = sklearn_digits()
+    # imported here: sklearn is slow to import and only the harness extra installs it
+    bunch = require("sklearn.datasets", "the digits dataset").load_digits()
     values = np.asarray(bunch.images).astype(np.int64)  # (1797, 8, 8), 0..16
     images = torch.from_numpy((values * 255 // 16).astype(np.uint8)[:, None])
     labels = np.asarray(bunch.target).astype(np.int64)

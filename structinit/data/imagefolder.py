@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from structinit.data.datasets import ArrayDataset, DatasetFormatError, DatasetNotFoundError, normalisation_stats
+from structinit.data.optional import require
 
 __all__ = ["IMAGE_EXTENSIONS", "find_split_dir", "load_image_folder"]
 
@@ -74,6 +74,7 @@ def _list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 
 def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
     """uint8 (H, W) for grayscale files, (H, W, 3) otherwise."""
+    Image = require("PIL.Image", "loading an image folder")  # only the harness extra installs pillow
     try:
         with Image.open(path) as im:
             im.load()
@@ -81,7 +82,7 @@ def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
             if size is not None and im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), Image.BILINEAR)  # PIL sizes are (W, H)
             return np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except (Image.UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DatasetFormatError(
             f"{path}: cannot be read as an image ({type(exc).__name__}: {exc}); remove or replace the file"
         ) from exc

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from structinit.data.optional import require
 from structinit.harness.build import load_train_split, plan_model
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
 from structinit.harness.specs import parse_init_spec, split_init_specs
@@ -104,10 +105,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
     """Mean evaluation accuracy per epoch for every init (shaded: min–max over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "the accuracy plot").use("Agg")  # render to a file; there may be no display
+    plt = require("matplotlib.pyplot", "the accuracy plot")
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for spec, results in runs.items():

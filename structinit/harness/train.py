@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from structinit.data.optional import require
 from structinit.harness.build import build_model, load_data
 from structinit.harness.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
 
@@ -361,8 +362,7 @@ def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank) -> dict
 def _progress(steps, epoch, epochs, enabled):
     if not enabled:
         return None
-    from tqdm import tqdm
-
+    tqdm = require("tqdm", "the progress bar (progress=False or --no-progress turns it off)").tqdm
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
 
 
