@@ -35,10 +35,12 @@ import structinit
 model = structinit.init_(structinit.create_model("vit_cpu_patch2_8", num_classes=10, in_chans=1, img_size=8),
                          "impulse", seed=0)
 import structinit.data, structinit.augment, structinit.harness.train, structinit.harness.compare
+from structinit.harness.checkpoint import save_weights
 from structinit.harness.compare import plot_curves
 from structinit.harness.train import _progress
 for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(1, 0, 1, True),
-             lambda: plot_curves(dict(), "x.png"), lambda: structinit.data.imagefolder._read_image("x.png", None)):
+             lambda: plot_curves(dict(), "x.png"), lambda: structinit.data.imagefolder._read_image("x.png", None),
+             lambda: save_weights("w.safetensors", model.state_dict())):
     try:
         call()
     except ImportError as err:
@@ -48,5 +50,5 @@ for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(1, 0, 
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert [line.split(" needs the ")[1].split()[0] for line in lines] == [
-        "scikit-learn", "tqdm", "matplotlib", "pillow"]
+        "scikit-learn", "tqdm", "matplotlib", "pillow", "safetensors"]
     assert all(HARNESS_INSTALL in line for line in lines)

@@ -14,7 +14,6 @@ takes every world-th image of the epoch's permutation and a batch of batch_size 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -32,7 +31,18 @@ from torch import nn
 
 from structinit.data.optional import require
 from structinit.harness.build import build_model, load_data
-from structinit.harness.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
+from structinit.harness.checkpoint import (
+    EMA_WEIGHTS,
+    WEIGHTS,
+    MetricsLog,
+    check_same_config,
+    check_same_init,
+    init_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+    write_json,
+)
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -180,43 +190,6 @@ def _versions() -> dict[str, str]:
             "platform": platform.platform()}
 
 
-def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
-    now = {k: v for k, v in cfg.to_dict().items() if k != "out_dir"}
-    old = {k: v for k, v in saved.items() if k != "out_dir"}
-    now["betas"], old["betas"] = list(now["betas"]), list(old.get("betas", []))
-    diff = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
-    if diff:
-        raise ValueError(
-            f"{path} was written with a different configuration ({', '.join(diff)} differ); "
-            "resume with the same settings, or start a new run in another --out folder"
-        )
-
-
-def init_fingerprint(model: nn.Module) -> str:
-    """SHA-256 of the model's initial state dict (names, dtypes, shapes and bytes, in order).
-
-    A checkpoint records it, so resuming (or re-reading a finished run in ``compare``) under
-    an init whose code or defaults have since changed is refused instead of silently mixing
-    runs that did not start from the same weights.
-    """
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _check_same_init(state: dict, fingerprint: str, path: Path) -> None:
-    saved = state.get("init_fingerprint")
-    if saved is not None and saved != fingerprint:
-        raise ValueError(
-            f"{path} was trained from different initial weights than this configuration gives now "
-            f"(init fingerprint {saved[:12]}… vs {fingerprint[:12]}…): the init's code or defaults, or the "
-            "torch version, changed since; start a new run in another --out folder"
-        )
-
-
 # ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train, evaluate every ``eval_every`` epochs, checkpoint every epoch; return the result
@@ -235,7 +208,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         if not resume:
             raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
         state = load_checkpoint(ckpt_path)
-        _check_resumable(state["config"], cfg, ckpt_path)
+        check_same_config(state["config"], cfg.to_dict(), ckpt_path)
     if cfg.batch_size % world:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {world} processes")
     dtype = resolve_precision(cfg.precision, device)
@@ -250,7 +223,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     model = build_model(cfg, train_ds)
     fingerprint = init_fingerprint(model)
     if state is not None:
-        _check_same_init(state, fingerprint, ckpt_path)
+        check_same_init(state, fingerprint, ckpt_path)
         if state.get("finished") and result_path.exists():
             return json.loads(result_path.read_text())
     model = model.to(device)
@@ -342,8 +315,22 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             dist.barrier()
     result = _result(cfg, history, world) | {"init_fingerprint": fingerprint}
     if rank == 0:
+        export_weights(out, model, ema, cfg, fingerprint)  # before result.json: a finished run always has them
         write_json(result_path, result)
     return result
+
+
+def export_weights(out: Path, model: nn.Module, ema: EMA | None, cfg: TrainConfig, fingerprint: str) -> None:
+    """The final weights as ``out/model.safetensors`` (and ``model_ema.safetensors`` with EMA),
+    the files timm and Hugging Face load from; the header holds the config (JSON), the init
+    fingerprint and the structinit version, so the file alone says how it was made."""
+    import structinit
+
+    metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
+                "structinit_version": structinit.__version__}
+    save_weights(out / WEIGHTS, model.state_dict(), metadata)
+    if ema is not None:
+        save_weights(out / EMA_WEIGHTS, ema.state, metadata)
 
 
 def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank) -> dict[str, float]:
