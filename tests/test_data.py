@@ -3,6 +3,7 @@ registry: exact round-trips, errors that name the file, and pickles that cannot 
 
 import os
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -253,6 +254,22 @@ def test_load_dataset_rejects_bad_arguments(tmp_path):
         load_dataset("mnist", tmp_path, size=(8, 8))
     with pytest.raises(ValueError, match="root is required"):
         load_dataset("imagefolder")
+
+
+@pytest.mark.parametrize("split", ["val", "TRAIN", None, ["train"]])
+def test_every_loader_checks_the_split_the_same_way(tmp_path, split):
+    from structinit.data.cifar import CIFAR10, load_cifar
+    from structinit.data.digits import load_digits
+    from structinit.data.idx import load_idx_dataset
+    from structinit.data.imagefolder import load_image_folder
+    from structinit.data.svhn import load_svhn
+
+    # checked before any file is looked for: tmp_path holds none of these datasets
+    for load in (lambda: load_cifar(tmp_path, CIFAR10, split), lambda: load_svhn(tmp_path, split),
+                 lambda: load_idx_dataset(tmp_path, "mnist", split), lambda: load_image_folder(tmp_path, split),
+                 lambda: load_digits(split), lambda: load_dataset("cifar10", tmp_path, split)):
+        with pytest.raises(ValueError, match=re.escape(f"split={split!r}: expected 'train' or 'test'")):
+            load()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from structinit.data.datasets import ArrayDataset, DatasetFormatError, DatasetNotFoundError, normalisation_stats
+from structinit.data.datasets import (
+    ArrayDataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_split,
+    normalisation_stats,
+)
 from structinit.data.optional import require
+from structinit.utils import is_int
 
 __all__ = ["IMAGE_EXTENSIONS", "find_split_dir", "load_image_folder"]
 
@@ -27,8 +34,7 @@ _SPLIT_DIRS = {"train": ("train",), "test": ("test", "val")}
 
 def find_split_dir(root: str | Path, split: str) -> Path:
     """``root/<split>`` when ``root`` has split folders, else ``root`` itself (only for split="train")."""
-    if split not in _SPLIT_DIRS:
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DatasetNotFoundError(
@@ -129,7 +135,7 @@ def load_image_folder(
             to skip that).
     """
     if size is not None:
-        if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        if len(size) != 2 or not all(is_int(s) and s > 0 for s in size):
             raise ValueError(f"size={size!r}: expected (height, width), two positive ints")
         size = (int(size[0]), int(size[1]))
     folder = find_split_dir(root, split)

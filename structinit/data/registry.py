@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from structinit.data.cifar import CIFAR10, CIFAR100, load_cifar
-from structinit.data.datasets import ArrayDataset, DatasetNotFoundError
+from structinit.data.datasets import ArrayDataset, DatasetNotFoundError, check_split
 from structinit.data.digits import load_digits
 from structinit.data.download import download as download_files
 from structinit.data.idx import load_idx_dataset
@@ -67,8 +67,7 @@ def load_dataset(
     (N, 1, 28, 28), digits (N, 1, 8, 8).
     """
     name = _canonical(name)
-    if split not in ("train", "test"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     unknown = set(options) - _OPTIONS.get(name, set())
     if unknown:
         allowed = ", ".join(sorted(_OPTIONS.get(name, ()))) or "none"

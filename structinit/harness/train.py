@@ -43,6 +43,7 @@ from structinit.harness.checkpoint import (
     save_weights,
     write_json,
 )
+from structinit.utils import derived_generator
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -149,14 +150,6 @@ class EMA:
                 self.state[k].copy_(v)
 
 
-def _generator(*keys: int) -> torch.Generator:
-    """A CPU generator seeded by a tuple of ints (seed, epoch, rank, purpose)."""
-    seed = 0
-    for k in keys:
-        seed = (seed * 1_000_003 + int(k)) % (2**63 - 1)
-    return torch.Generator().manual_seed(seed)
-
-
 @torch.no_grad()
 def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -> tuple[float, float]:
     """(accuracy, mean loss) over images[rank::world], reduced over ranks."""
@@ -252,9 +245,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     total, warmup = steps * cfg.epochs, round(cfg.warmup_epochs * steps)
     run_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.epochs):
-        order = torch.randperm(len(images), generator=_generator(cfg.seed, epoch)).to(device)
+        order = torch.randperm(len(images), generator=derived_generator(cfg.seed, epoch)).to(device)
         mine = order[rank::world][: steps * per_rank]
-        aug_gen = _generator(cfg.seed, epoch, rank, 1)
+        aug_gen = derived_generator(cfg.seed, epoch, rank, 1)  # 1: augmentation
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
         bar = _progress(steps, epoch, cfg.epochs, progress and rank == 0)
