@@ -86,3 +86,19 @@ def test_torch_compile_path_trains(tmp_path):
     assert 0.0 <= result["final"]["test_acc"] <= 1.0
     saved = load_checkpoint(tmp_path / "run/checkpoint.pt")
     assert "head.weight" in saved["model"]  # the plain module's keys, not _orig_mod.*
+
+
+def test_demo_rows_are_fidelity_summaries():
+    from structinit.analysis import fidelity_summary, impulse_fidelity
+    from structinit.harness.demo import fidelity_rows, format_table
+    from structinit.models import create_model
+    from structinit.schemes import init_
+
+    inits = [("impulse analytic", "impulse", {"solver": "analytic"}), ("pytorch", "pytorch", {})]
+    impulse, pytorch = fidelity_rows("vit_cpu_patch2_8", seed=3, inits=inits)
+    expected = fidelity_summary(impulse_fidelity(init_(create_model("vit_cpu_patch2_8"), "impulse", seed=3,
+                                                       solver="analytic")))
+    assert (impulse.mass_first, impulse.hit_first, impulse.mass_mean, impulse.hit_mean) == (
+        expected.mass_first, expected.hit_first, expected.mass_mean, expected.hit_mean)
+    assert impulse.hit_mean > pytorch.hit_mean  # the impulse is placed; a default init is at chance
+    assert "| impulse analytic |" in format_table([impulse, pytorch], "t")
