@@ -246,7 +246,8 @@ def test_digits_split_is_disjoint_stratified_and_stable():
 
 
 def test_load_dataset_rejects_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="dataset 'imagenet21k' is not supported"):
+    with pytest.raises(ValueError, match="dataset 'imagenet21k' is not supported; expected one of cifar10, cifar100, "
+                                         "svhn, mnist, fashion_mnist, imagefolder, digits"):
         load_dataset("imagenet21k")
     with pytest.raises(ValueError, match="split='val'"):
         load_dataset("digits", split="val")
@@ -254,6 +255,25 @@ def test_load_dataset_rejects_bad_arguments(tmp_path):
         load_dataset("mnist", tmp_path, size=(8, 8))
     with pytest.raises(ValueError, match="root is required"):
         load_dataset("imagefolder")
+
+
+def test_a_registered_dataset_loads_through_load_dataset(tmp_path):
+    from structinit.data import DATASET_LOADERS, DATASETS, DatasetLoader
+
+    assert DATASETS == ("cifar10", "cifar100", "svhn", "mnist", "fashion_mnist", "imagefolder", "digits")
+    tiny = ArrayDataset(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), ["a", "b"], "tiny",
+                        (0.5,), (0.25,))
+    seen = []
+    DATASET_LOADERS.register("tiny", DatasetLoader(lambda root, split, flip=False: seen.append((root, split, flip))
+                                                   or tiny, frozenset({"flip"})))
+    try:
+        assert load_dataset("tiny", tmp_path, "test", flip=True) is tiny and seen == [(tmp_path, "test", True)]
+        with pytest.raises(TypeError, match=r"load_dataset\('tiny'\): unexpected option\(s\) size; allowed: flip"):
+            load_dataset("tiny", tmp_path, size=3)
+    finally:
+        DATASET_LOADERS.remove("tiny")
+    with pytest.raises(ValueError, match="dataset 'tiny' is not supported"):
+        load_dataset("tiny", tmp_path)
 
 
 @pytest.mark.parametrize("split", ["val", "TRAIN", None, ["train"]])

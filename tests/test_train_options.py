@@ -61,8 +61,9 @@ def test_recipes_are_complete_and_overridable():
     assert recipe("cpu-cifar", epochs=3).epochs == 3
     with pytest.raises(TypeError, match="unknown training option"):
         recipe("digits", epochz=3)
-    with pytest.raises(ValueError, match="valid names"):
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; valid names: cpu-cifar, digits, paper-cifar"):
         recipe("nope")
+    assert list(RECIPES)[:3] == ["paper-cifar", "cpu-cifar", "digits"] and "digits" in RECIPES
 
 
 def test_cli_train_maps_flags_and_resumes(tmp_path, capsys):
