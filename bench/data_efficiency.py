@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from structinit.harness.compare import compare, format_summary, split_init_specs
+from structinit.harness.compare import compare, format_summary
 from structinit.harness.recipes import recipe
+from structinit.harness.specs import split_init_specs
 
 DEFAULT_INITS = "pytorch,timm,mimetic,impulse"
 

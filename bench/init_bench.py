@@ -17,7 +17,7 @@ scale ``pe_scale=4`` (the structure survives real content in every layer), and a
 from __future__ import annotations
 
 import argparse
-import pickle
+import dataclasses
 import statistics
 import sys
 import time
@@ -27,21 +27,23 @@ import torch
 import torch.nn.functional as F
 
 import structinit as si
+from structinit.data import DATASET_STATS, DatasetFormatError, DatasetNotFoundError, load_dataset
 
-CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR_STD = (0.2470, 0.2435, 0.2616)
 GD_STEPS = 10_000
 
 
-def load_cifar_test(folder: Path, n: int) -> torch.Tensor:
-    """First ``n`` images of CIFAR-10's ``test_batch``, normalised, (n, 3, 32, 32) float32."""
-    path = folder / "test_batch"
-    if not path.is_file():
-        sys.exit(f"error: {path} not found: expected the CIFAR-10 python batches (pass --data-dir)")
-    with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
-    x = torch.tensor(batch[b"data"][:n]).reshape(-1, 3, 32, 32).float() / 255
-    return (x - torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)) / torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+def load_cifar_test(root: Path, n: int) -> torch.Tensor:
+    """First ``n`` images of CIFAR-10's ``test_batch``, normalised with the training-set
+    statistics, (n, 3, 32, 32) float32. ``root``: the ``cifar-10-batches-py`` folder, the
+    folder that contains it, or the ``.tar.gz`` archive (read by the library's safe loader,
+    which never unpickles code)."""
+    try:
+        test = load_dataset("cifar10", root, "test")
+    except (DatasetNotFoundError, DatasetFormatError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}\n(--data-dir: the cifar-10-batches-py folder, its parent folder, or the archive)")
+    mean, std = DATASET_STATS["cifar10"]
+    x = test.images[:n].float() / 255
+    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
 def fresh(name: str, seed: int):
@@ -70,15 +72,16 @@ def gd_seconds_per_step(name: str, seed: int, steps: int = 30) -> float:
 
 
 def summarise(fid: dict) -> tuple[float, float, float, float]:
-    m, h = fid["mass"], fid["hit"]
-    return m[0].mean().item(), h[0].mean().item(), m.mean().item(), h.mean().item()
+    """(mass L1, hit L1, mass mean, hit mean), as :func:`structinit.fidelity_summary`."""
+    return dataclasses.astuple(si.fidelity_summary(fid))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models",
                     default="vit_cpu_patch4_32,vit_tiny_patch2_32,vit_tiny_patch16_224,vit_base_patch16_224")
-    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets/cifar-10-batches-py"))
+    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets/cifar-10-batches-py"),
+                    help="the CIFAR-10 python batches folder, the folder that contains it, or the .tar.gz")
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fidelity-pe-scale", type=float, default=4.0,

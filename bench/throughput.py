@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from structinit.data import load_dataset, stratified_subset
+from structinit.harness.build import build_model
 from structinit.harness.recipes import recipe
-from structinit.harness.train import build_model, param_groups, resolve_precision, train
+from structinit.harness.train import param_groups, resolve_precision, train
 
 
 def plain_loop(cfg, ds, epochs: int) -> list[float]:

@@ -3,6 +3,7 @@ registry: exact round-trips, errors that name the file, and pickles that cannot 
 
 import os
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -245,7 +246,8 @@ def test_digits_split_is_disjoint_stratified_and_stable():
 
 
 def test_load_dataset_rejects_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="dataset 'imagenet21k' is not supported"):
+    with pytest.raises(ValueError, match="dataset 'imagenet21k' is not supported; expected one of cifar10, cifar100, "
+                                         "svhn, mnist, fashion_mnist, imagefolder, digits"):
         load_dataset("imagenet21k")
     with pytest.raises(ValueError, match="split='val'"):
         load_dataset("digits", split="val")
@@ -253,6 +255,41 @@ def test_load_dataset_rejects_bad_arguments(tmp_path):
         load_dataset("mnist", tmp_path, size=(8, 8))
     with pytest.raises(ValueError, match="root is required"):
         load_dataset("imagefolder")
+
+
+def test_a_registered_dataset_loads_through_load_dataset(tmp_path):
+    from structinit.data import DATASET_LOADERS, DATASETS, DatasetLoader
+
+    assert DATASETS == ("cifar10", "cifar100", "svhn", "mnist", "fashion_mnist", "imagefolder", "digits")
+    tiny = ArrayDataset(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), ["a", "b"], "tiny",
+                        (0.5,), (0.25,))
+    seen = []
+    DATASET_LOADERS.register("tiny", DatasetLoader(lambda root, split, flip=False: seen.append((root, split, flip))
+                                                   or tiny, frozenset({"flip"})))
+    try:
+        assert load_dataset("tiny", tmp_path, "test", flip=True) is tiny and seen == [(tmp_path, "test", True)]
+        with pytest.raises(TypeError, match=r"load_dataset\('tiny'\): unexpected option\(s\) size; allowed: flip"):
+            load_dataset("tiny", tmp_path, size=3)
+    finally:
+        DATASET_LOADERS.remove("tiny")
+    with pytest.raises(ValueError, match="dataset 'tiny' is not supported"):
+        load_dataset("tiny", tmp_path)
+
+
+@pytest.mark.parametrize("split", ["val", "TRAIN", None, ["train"]])
+def test_every_loader_checks_the_split_the_same_way(tmp_path, split):
+    from structinit.data.cifar import CIFAR10, load_cifar
+    from structinit.data.digits import load_digits
+    from structinit.data.idx import load_idx_dataset
+    from structinit.data.imagefolder import load_image_folder
+    from structinit.data.svhn import load_svhn
+
+    # checked before any file is looked for: tmp_path holds none of these datasets
+    for load in (lambda: load_cifar(tmp_path, CIFAR10, split), lambda: load_svhn(tmp_path, split),
+                 lambda: load_idx_dataset(tmp_path, "mnist", split), lambda: load_image_folder(tmp_path, split),
+                 lambda: load_digits(split), lambda: load_dataset("cifar10", tmp_path, split)):
+        with pytest.raises(ValueError, match=re.escape(f"split={split!r}: expected 'train' or 'test'")):
+            load()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from structinit.harness.checkpoint import load_checkpoint, save_checkpoint
-from structinit.harness.compare import compare, parse_init_spec, split_init_specs
+from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
+from structinit.harness.specs import parse_init_spec, parse_literal, split_init_specs
 from structinit.harness.train import NonFiniteLossError, TrainConfig, cosine_lr, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +193,13 @@ def test_parse_init_spec():
         "impulse", {"layers": (0, 1, 2), "pe_scale": 1.0, "offsets": [(0, 1), (1, 0)]})
 
 
+def test_parse_literal_is_what_cli_and_specs_read():
+    assert parse_literal("0.3") == 0.3 and parse_literal("None") is None and parse_literal("(0,1)") == (0, 1)
+    assert parse_literal("gd") == "gd" and parse_literal("'3'") == "3" and parse_literal("1e-3") == 1e-3
+    assert parse_literal("{[1]: 2}") == "{[1]: 2}"  # unhashable key: kept as text, not a crash
+    assert parse_init_spec("impulse:pe_scale=2,solver=gd")[1] == {"pe_scale": parse_literal("2"), "solver": "gd"}
+
+
 def test_split_init_specs():
     assert split_init_specs("pytorch,impulse:pe_scale=1.0,layers=(0,1,2),target_mass=0.3,mimetic") == [
         "pytorch", "impulse:pe_scale=1.0,layers=(0,1,2),target_mass=0.3", "mimetic"]
@@ -213,3 +221,20 @@ def test_compare_checks_every_spec_before_training(tmp_path):
     assert parse_init_spec("timm") == ("timm", {})
     with pytest.raises(ValueError, match="key=value"):
         parse_init_spec("impulse:oops")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    # a misspelt option: an OptionError (a ValueError) that names it and lists the valid ones
+    ("impulse:target_mas=0.3", r"'impulse:target_mas=0\.3': .*unknown option.*target_mas; valid: target_mass"),
+    # a bad value: the option and the value it got
+    ("impulse:pe_scale=abc", r"init spec 'impulse:pe_scale=abc': .*pe_scale='abc'"),
+    ("impulse:solver=gd,stepz=10", r"init spec 'impulse:solver=gd,stepz=10': .*unknown option.*stepz"),
+    ("impulse:target_mass=2.0", r"target_mass=2\.0: expected a number in \(0, 1\)"),
+])
+def test_compare_plans_every_spec_before_the_first_run(tmp_path, spec, message):
+    """Each spec is planned (checked and computed, not written) on the model its run would
+    build, so a bad option in the last spec fails before the first spec trains."""
+    base = recipe("digits", epochs=1, train_size=None)
+    with pytest.raises(ValueError, match=message):
+        compare(base, ["pytorch", spec], [0, 1], tmp_path / "cmp", progress=False)
+    assert not (tmp_path / "cmp").exists()  # no run folder was created

@@ -1,11 +1,17 @@
-"""Argument checks and small conversions shared by the augmentation functions."""
+"""Argument checks and small conversions shared by the augmentation functions (the generator
+check is :func:`structinit.utils.check_generator`, shared with the init schemes)."""
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
+
+from structinit.utils import is_int, is_number
+
+__all__ = ["check_batch", "check_int", "check_probability", "fill_values", "per_sample"]
 
 
 def check_batch(x: torch.Tensor, fn: str) -> None:
@@ -28,27 +34,13 @@ def check_batch(x: torch.Tensor, fn: str) -> None:
         )
 
 
-def check_generator(generator: torch.Generator, fn: str) -> None:
-    """Raise unless ``generator`` is a CPU ``torch.Generator`` (parameters are drawn on the CPU)."""
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"{fn}: generator={generator!r}: pass a CPU torch.Generator, e.g. torch.Generator().manual_seed(0), "
-            "so that the augmentation is reproducible"
-        )
-    if generator.device.type != "cpu":
-        raise ValueError(
-            f"{fn}: generator is on {generator.device}: per-sample parameters are drawn on the CPU (so CPU and "
-            "CUDA runs agree), pass torch.Generator() without a device"
-        )
-
-
 def check_probability(p: float, name: str, fn: str) -> None:
-    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+    if not is_number(p) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{fn}: {name}={p!r}: a probability must be a number in [0, 1]")
 
 
 def check_int(value: int, name: str, fn: str, low: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{fn}: {name}={value!r}: expected an integer ≥ {low}")
 
 
@@ -75,8 +67,7 @@ def per_sample(
                 f"{fn}: {name} has shape {tuple(value.shape)}: pass a number or one value per sample, shape ({batch},)"
             )
         return value.to(device=x.device, dtype=torch.float64).clamp(low, high).to(dtype)
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not is_number or not math.isfinite(value) or not low <= value <= high:
+    if not is_number(value) or not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"{fn}: {name}={value!r}: expected a finite number in [{low}, {high}] or a ({batch},) tensor")
     return torch.full((batch,), value, dtype=dtype, device=x.device)
 
@@ -87,8 +78,8 @@ def fill_values(fill: int | Sequence[int], channels: int, fn: str) -> tuple[int,
     A single number fills every channel. An RGB triple used on grayscale images becomes its
     luma (ITU-R 601-2, as PIL's ``convert("L")``), so the default (128, 128, 128) works for both.
     """
-    values = (fill,) * channels if isinstance(fill, (int, float)) else tuple(fill)
-    if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 255 for v in values):
+    values = (fill,) * channels if isinstance(fill, numbers.Real) else tuple(fill)
+    if any(not is_number(v) or not 0 <= v <= 255 for v in values):
         raise ValueError(f"{fn}: fill={fill!r}: expected a value in [0, 255] or one such value per channel")
     if len(values) == 3 and channels == 1:
         values = (0.299 * values[0] + 0.587 * values[1] + 0.114 * values[2],)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from structinit.augment._checks import check_batch, fill_values, per_sample
+from structinit.utils import is_int
 
 # PIL's ImageFilter.SMOOTH, the "degenerate" image that ImageEnhance.Sharpness blends with
 _SMOOTH = ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0))
@@ -79,7 +80,7 @@ def solarize_add(x: torch.Tensor, add: int | torch.Tensor, threshold: int = 128)
     """Add ``add`` (0 … 255) to the values below ``threshold``, saturating at 255."""
     check_batch(x, "solarize_add")
     add = per_sample(add, x, "add", "solarize_add", 0, 255, torch.int16)
-    if not isinstance(threshold, int) or not 0 <= threshold <= 256:
+    if not is_int(threshold) or not 0 <= threshold <= 256:
         raise ValueError(f"solarize_add: threshold={threshold!r}: expected an integer in [0, 256]")
     wide = x.to(torch.int16)
     return torch.where(wide < threshold, (wide + _col(add)).clamp_(max=255), wide).to(torch.uint8)

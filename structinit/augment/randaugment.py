@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from structinit.augment import ops
-from structinit.augment._checks import check_batch, check_generator, check_int, check_probability, fill_values
+from structinit.augment._checks import check_batch, check_int, check_probability, fill_values
+from structinit.utils import check_generator, is_number
 
 MAX_MAGNITUDE = 10.0
 
@@ -163,11 +164,11 @@ def rand_augment(
     check_generator(generator, "rand_augment")
     check_int(num_ops, "num_ops", "rand_augment")
     check_probability(prob, "prob", "rand_augment")
-    if not isinstance(magnitude, (int, float)) or not 0 <= magnitude <= MAX_MAGNITUDE:
+    if not is_number(magnitude) or not 0 <= magnitude <= MAX_MAGNITUDE:
         raise ValueError(
             f"rand_augment: magnitude={magnitude!r}: expected a number in [0, {MAX_MAGNITUDE:g}] (timm's scale)"
         )
-    if not isinstance(magnitude_std, (int, float)) or not magnitude_std >= 0:
+    if not is_number(magnitude_std) or not magnitude_std >= 0:
         raise ValueError(f"rand_augment: magnitude_std={magnitude_std!r}: expected a number ≥ 0 (or math.inf)")
     fill_values(fill, x.shape[1], "rand_augment")  # fail before drawing anything
 

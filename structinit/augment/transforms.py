@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from structinit.augment._checks import check_batch, check_generator, check_int, check_probability, fill_values
+from structinit.augment._checks import check_batch, check_int, check_probability, fill_values
 from structinit.augment.randaugment import MAX_MAGNITUDE, rand_augment
+from structinit.utils import check_generator, is_number
 
 PADDING_MODES = ("reflect", "constant")
 
@@ -130,9 +131,9 @@ class Augment:
                 )
             num_ops, magnitude, std = ra
             check_int(num_ops, "randaugment num_ops", "Augment")
-            if not isinstance(magnitude, (int, float)) or not 0 <= magnitude <= MAX_MAGNITUDE:
+            if not is_number(magnitude) or not 0 <= magnitude <= MAX_MAGNITUDE:
                 raise ValueError(f"Augment: randaugment magnitude={magnitude!r}: expected a number in [0, 10]")
-            if not isinstance(std, (int, float)) or not std >= 0:
+            if not is_number(std) or not std >= 0:
                 raise ValueError(f"Augment: randaugment magnitude_std={std!r}: expected a number ≥ 0 (or math.inf)")
             self.randaugment = (num_ops, magnitude, float(std))
 

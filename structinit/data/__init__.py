@@ -14,11 +14,12 @@ from structinit.data.datasets import (
     channel_stats,
 )
 from structinit.data.download import SOURCES, DownloadError, RemoteFile, Source, download
-from structinit.data.registry import DATASETS, default_root, load_dataset
+from structinit.data.registry import DATASET_LOADERS, DATASETS, DatasetLoader, default_root, load_dataset
 from structinit.data.splits import holdout_split, stable_permutation, stratified_indices, stratified_subset
 
 __all__ = [
-    "ArrayDataset", "load_dataset", "DATASETS", "DATASET_STATS", "default_root", "channel_stats",
+    "ArrayDataset", "load_dataset", "DATASETS", "DATASET_LOADERS", "DatasetLoader", "DATASET_STATS", "default_root",
+    "channel_stats",
     "stratified_subset", "stratified_indices", "holdout_split", "stable_permutation",
     "download", "SOURCES", "Source", "RemoteFile",
     "DatasetFormatError", "DatasetNotFoundError", "DownloadError",

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from structinit.data.datasets import DATASET_STATS, ArrayDataset, DatasetFormatError, DatasetNotFoundError
+from structinit.data.datasets import (
+    DATASET_STATS,
+    ArrayDataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_split,
+)
 from structinit.data.safe_pickle import load_pickle
 
 __all__ = ["CIFAR10", "CIFAR100", "CifarSpec", "load_cifar", "locate_cifar"]
@@ -165,8 +171,7 @@ def load_cifar(root: str | Path, spec: CifarSpec, split: str = "train", label: s
         split: ``"train"`` (CIFAR-10: batches 1–5 in order, 50,000 images) or ``"test"``.
         label: CIFAR-100 only: ``"fine"`` (100 classes) or ``"coarse"`` (20 superclasses).
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     if spec is CIFAR100:
         if label not in ("fine", "coarse"):
             raise ValueError(f"label={label!r}: expected 'fine' (100 classes) or 'coarse' (20 superclasses)")

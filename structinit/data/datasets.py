@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["ArrayDataset", "DatasetFormatError", "DatasetNotFoundError", "DATASET_STATS", "channel_stats"]
+__all__ = ["ArrayDataset", "DatasetFormatError", "DatasetNotFoundError", "DATASET_STATS", "SPLITS", "channel_stats",
+           "check_split"]
+
+SPLITS = ("train", "test")
 
 
 class DatasetFormatError(ValueError):
@@ -22,6 +25,13 @@ class DatasetFormatError(ValueError):
 
 class DatasetNotFoundError(FileNotFoundError):
     """None of a dataset's files were found where they were looked for (``download=True`` can fetch them)."""
+
+
+def check_split(split: object) -> str:
+    """``split`` if it is one of :data:`SPLITS` ("train", "test"); a ``ValueError`` naming it otherwise."""
+    if not isinstance(split, str) or split not in SPLITS:
+        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    return split
 
 
 # Per-channel mean / std in [0, 1] units of the *training* split, the constants that the

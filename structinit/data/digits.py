@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from structinit.data.datasets import ArrayDataset, normalisation_stats
+from structinit.data.datasets import ArrayDataset, check_split, normalisation_stats
+from structinit.data.optional import require
 from structinit.data.splits import stable_permutation
+from structinit.utils import derive_seed
 
 __all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_split_indices", "load_digits"]
 
@@ -27,7 +29,7 @@ def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
     for k in np.unique(labels):
         members = np.flatnonzero(labels == k)
         n_test = round(DIGITS_TEST_FRACTION * len(members))
-        perm = stable_permutation(len(members), DIGITS_SPLIT_SEED * 1_000_003 + int(k))
+        perm = stable_permutation(len(members), derive_seed(DIGITS_SPLIT_SEED, int(k)))
         test.append(members[perm[:n_test]])
     is_test = np.zeros(len(labels), dtype=bool)
     is_test[np.concatenate(test)] = True
@@ -39,11 +41,9 @@ def load_digits(split: str = "train") -> ArrayDataset:
 
     mean/std are computed from the train split for both splits.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
-    from sklearn.datasets import load_digits as sklearn_digits  # deferred: sklearn import is slow
-
-    bunch = sklearn_digits()
+    check_split(split)
+    # imported here: sklearn is slow to import and only the harness extra installs it
+    bunch = require("sklearn.datasets", "the digits dataset").load_digits()
     values = np.asarray(bunch.images).astype(np.int64)  # (1797, 8, 8), 0..16
     images = torch.from_numpy((values * 255 // 16).astype(np.uint8)[:, None])
     labels = np.asarray(bunch.target).astype(np.int64)

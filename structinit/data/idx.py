@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from structinit.data.datasets import DATASET_STATS, ArrayDataset, DatasetFormatError, DatasetNotFoundError
+from structinit.data.datasets import (
+    DATASET_STATS,
+    ArrayDataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_split,
+)
 
 __all__ = ["FASHION_MNIST_CLASSES", "IMAGES_MAGIC", "LABELS_MAGIC", "load_idx_dataset", "read_idx"]
 
@@ -125,8 +131,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
     """
     if name not in _SUBDIRS:
         raise ValueError(f"name={name!r}: expected 'mnist' or 'fashion_mnist'")
-    if split not in _FILES:
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     images_path, labels_path = _locate(Path(root).expanduser(), name, split)
     images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
     labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")

@@ -13,9 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
-from structinit.data.datasets import ArrayDataset, DatasetFormatError, DatasetNotFoundError, normalisation_stats
+from structinit.data.datasets import (
+    ArrayDataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_split,
+    normalisation_stats,
+)
+from structinit.data.optional import require
+from structinit.utils import is_int
 
 __all__ = ["IMAGE_EXTENSIONS", "find_split_dir", "load_image_folder"]
 
@@ -27,8 +34,7 @@ _SPLIT_DIRS = {"train": ("train",), "test": ("test", "val")}
 
 def find_split_dir(root: str | Path, split: str) -> Path:
     """``root/<split>`` when ``root`` has split folders, else ``root`` itself (only for split="train")."""
-    if split not in _SPLIT_DIRS:
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DatasetNotFoundError(
@@ -74,6 +80,7 @@ def _list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 
 def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
     """uint8 (H, W) for grayscale files, (H, W, 3) otherwise."""
+    Image = require("PIL.Image", "loading an image folder")  # only the harness extra installs pillow
     try:
         with Image.open(path) as im:
             im.load()
@@ -81,7 +88,7 @@ def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
             if size is not None and im.size != (size[1], size[0]):
                 im = im.resize((size[1], size[0]), Image.BILINEAR)  # PIL sizes are (W, H)
             return np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+    except (Image.UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DatasetFormatError(
             f"{path}: cannot be read as an image ({type(exc).__name__}: {exc}); remove or replace the file"
         ) from exc
@@ -128,7 +135,7 @@ def load_image_folder(
             to skip that).
     """
     if size is not None:
-        if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        if len(size) != 2 or not all(is_int(s) and s > 0 for s in size):
             raise ValueError(f"size={size!r}: expected (height, width), two positive ints")
         size = (int(size[0]), int(size[1]))
     folder = find_split_dir(root, split)

@@ -1,28 +1,81 @@
-"""``load_dataset(name, root, split)``: one entry point for every supported dataset."""
+"""``load_dataset(name, root, split)``: one entry point for every supported dataset.
+
+Each dataset is an entry of :data:`DATASET_LOADERS` (a :class:`~structinit.utils.Registry`,
+the style schemes, solvers, adapters, models and recipes share): the function that reads one
+split from a folder, the keyword options it accepts, and where its files may be.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structinit.data.cifar import CIFAR10, CIFAR100, load_cifar
-from structinit.data.datasets import ArrayDataset, DatasetNotFoundError
+from structinit.data.cifar import CIFAR10, CIFAR100, CifarSpec, load_cifar
+from structinit.data.datasets import ArrayDataset, DatasetNotFoundError, check_split
 from structinit.data.digits import load_digits
 from structinit.data.download import download as download_files
 from structinit.data.idx import load_idx_dataset
 from structinit.data.imagefolder import load_image_folder
 from structinit.data.svhn import load_svhn
+from structinit.utils import Registry
 
-__all__ = ["DATASETS", "FASHION_MNIST_DEBIAN_ROOT", "default_root", "load_dataset"]
+__all__ = ["DATASETS", "DATASET_LOADERS", "DatasetLoader", "FASHION_MNIST_DEBIAN_ROOT", "default_root",
+           "load_dataset"]
 
-DATASETS = ("cifar10", "cifar100", "svhn", "mnist", "fashion_mnist", "imagefolder", "digits")
 # Debian/Ubuntu package dataset-fashion-mnist installs the official IDX .gz files here.
 FASHION_MNIST_DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
 _ALIASES = {"cifar_10": "cifar10", "cifar_100": "cifar100", "fashionmnist": "fashion_mnist", "fmnist": "fashion_mnist"}
-# keyword options each loader understands
-_OPTIONS = {"cifar100": {"label"}, "imagefolder": {"size", "stats"}}
+
+
+@dataclass(frozen=True)
+class DatasetLoader:
+    """How :func:`load_dataset` reads one dataset.
+
+    Attributes:
+        load: ``load(root, split, **options) -> ArrayDataset``; raises
+            :class:`DatasetNotFoundError` when ``root`` does not hold the files.
+        options: the keyword options ``load`` accepts.
+        root_mode: ``"search"`` (files looked for under ``root``, else :func:`default_root`;
+            downloadable), ``"required"`` (the user's own folder: no default, no download) or
+            ``"ignored"`` (bundled with a package).
+        system_roots: folders tried before :func:`default_root` when no ``root`` is given.
+        download_into: the folder to download into for a ``root`` that was tried
+            (default: that folder itself).
+    """
+
+    load: Callable[..., ArrayDataset]
+    options: frozenset[str] = frozenset()
+    root_mode: str = "search"
+    system_roots: tuple[Path, ...] = ()
+    download_into: Callable[[Path], Path] | None = None
+
+
+DATASET_LOADERS: Registry[DatasetLoader] = Registry("dataset")
+
+
+def _cifar_download_folder(spec: CifarSpec) -> Callable[[Path], Path]:
+    # root named the extracted folder or the archive itself: download beside it
+    return lambda target: target.parent if target.name in (spec.folder, spec.archive) else target
+
+
+DATASET_LOADERS.register("cifar10", DatasetLoader(
+    lambda root, split: load_cifar(root, CIFAR10, split), download_into=_cifar_download_folder(CIFAR10)))
+DATASET_LOADERS.register("cifar100", DatasetLoader(
+    lambda root, split, **options: load_cifar(root, CIFAR100, split, **options), frozenset({"label"}),
+    download_into=_cifar_download_folder(CIFAR100)))
+DATASET_LOADERS.register("svhn", DatasetLoader(load_svhn))
+DATASET_LOADERS.register("mnist", DatasetLoader(lambda root, split: load_idx_dataset(root, "mnist", split)))
+DATASET_LOADERS.register("fashion_mnist", DatasetLoader(
+    lambda root, split: load_idx_dataset(root, "fashion_mnist", split), system_roots=(FASHION_MNIST_DEBIAN_ROOT,)))
+DATASET_LOADERS.register("imagefolder", DatasetLoader(
+    lambda root, split, **options: load_image_folder(root, split, **options), frozenset({"size", "stats"}),
+    root_mode="required"))
+DATASET_LOADERS.register("digits", DatasetLoader(lambda root, split: load_digits(split), root_mode="ignored"))
+
+DATASETS = tuple(DATASET_LOADERS)  # the built-in names, in registration order
 
 
 def default_root() -> Path:
@@ -34,19 +87,9 @@ def default_root() -> Path:
 def _canonical(name: str) -> str:
     key = str(name).strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
-    if key not in DATASETS:
-        raise ValueError(f"dataset {name!r} is not supported; expected one of {', '.join(DATASETS)}")
+    if key not in DATASET_LOADERS:
+        raise ValueError(f"dataset {name!r} is not supported; expected one of {', '.join(DATASET_LOADERS)}")
     return key
-
-
-def _loader(name: str, split: str, options: dict[str, Any]) -> Callable[[Path], ArrayDataset]:
-    if name == "cifar10":
-        return lambda root: load_cifar(root, CIFAR10, split)
-    if name == "cifar100":
-        return lambda root: load_cifar(root, CIFAR100, split, **options)
-    if name == "svhn":
-        return lambda root: load_svhn(root, split)
-    return lambda root: load_idx_dataset(root, name, split)  # mnist, fashion_mnist
 
 
 def load_dataset(
@@ -67,41 +110,34 @@ def load_dataset(
     (N, 1, 28, 28), digits (N, 1, 8, 8).
     """
     name = _canonical(name)
-    if split not in ("train", "test"):
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
-    unknown = set(options) - _OPTIONS.get(name, set())
+    check_split(split)
+    entry = DATASET_LOADERS[name]
+    unknown = set(options) - entry.options
     if unknown:
-        allowed = ", ".join(sorted(_OPTIONS.get(name, ()))) or "none"
+        allowed = ", ".join(sorted(entry.options)) or "none"
         raise TypeError(
             f"load_dataset({name!r}): unexpected option(s) {', '.join(sorted(unknown))}; allowed: {allowed}"
         )
-    if name == "digits":
-        return load_digits(split)
-    if name == "imagefolder":
+    if entry.root_mode == "ignored":
+        return entry.load(None, split, **options)
+    if entry.root_mode == "required":
         if root is None:
-            raise ValueError("load_dataset('imagefolder'): root is required — the folder with one sub-folder per class")
-        return load_image_folder(root, split, **options)
+            raise ValueError(f"load_dataset({name!r}): root is required — the folder with one sub-folder per class")
+        return entry.load(root, split, **options)
 
-    load = _loader(name, split, options)
-    if root is not None:
-        roots = [Path(root).expanduser()]
-    elif name == "fashion_mnist":
-        roots = [FASHION_MNIST_DEBIAN_ROOT, default_root()]
-    else:
-        roots = [default_root()]
+    roots = [Path(root).expanduser()] if root is not None else [*entry.system_roots, default_root()]
     missing: list[DatasetNotFoundError] = []
     for r in roots:
         try:
-            return load(r)
+            return entry.load(r, split, **options)
         except DatasetNotFoundError as exc:
             missing.append(exc)
     if not download:
         if len(missing) == 1:
             raise missing[0]
         raise DatasetNotFoundError(" — and — ".join(str(e) for e in missing))
-    target = roots[-1]  # never the system folder: it is the user's cache or their explicit root
-    spec = CIFAR10 if name == "cifar10" else CIFAR100
-    if name in ("cifar10", "cifar100") and target.name in (spec.folder, spec.archive):
-        target = target.parent  # root named the folder or archive itself; download beside it
+    target = roots[-1]  # never a system folder: it is the user's cache or their explicit root
+    if entry.download_into is not None:
+        target = entry.download_into(target)
     download_files(name, target)
-    return load(target)
+    return entry.load(target, split, **options)

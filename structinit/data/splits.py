@@ -12,17 +12,12 @@ import numpy as np
 import torch
 
 from structinit.data.datasets import ArrayDataset
+from structinit.utils import check_int
 
 __all__ = ["holdout_split", "stable_permutation", "stratified_indices", "stratified_subset"]
 
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _check_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what}={value!r}: expected an int")
-    return int(value)
 
 
 def stable_permutation(n: int, seed: int) -> np.ndarray:
@@ -31,7 +26,7 @@ def stable_permutation(n: int, seed: int) -> np.ndarray:
     Sorts the indices by splitmix64(offset(seed) + i); splitmix64 is a bijection on 64-bit
     integers, so keys never tie.
     """
-    n, seed = _check_int(n, "n"), _check_int(seed, "seed")
+    n, seed = check_int("n", n), check_int("seed", seed)
     offset = np.uint64(((seed & _MASK) * _GOLDEN) & _MASK)  # python ints: no overflow warnings
     with np.errstate(over="ignore"):
         z = np.arange(n, dtype=np.uint64) + offset + np.uint64(_GOLDEN)
@@ -65,7 +60,7 @@ def stratified_indices(labels: torch.Tensor, num_classes: int, size: int, seed: 
     Within a class the picks are a prefix of a seeded permutation, so for a fixed seed a larger
     ``size`` gives a superset of a smaller one (nested training subsets).
     """
-    size, seed = _check_int(size, "size"), _check_int(seed, "seed")
+    size, seed = check_int("size", size), check_int("seed", seed)
     n = labels.shape[0]
     if size > n:
         raise ValueError(f"size={size}: larger than the {n} images available; expected {num_classes}..{n}")
@@ -80,7 +75,8 @@ def stratified_indices(labels: torch.Tensor, num_classes: int, size: int, seed: 
     picks = []
     for k in range(num_classes):
         members = np.flatnonzero(y == k)
-        # distinct stream per class, derived from the seed
+        # distinct stream per class, derived from the seed (not utils.derive_seed: it reduces
+        # mod 2⁶³−1, which would change the subsets that negative seeds give)
         perm = stable_permutation(len(members), seed * 1_000_003 + k)
         picks.append(members[perm[: take[k]]])
     return torch.from_numpy(np.sort(np.concatenate(picks)))
@@ -116,7 +112,7 @@ def holdout_split(
         pool, test = holdout_split(load_dataset("cifar10", root), 10_000, mode="last")
         train = stratified_subset(pool, 4_000, seed=0)
     """
-    holdout = _check_int(holdout, "holdout")
+    holdout = check_int("holdout", holdout)
     n = len(ds)
     if not 0 < holdout < n:
         raise ValueError(f"holdout={holdout}: expected 0 < holdout < {n} (the dataset's size)")

@@ -12,7 +12,13 @@ import numpy as np
 import scipy.io
 import torch
 
-from structinit.data.datasets import DATASET_STATS, ArrayDataset, DatasetFormatError, DatasetNotFoundError
+from structinit.data.datasets import (
+    DATASET_STATS,
+    ArrayDataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    check_split,
+)
 
 __all__ = ["SVHN_FILES", "load_svhn", "parse_svhn"]
 
@@ -43,8 +49,7 @@ def parse_svhn(mat: dict, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 def load_svhn(root: str | Path, split: str = "train") -> ArrayDataset:
     """SVHN split (``root/svhn/<file>`` or ``root/<file>``): images uint8 (N, 3, 32, 32), classes "0".."9"."""
-    if split not in SVHN_FILES:
-        raise ValueError(f"split={split!r}: expected 'train' or 'test'")
+    check_split(split)
     root = Path(root).expanduser()
     filename = SVHN_FILES[split]
     candidates = [root, root / "svhn"] if root.name == "svhn" else [root / "svhn", root]

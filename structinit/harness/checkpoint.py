@@ -1,15 +1,20 @@
-"""Run files: atomic checkpoints loaded without executing code, and metric logs.
+"""Run files: atomic checkpoints loaded without executing code, exported weights, metric
+logs, and the checks that a checkpoint belongs to the run being resumed.
 
 A checkpoint is written to a temporary file in the same folder, flushed and fsync'ed, then
 renamed over the old one (``os.replace`` is atomic on POSIX), and the folder is fsync'ed:
 a run killed at any instant leaves either the previous checkpoint or the new one, never a
 torn file. It is read back with ``torch.load(weights_only=True)``, which only rebuilds
 tensors and plain containers, so a tampered file cannot run code.
+
+The final weights are also exported as safetensors (``model.safetensors``, the file timm and
+Hugging Face load from): plain tensors and a string header, readable without torch.load.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import tempfile
@@ -17,6 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from structinit.data.optional import require
+
+WEIGHTS = "model.safetensors"
+EMA_WEIGHTS = "model_ema.safetensors"
 
 
 def atomic_write_bytes(path: Path, write) -> None:
@@ -57,6 +68,86 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"{path}: not a readable structinit checkpoint (expected a torch.save'd dict of "
             f"tensors and plain values): {type(err).__name__}: {err}"
         ) from err
+
+
+def save_weights(path: Path, state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Atomically write ``state_dict`` as a safetensors file, keys unchanged, tensors on the
+    CPU and contiguous; ``metadata`` (str → str) goes into its header, with ``format: pt``
+    (what Hugging Face's loaders check) unless given."""
+    st = require("safetensors.torch", "exporting weights")
+    meta = {"format": "pt", **(metadata or {})}
+    bad = [k for k, v in meta.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"save_weights: metadata[{bad[0]!r}] is not a string; safetensors headers hold str → str "
+                        "(JSON-encode other values)")
+    tensors, storages = {}, set()
+    for name, value in state_dict.items():
+        t = value.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr and ptr in storages:
+            t = t.clone()  # tied weights: safetensors refuses tensors that share memory
+        storages.add(ptr)
+        tensors[name] = t
+    data = st.save(tensors, metadata=meta)
+    atomic_write_bytes(path, lambda f: f.write(data))
+
+
+def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(state dict, metadata) of a file written by :func:`save_weights`, tensors on the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: weights file not found; expected a safetensors file like a run's {WEIGHTS}")
+    safetensors = require("safetensors", "loading weights")
+    try:
+        with safetensors.safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as err:  # truncated, corrupted or not safetensors at all
+        raise ValueError(
+            f"{path}: not a readable safetensors file (expected an 8-byte header length, a JSON header and the "
+            f"tensor bytes, as save_weights writes): {type(err).__name__}: {err}"
+        ) from err
+    return tensors, metadata
+
+
+def init_fingerprint(model: nn.Module) -> str:
+    """SHA-256 of the model's initial state dict (names, dtypes, shapes and bytes, in order).
+
+    A checkpoint records it, so resuming (or re-reading a finished run in ``compare``) under
+    an init whose code or defaults have since changed is refused instead of silently mixing
+    runs that did not start from the same weights.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse to resume ``path`` (whose checkpoint holds ``saved``) under a different ``config``
+    (both ``TrainConfig.to_dict()``; ``out_dir`` may differ)."""
+    now = {k: v for k, v in config.items() if k != "out_dir"}
+    old = {k: v for k, v in saved.items() if k != "out_dir"}
+    now["betas"], old["betas"] = list(now["betas"]), list(old.get("betas", []))  # a tuple comes back as a list
+    diff = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
+    if diff:
+        raise ValueError(
+            f"{path} was written with a different configuration ({', '.join(diff)} differ); "
+            "resume with the same settings, or start a new run in another --out folder"
+        )
+
+
+def check_same_init(state: dict[str, Any], fingerprint: str, path: Path) -> None:
+    """Refuse to resume ``path`` if it started from other initial weights than ``fingerprint``."""
+    saved = state.get("init_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise ValueError(
+            f"{path} was trained from different initial weights than this configuration gives now "
+            f"(init fingerprint {saved[:12]}… vs {fingerprint[:12]}…): the init's code or defaults, or the "
+            "torch version, changed since; start a new run in another --out folder"
+        )
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -8,10 +8,10 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 
+from structinit.harness.specs import parse_init_spec, parse_literal, split_init_specs
 from structinit.models import list_models
 
 # Flags that set a TrainConfig field directly: flag → (field, type).
@@ -19,13 +19,6 @@ _FIELDS = {"--dataset": ("dataset", str), "--data-dir": ("data_dir", str), "--mo
            "--epochs": ("epochs", int), "--batch-size": ("batch_size", int), "--lr": ("lr", float),
            "--train-size": ("train_size", int), "--precision": ("precision", str),
            "--ema-decay": ("ema_decay", float), "--augment": ("augment", str), "--eval-every": ("eval_every", int)}
-
-
-def _literal(text: str):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
@@ -52,7 +45,7 @@ def _config(args: argparse.Namespace, **extra):
         key, eq, value = item.partition("=")
         if not eq:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key.replace("-", "_")] = _literal(value)
+        overrides[key.replace("-", "_")] = parse_literal(value)
     return recipe(args.recipe, **{**overrides, **extra})
 
 
@@ -88,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(fidelity_rows(args.model, seed=args.seed),
                            f"{args.model}: attention at init, position-only pseudo input"))
     elif args.command == "train":
-        from structinit.harness.compare import parse_init_spec
         from structinit.harness.train import train
 
         init, options = parse_init_spec(args.init)
@@ -98,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
     elif args.command == "compare":
-        from structinit.harness.compare import compare, format_summary, split_init_specs
+        from structinit.harness.compare import compare, format_summary
 
         inits = split_init_specs(args.inits) + args.init
         seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]

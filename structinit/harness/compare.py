@@ -8,65 +8,20 @@ continues where it stopped. The summary is a mean ± std table, an accuracy-vs-e
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
+from structinit.data.optional import require
+from structinit.harness.build import load_train_split, plan_model
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
 
-
-def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``'impulse:target_mass=0.3,solver=analytic'`` → ``('impulse', {...})``; values are Python
-    literals where they parse as one (numbers, None, tuples), strings otherwise."""
-    name, _, rest = spec.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, _split_top_level(rest)):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
-        try:
-            options[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value.strip()
-    return name.strip(), options
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas outside brackets, so ``layers=(0,1),pe_scale=1`` gives two items."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch in "([{") - (ch in ")]}")
-        if ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    return [*items, text[start:]]
-
-
-def split_init_specs(text: str) -> list[str]:
-    """``'pytorch,impulse:pe_scale=1.0,layers=(0,1),mimetic'`` → ``['pytorch',
-    'impulse:pe_scale=1.0,layers=(0,1)', 'mimetic']``; ``';'`` also separates specs.
-
-    A comma-separated piece that holds ``key=value`` and no ``name:`` belongs to the spec
-    before it (scheme names never contain ``=``); commas inside brackets belong to values.
-    """
-    specs: list[str] = []
-    for chunk in text.split(";"):
-        for piece in _split_top_level(chunk):
-            piece = piece.strip()
-            if not piece:
-                continue
-            continues = "=" in piece and ":" not in piece.split("=", 1)[0]
-            if continues:
-                if not specs or ":" not in specs[-1]:
-                    raise ValueError(f"init list {text!r}: option {piece!r} follows no 'scheme:' to belong to")
-                specs[-1] += "," + piece
-            else:
-                specs.append(piece)
-    return specs
+__all__ = ["check_specs", "compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric",
+           "split_init_specs", "summarise"]
 
 
 def primary_metric(final: dict[str, float]) -> str:
@@ -77,20 +32,47 @@ def primary_metric(final: dict[str, float]) -> str:
     raise ValueError(f"no evaluation accuracy in {sorted(final)}")
 
 
+def _run_config(base: TrainConfig, spec: str, name: str, options: dict[str, Any], seed: int,
+                out: Path) -> TrainConfig:
+    """The configuration of one run of the comparison (also the one its spec is checked with)."""
+    label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
+    return dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
+                               init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+
+
+def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
+                out_dir: str | Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Parse every init spec and plan its init on the model its first run will build, writing
+    nothing: a misspelt option or a bad value fails here, with a ``ValueError`` that names the
+    spec and the option, before any run starts. Returns ``{spec: (scheme, options)}``."""
+    if not seeds:
+        raise ValueError("seeds is empty; expected at least one seed")
+    parsed = {spec: parse_init_spec(spec) for spec in inits}
+    for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
+        get_scheme(name)
+    train_ds = load_train_split(base)  # the model's size depends on the images' shape and the class count
+    for spec, (name, options) in parsed.items():
+        cfg = _run_config(base, spec, name, options, seeds[0], Path(out_dir))
+        try:
+            plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"init spec {spec!r}: {err}") from err
+    return parsed
+
+
 def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
             progress: bool = True) -> dict[str, Any]:
-    """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict."""
+    """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict.
+
+    Every spec is checked completely first (:func:`check_specs`), so a bad one fails before
+    the first run, not after hours of the others."""
     out = Path(out_dir)
-    parsed = {spec: parse_init_spec(spec) for spec in inits}  # every spec is checked before any run
-    for name, _ in parsed.values():
-        get_scheme(name)
+    parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
         for spec in inits:
             name, options = parsed[spec]
-            label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
-            cfg = dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
-                                      init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+            cfg = _run_config(base, spec, name, options, seed, out)
             print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
             runs[spec].append(train(cfg, resume=True, progress=progress))
     summary = summarise(runs)
@@ -123,10 +105,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
     """Mean evaluation accuracy per epoch for every init (shaded: min–max over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "the accuracy plot").use("Agg")  # render to a file; there may be no display
+    plt = require("matplotlib.pyplot", "the accuracy plot")
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for spec, results in runs.items():

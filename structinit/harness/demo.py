@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
-from structinit.analysis import impulse_fidelity
+from structinit.analysis import fidelity_summary, impulse_fidelity
 from structinit.functional.targets import enumerated_offsets
 from structinit.models import create_model
 from structinit.schemes.registry import init_, schemes
@@ -25,6 +26,8 @@ DEMO_INITS: list[tuple[str, str, dict]] = [
 
 @dataclass
 class FidelityRow:
+    """One init's row: its time and :class:`~structinit.analysis.FidelitySummary`'s four numbers."""
+
     label: str
     seconds: float
     mass_first: float
@@ -46,10 +49,8 @@ def fidelity_rows(model_name: str = "vit_tiny_patch4_32", images: torch.Tensor |
         init_(model, scheme, seed=seed, **opts)
         seconds = time.perf_counter() - start
         offsets = None if scheme == "impulse" else enumerated_offsets(model.blocks[0].attn.num_heads)
-        fid = impulse_fidelity(model, images, offsets=offsets)
-        mass, hit = fid["mass"], fid["hit"]
-        rows.append(FidelityRow(label, seconds, mass[0].mean().item(), hit[0].mean().item(),
-                                mass.mean().item(), hit.mean().item()))
+        summary = fidelity_summary(impulse_fidelity(model, images, offsets=offsets))
+        rows.append(FidelityRow(label, seconds, **dataclasses.asdict(summary)))
     return rows
 
 

@@ -1,4 +1,6 @@
-"""Named training recipes: complete :class:`~structinit.train.TrainConfig` presets."""
+"""Named training recipes: complete :class:`~structinit.harness.train.TrainConfig` presets,
+in a :class:`~structinit.utils.Registry` like every other named choice (add your own with
+``RECIPES.register("name", {...})``)."""
 
 from __future__ import annotations
 
@@ -6,41 +8,41 @@ import dataclasses
 from typing import Any
 
 from structinit.harness.train import TrainConfig
+from structinit.utils import Registry
 
-RECIPES: dict[str, dict[str, Any]] = {
-    # The 2024 paper's CIFAR setting (Zheng, Li, Lucey): ViT-Ti/2 on 32×32, no class token,
-    # average pooling, fixed sin-cos PE; AdamW with eps 1e-3; 10 warm-up epochs; RandAugment
-    # m9 (std 0.5) and flips, no crop; label smoothing 0.1; 200 epochs.
-    "paper-cifar": dict(
-        model="vit_tiny_patch2_32", dataset="cifar10", epochs=200, batch_size=512, lr=1e-3, eps=1e-3,
-        weight_decay=0.01, grad_clip=3.0, min_lr=1e-6, warmup_epochs=10, warmup_lr=1e-5,
-        augment="flip,ra2-9-0.5", label_smoothing=0.1, precision="auto", test_prefix=1017,
-    ),
-    # This project's 2-core CPU scale (the calibration in shared/reference): ViT dim 128, depth
-    # 6, 4 heads, patch 4; 5,000 class-stratified images from CIFAR-10 batches 1–4, evaluated on
-    # the last 10,000 training images (lossless); 30 epochs, about 9 minutes a run.
-    "cpu-cifar": dict(
-        model="vit_cpu_patch4_32", dataset="cifar10", epochs=30, batch_size=128, lr=1e-3, eps=1e-8,
-        weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="crop4,flip",
-        label_smoothing=0.1, precision="auto", train_size=5000, holdout=10000, holdout_mode="last",
-        eval_every=3,  # evaluating 10k images costs ~8 s; every epoch would add ~4 min a run
-    ),
-    # The embedded demo: scikit-learn's 8×8 digits, no download, seconds per run. 300 training
-    # images (30 per class) put it in the small-data regime where the init matters.
-    "digits": dict(
-        model="vit_cpu_patch2_8", dataset="digits", train_size=300, epochs=30, batch_size=64, lr=2e-3, eps=1e-8,
-        weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="none",
-        label_smoothing=0.1, precision="fp32",
-    ),
-}
+RECIPES: Registry[dict[str, Any]] = Registry("recipe")
+
+# The 2024 paper's CIFAR setting (Zheng, Li, Lucey): ViT-Ti/2 on 32×32, no class token,
+# average pooling, fixed sin-cos PE; AdamW with eps 1e-3; 10 warm-up epochs; RandAugment
+# m9 (std 0.5) and flips, no crop; label smoothing 0.1; 200 epochs.
+RECIPES.register("paper-cifar", dict(
+    model="vit_tiny_patch2_32", dataset="cifar10", epochs=200, batch_size=512, lr=1e-3, eps=1e-3,
+    weight_decay=0.01, grad_clip=3.0, min_lr=1e-6, warmup_epochs=10, warmup_lr=1e-5,
+    augment="flip,ra2-9-0.5", label_smoothing=0.1, precision="auto", test_prefix=1017,
+))
+# This project's 2-core CPU scale (the calibration in shared/reference): ViT dim 128, depth
+# 6, 4 heads, patch 4; 5,000 class-stratified images from CIFAR-10 batches 1–4, evaluated on
+# the last 10,000 training images (lossless); 30 epochs, about 9 minutes a run.
+RECIPES.register("cpu-cifar", dict(
+    model="vit_cpu_patch4_32", dataset="cifar10", epochs=30, batch_size=128, lr=1e-3, eps=1e-8,
+    weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="crop4,flip",
+    label_smoothing=0.1, precision="auto", train_size=5000, holdout=10000, holdout_mode="last",
+    eval_every=3,  # evaluating 10k images costs ~8 s; every epoch would add ~4 min a run
+))
+# The embedded demo: scikit-learn's 8×8 digits, no download, seconds per run. 300 training
+# images (30 per class) put it in the small-data regime where the init matters.
+RECIPES.register("digits", dict(
+    model="vit_cpu_patch2_8", dataset="digits", train_size=300, epochs=30, batch_size=64, lr=2e-3, eps=1e-8,
+    weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="none",
+    label_smoothing=0.1, precision="fp32",
+))
 
 
 def recipe(name: str, **overrides: Any) -> TrainConfig:
     """The recipe ``name`` as a TrainConfig, with ``overrides`` applied (unknown keys rejected)."""
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; valid names: {', '.join(sorted(RECIPES))}")
+    base = RECIPES[name]  # an unknown name is a ValueError listing the valid ones
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    return TrainConfig(**{**RECIPES[name], **overrides})
+    return TrainConfig(**{**base, **overrides})

@@ -14,7 +14,6 @@ takes every world-th image of the epoch's permutation and a batch of batch_size 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -30,7 +29,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.harness.checkpoint import MetricsLog, load_checkpoint, save_checkpoint, write_json
+from structinit.data.optional import require
+from structinit.harness.build import build_model, load_data
+from structinit.harness.checkpoint import (
+    EMA_WEIGHTS,
+    WEIGHTS,
+    MetricsLog,
+    check_same_config,
+    check_same_init,
+    init_fingerprint,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+    write_json,
+)
+from structinit.utils import derived_generator
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -137,14 +150,6 @@ class EMA:
                 self.state[k].copy_(v)
 
 
-def _generator(*keys: int) -> torch.Generator:
-    """A CPU generator seeded by a tuple of ints (seed, epoch, rank, purpose)."""
-    seed = 0
-    for k in keys:
-        seed = (seed * 1_000_003 + int(k)) % (2**63 - 1)
-    return torch.Generator().manual_seed(seed)
-
-
 @torch.no_grad()
 def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -> tuple[float, float]:
     """(accuracy, mean loss) over images[rank::world], reduced over ranks."""
@@ -167,39 +172,6 @@ def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -
 
 
 # ----------------------------------------------------------------------------- setup
-def load_data(cfg: TrainConfig):
-    """(train set, {name: eval set}); the first eval set is the one a run is judged on."""
-    from structinit.data import holdout_split, load_dataset, stratified_subset
-
-    train_ds = load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
-    evals = {}
-    if cfg.holdout:
-        train_ds, held = holdout_split(train_ds, cfg.holdout, seed=cfg.seed, mode=cfg.holdout_mode)
-        evals["holdout"] = held
-    else:
-        test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
-        evals["test"] = test
-        if cfg.test_prefix:
-            evals[f"test_first{cfg.test_prefix}"] = test.subset(torch.arange(min(cfg.test_prefix, len(test))))
-    if cfg.train_size:
-        train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
-    return train_ds, evals
-
-
-def build_model(cfg: TrainConfig, train_ds) -> nn.Module:
-    """The named model, sized for the data, constructed and initialised from ``init_seed``."""
-    from structinit.models import create_model
-    from structinit.schemes.registry import init_
-
-    c, h, _ = train_ds.images.shape[1:]
-    kwargs = {"num_classes": train_ds.num_classes, "in_chans": c, "img_size": h, **cfg.model_kwargs}
-    seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
-    with torch.random.fork_rng(devices=[]):  # construction draws from the global RNG
-        torch.manual_seed(seed)
-        model = create_model(cfg.model, **kwargs)
-    return init_(model, cfg.init, seed=seed, **cfg.init_options)
-
-
 def _dist_env() -> tuple[int, int, int]:
     return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
@@ -209,43 +181,6 @@ def _versions() -> dict[str, str]:
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "structinit": structinit.__version__,
             "platform": platform.platform()}
-
-
-def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
-    now = {k: v for k, v in cfg.to_dict().items() if k != "out_dir"}
-    old = {k: v for k, v in saved.items() if k != "out_dir"}
-    now["betas"], old["betas"] = list(now["betas"]), list(old.get("betas", []))
-    diff = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
-    if diff:
-        raise ValueError(
-            f"{path} was written with a different configuration ({', '.join(diff)} differ); "
-            "resume with the same settings, or start a new run in another --out folder"
-        )
-
-
-def init_fingerprint(model: nn.Module) -> str:
-    """SHA-256 of the model's initial state dict (names, dtypes, shapes and bytes, in order).
-
-    A checkpoint records it, so resuming (or re-reading a finished run in ``compare``) under
-    an init whose code or defaults have since changed is refused instead of silently mixing
-    runs that did not start from the same weights.
-    """
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _check_same_init(state: dict, fingerprint: str, path: Path) -> None:
-    saved = state.get("init_fingerprint")
-    if saved is not None and saved != fingerprint:
-        raise ValueError(
-            f"{path} was trained from different initial weights than this configuration gives now "
-            f"(init fingerprint {saved[:12]}… vs {fingerprint[:12]}…): the init's code or defaults, or the "
-            "torch version, changed since; start a new run in another --out folder"
-        )
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -266,7 +201,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         if not resume:
             raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
         state = load_checkpoint(ckpt_path)
-        _check_resumable(state["config"], cfg, ckpt_path)
+        check_same_config(state["config"], cfg.to_dict(), ckpt_path)
     if cfg.batch_size % world:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {world} processes")
     dtype = resolve_precision(cfg.precision, device)
@@ -281,7 +216,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     model = build_model(cfg, train_ds)
     fingerprint = init_fingerprint(model)
     if state is not None:
-        _check_same_init(state, fingerprint, ckpt_path)
+        check_same_init(state, fingerprint, ckpt_path)
         if state.get("finished") and result_path.exists():
             return json.loads(result_path.read_text())
     model = model.to(device)
@@ -310,9 +245,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     total, warmup = steps * cfg.epochs, round(cfg.warmup_epochs * steps)
     run_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.epochs):
-        order = torch.randperm(len(images), generator=_generator(cfg.seed, epoch)).to(device)
+        order = torch.randperm(len(images), generator=derived_generator(cfg.seed, epoch)).to(device)
         mine = order[rank::world][: steps * per_rank]
-        aug_gen = _generator(cfg.seed, epoch, rank, 1)
+        aug_gen = derived_generator(cfg.seed, epoch, rank, 1)  # 1: augmentation
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
         bar = _progress(steps, epoch, cfg.epochs, progress and rank == 0)
@@ -373,8 +308,22 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             dist.barrier()
     result = _result(cfg, history, world) | {"init_fingerprint": fingerprint}
     if rank == 0:
+        export_weights(out, model, ema, cfg, fingerprint)  # before result.json: a finished run always has them
         write_json(result_path, result)
     return result
+
+
+def export_weights(out: Path, model: nn.Module, ema: EMA | None, cfg: TrainConfig, fingerprint: str) -> None:
+    """The final weights as ``out/model.safetensors`` (and ``model_ema.safetensors`` with EMA),
+    the files timm and Hugging Face load from; the header holds the config (JSON), the init
+    fingerprint and the structinit version, so the file alone says how it was made."""
+    import structinit
+
+    metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
+                "structinit_version": structinit.__version__}
+    save_weights(out / WEIGHTS, model.state_dict(), metadata)
+    if ema is not None:
+        save_weights(out / EMA_WEIGHTS, ema.state, metadata)
 
 
 def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank) -> dict[str, float]:
@@ -393,8 +342,7 @@ def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank) -> dict
 def _progress(steps, epoch, epochs, enabled):
     if not enabled:
         return None
-    from tqdm import tqdm
-
+    tqdm = require("tqdm", "the progress bar (progress=False or --no-progress turns it off)").tqdm
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
 
 

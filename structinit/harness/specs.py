@@ -1,0 +1,67 @@
+"""Text the user types: values (``--set lr=3e-3``) and init specs
+(``impulse:target_mass=0.3,layers=(0,1)``). The command line and :func:`~structinit.harness.compare.compare`
+read them with the same functions, so a value means the same thing wherever it is written."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+__all__ = ["parse_init_spec", "parse_literal", "split_init_specs"]
+
+
+def parse_literal(text: str) -> Any:
+    """``text`` as a Python literal where it parses as one (numbers, None, True, tuples, lists,
+    quoted strings), else the text itself: ``'0.3'`` → 0.3, ``'(0,1)'`` → (0, 1), ``'gd'`` → 'gd'."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``'impulse:target_mass=0.3,solver=analytic'`` → ``('impulse', {...})``; values go
+    through :func:`parse_literal`. Only the syntax is checked here; whether the scheme takes
+    those options is checked by :func:`structinit.plan_init`."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, _split_top_level(rest)):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
+        options[key.strip()] = parse_literal(value.strip())
+    return name.strip(), options
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets, so ``layers=(0,1),pe_scale=1`` gives two items."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]]
+
+
+def split_init_specs(text: str) -> list[str]:
+    """``'pytorch,impulse:pe_scale=1.0,layers=(0,1),mimetic'`` → ``['pytorch',
+    'impulse:pe_scale=1.0,layers=(0,1)', 'mimetic']``; ``';'`` also separates specs.
+
+    A comma-separated piece that holds ``key=value`` and no ``name:`` belongs to the spec
+    before it (scheme names never contain ``=``); commas inside brackets belong to values.
+    """
+    specs: list[str] = []
+    for chunk in text.split(";"):
+        for piece in _split_top_level(chunk):
+            piece = piece.strip()
+            if not piece:
+                continue
+            continues = "=" in piece and ":" not in piece.split("=", 1)[0]
+            if continues:
+                if not specs or ":" not in specs[-1]:
+                    raise ValueError(f"init list {text!r}: option {piece!r} follows no 'scheme:' to belong to")
+                specs[-1] += "," + piece
+            else:
+                specs.append(piece)
+    return specs

@@ -1,0 +1,54 @@
+"""The split between the core install (torch, numpy, scipy) and the harness extra: without
+the extra, the init API and the harness modules still import, and the first use of a
+missing package says which one it is and how to install it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from structinit.data.optional import HARNESS_INSTALL, require
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTRA = ("sklearn", "matplotlib", "PIL", "tqdm", "safetensors")
+
+
+def test_require_names_the_package_and_the_extra(monkeypatch):
+    for module in ("sklearn", "sklearn.datasets"):  # importing them now fails as if they were absent
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=r"the digits dataset needs the scikit-learn package.*"
+                                          r'pip install "structinit\[harness\]"'):
+        require("sklearn.datasets", "the digits dataset")
+    assert require("json", "anything").dumps(1) == "1"
+    assert HARNESS_INSTALL == 'pip install "structinit[harness]"'
+
+
+def test_without_the_extra_only_its_features_fail():
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in EXTRA)
+    code = f"""
+import sys
+{blocked}
+import structinit
+model = structinit.init_(structinit.create_model("vit_cpu_patch2_8", num_classes=10, in_chans=1, img_size=8),
+                         "impulse", seed=0)
+import structinit.data, structinit.augment, structinit.harness.train, structinit.harness.compare
+from structinit.harness.checkpoint import save_weights
+from structinit.harness.compare import plot_curves
+from structinit.harness.train import _progress
+for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(1, 0, 1, True),
+             lambda: plot_curves(dict(), "x.png"), lambda: structinit.data.imagefolder._read_image("x.png", None),
+             lambda: save_weights("w.safetensors", model.state_dict())):
+    try:
+        call()
+    except ImportError as err:
+        print(err)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert [line.split(" needs the ")[1].split()[0] for line in lines] == [
+        "scikit-learn", "tqdm", "matplotlib", "pillow", "safetensors"]
+    assert all(HARNESS_INSTALL in line for line in lines)
