@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from structinit.data.optional import HARNESS_INSTALL, require
+from structinit.utils.optional_imports import HARNESS_INSTALL, require
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = ("sklearn", "matplotlib", "PIL", "tqdm", "safetensors")

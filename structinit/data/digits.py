@@ -13,9 +13,8 @@ import numpy as np
 import torch
 
 from structinit.data.datasets import ArrayDataset, check_split, normalisation_stats
-from structinit.data.optional import require
 from structinit.data.splits import stable_permutation
-from structinit.utils import derive_seed
+from structinit.utils import derive_seed, require
 
 __all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_split_indices", "load_digits"]
 

@@ -21,8 +21,7 @@ from structinit.data.datasets import (
     check_split,
     normalisation_stats,
 )
-from structinit.data.optional import require
-from structinit.utils import is_int
+from structinit.utils import is_int, require
 
 __all__ = ["IMAGE_EXTENSIONS", "find_split_dir", "load_image_folder"]
 

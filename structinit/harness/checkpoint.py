@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from structinit.data.optional import require
+from structinit.utils import require
 
 WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"

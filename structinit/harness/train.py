@@ -29,7 +29,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.data.optional import require
 from structinit.harness.build import build_model, load_data
 from structinit.harness.checkpoint import (
     EMA_WEIGHTS,
@@ -43,7 +42,7 @@ from structinit.harness.checkpoint import (
     save_weights,
     write_json,
 )
-from structinit.utils import derived_generator
+from structinit.utils import derived_generator, require
 
 CHECKPOINT = "checkpoint.pt"
 

@@ -5,13 +5,14 @@ position embedding, and plans the writes."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
-from structinit.functional.impulse_solvers import LayerSpec, make_impulse_solver
+from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import (
     Offset,
@@ -22,7 +23,7 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
-from structinit.utils import check_choice, check_finite, make_generator
+from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
 
@@ -98,7 +99,10 @@ def plan_impulse(
         >>> bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
         True
     """
-    solver_obj = make_impulse_solver(solver, **solver_options)  # options checked before anything else
+    # Options are checked before anything else; an unknown one lists the solver's options and ours.
+    check_options(IMPULSE_SOLVERS.get(solver), solver_options, f"impulse solver {solver!r}",
+                  hint=f"; every impulse init also takes {', '.join(_own_options())}")
+    solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
     check_kernel_size(kernel_size)
@@ -129,6 +133,11 @@ def plan_impulse(
 
 
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")
+
+
+def _own_options() -> list[str]:
+    params = inspect.signature(plan_impulse).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "model"]
 
 
 def _position_embedding(model, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:

@@ -86,10 +86,11 @@ def keyword_options(fn: Callable) -> list[str]:
     return [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
 
 
-def check_options(fn: Callable, options: dict, what: str, valid: Iterable[str] | None = None) -> None:
+def check_options(fn: Callable, options: dict, what: str, valid: Iterable[str] | None = None,
+                  hint: str = "") -> None:
     """Raise :class:`OptionError` naming unknown keyword options and listing the valid ones
-    (``valid``, default the keyword-only parameters of ``fn``)."""
+    (``valid``, default the keyword-only parameters of ``fn``), then ``hint``."""
     valid = list(valid) if valid is not None else keyword_options(fn)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise OptionError(f"{what} got unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+        raise OptionError(f"{what} got unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}{hint}")

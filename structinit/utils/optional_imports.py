@@ -1,9 +1,7 @@
 """Imports of the optional packages that only the harness extra installs (scikit-learn,
 matplotlib, pillow, tqdm, safetensors). ``import structinit`` needs none of them; the code
-that does imports them here, at first use, so that a missing one says how to install it.
-
-It sits in ``data`` because this is the lowest layer that needs it (the digits and image-folder
-loaders) and ``data`` may import only ``structinit.utils``; the harness imports it from here.
+that does imports them through :func:`require`, at first use, so that a missing one says how
+to install it.
 """
 
 from __future__ import annotations
