@@ -175,7 +175,7 @@ def test_plan_writes_nothing_and_commit_equals_init(scheme):
 
 @pytest.mark.parametrize("spec, match", [
     (dict(target_mas=0.3), r"unknown option\(s\) target_mas; valid: target_mass, pe_scale, ridge"),
-    (dict(pe_scale="abc"), r"pe_scale='abc': expected a number in \(0, ∞\] or None"),
+    (dict(pe_scale="abc"), r"pe_scale='abc': expected a number in \(0, ∞\) or None"),
     (dict(solver="gd", steps=2.5), r"steps=2\.5: expected an int"),
 ])
 def test_plan_rejects_a_bad_spec_with_a_value_error_naming_the_option(spec, match):

@@ -48,8 +48,8 @@ def check_number(
     """
     if value is None and allow_none:
         return None
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
+    lo = "(" if low_open or low is None else "["
+    hi = ")" if high_open or high is None else "]"
     interval = f"{lo}{'−∞' if low is None else low}, {'∞' if high is None else high}{hi}"
     what = f"a number in {interval}" + (" or None" if allow_none else "")
     if not is_number(value) or not math.isfinite(float(value)):
