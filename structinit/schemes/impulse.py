@@ -23,6 +23,7 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
+from structinit.schemes.reservation import RESERVE_MODES, prepare_reservation
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
@@ -44,6 +45,7 @@ def plan_impulse(
     value_init: str | None = None,
     vo_gamma: float = 0.4,
     vo_delta: float = 0.4,
+    reserve: str | None = None,
     **solver_options,
 ) -> Plan:
     r"""Make every head of the chosen attention layers start as a one-hot k×k convolution.
@@ -72,6 +74,11 @@ def plan_impulse(
         value_init: ``'keep'`` leaves v/proj as they are; ``'mimetic'`` sets W_v W_o =
             ``vo_gamma``·Z − ``vo_delta``·I as :func:`structinit.mimetic_init_` does. Default: the
             solver's (``'mimetic'`` for closed_form, as in the 2025 code; ``'keep'`` otherwise).
+        reserve: ``None`` (default); ``'patch'`` makes the patch embedding's output orthogonal
+            to the subspace the q/k read position from (the row space of LayerNorm(PE)), and
+            ``'residual'`` also every attention output projection and MLP output, so that
+            position stays exactly readable in every layer (see
+            :mod:`structinit.functional.reservation`).
 
     Solver options:
         analytic: ``target_mass=0.5`` the mean attention on the target with the position-only
@@ -105,6 +112,8 @@ def plan_impulse(
     solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
+    if reserve is not None:
+        check_choice("reserve", reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     chosen = select_layers(find_attention_layers(model), layers)
     layout = infer_layout(model, grid, num_prefix_tokens)
@@ -119,6 +128,12 @@ def plan_impulse(
 
     plan = Plan()
     pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
+    reservation = None
+    if reserve is not None:
+        # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
+        pe_dst = grid_pos_embed(model, layout) if pos_embed is None else None
+        stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
+        reservation = prepare_reservation(model, chosen, stored, reserve)
     x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
     specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, per_layer)]
     for (_, ad), solved in zip(chosen, solver_obj.solve(x, layout.grid, specs, gen)):
@@ -129,6 +144,8 @@ def plan_impulse(
         for _, ad in chosen:
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta, generator=gen)
             plan.add(ad.vo_writes(wv, wo))
+    if reservation is not None:
+        reservation.plan(plan)
     return plan
 
 

@@ -8,11 +8,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from structinit.adapters import find_attention_layers, select_layers
+from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
-from structinit.utils import check_choice, make_generator
+from structinit.schemes.reservation import RESERVE_MODES, prepare_reservation
+from structinit.utils import check_choice, check_finite, make_generator
 
 
 def plan_mimetic(
@@ -25,6 +26,7 @@ def plan_mimetic(
     noise: str = "uniform",
     layers: Iterable[int] | None = None,
     reference_layout: bool = False,
+    reserve: str | None = None,
     generator: torch.Generator | None = None,
     seed: int | None = None,
 ) -> Plan:
@@ -35,6 +37,9 @@ def plan_mimetic(
     with zero biases. Z has i.i.d. entries of variance 1/D (``noise='uniform'`` on ±√(3/D), or
     ``'normal'``). q/k/v/proj biases are set to 0; nothing else is touched.
 
+    ``reserve='patch'|'residual'`` reserves the position embedding's subspace as
+    :func:`structinit.impulse_init_` does, so the locality the PPᵀ term gives survives content.
+
     ``reference_layout=True`` stores the v/proj factors untransposed, as the public ports do
     (composite x (R L)ᵀ instead of x M) — only for comparison with them.
 
@@ -43,11 +48,20 @@ def plan_mimetic(
         >>> _ = structinit.mimetic_init_(model, alpha=0.7, beta=0.7, seed=0)
     """
     check_choice("noise", noise, NOISE)
+    if reserve is not None:
+        check_choice("reserve", reserve, RESERVE_MODES)
     chosen = select_layers(find_attention_layers(model), layers)
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
                 raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
+    reservation = None
+    if reserve is not None:
+        pe = grid_pos_embed(model, infer_layout(model))
+        if pe is not None:
+            check_finite("pos_embed", pe)
+            pe = pe.detach().reshape(pe.shape[-2], -1).double().cpu()
+        reservation = prepare_reservation(model, chosen, pe, reserve)
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
@@ -56,6 +70,8 @@ def plan_mimetic(
         wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=gamma, delta=delta, noise=noise,
                                generator=gen, reference_layout=reference_layout)
         plan.add(ad.vo_writes(wv, wo))
+    if reservation is not None:
+        reservation.plan(plan)
     return plan
 
 

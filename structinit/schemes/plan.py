@@ -31,6 +31,14 @@ class Plan:
                 raise RuntimeError(f"internal shape mismatch {tuple(value.shape)} → {tuple(dst.shape)}")
             self.writes.append((dst, value))
 
+    def pending(self, dst: torch.Tensor) -> torch.Tensor | None:
+        """The last value planned for ``dst`` (the same tensor, or a view of the same memory with
+        the same shape and strides), or None."""
+        for t, value in reversed(self.writes):
+            if t is dst or (t.data_ptr() == dst.data_ptr() and t.shape == dst.shape and t.stride() == dst.stride()):
+                return value
+        return None
+
     def add_qk(self, adapter: AttentionAdapter, wq, wk, bq=None, bk=None, record: dict | None = None) -> None:
         """Write a layer's q/k factors (see :meth:`AttentionAdapter.qk_writes`) and set or
         clear its impulse record: q/k written by anything but impulse make the old one stale."""
