@@ -1,0 +1,169 @@
+r"""ConViT's gated positional self-attention (GPSA; d'Ascoli et al., 2021): the architectural
+peer that an init-only locality bias should approach.
+
+A GPSA head mixes a content softmax with a purely positional one,
+
+    A = (1 − σ(g_h)) · softmax(q kᵀ · r^−½) + σ(g_h) · softmax(pos_proj(r_ij)),  A ← A / Σ_j A,
+
+where r_ij = (δx, δy, δx² + δy²) is the offset of key j from query i on the token grid.
+The local init (its ``reset_parameters``) sets, for head h at lattice point c_h of a √H×√H
+grid of centres, the positional weights (2α c_x, 2α c_y, −α): the score
+−α‖δ − c_h‖² + const is a Gaussian around the head's own offset. The gate starts at
+g = 1 (σ(1) ≈ 0.73 of the weight on position) and the value projection at the identity.
+With H not a square only ⌊√H⌋² heads get a centre, as in the published code.
+
+:class:`ConViT` is the structinit ViT with GPSA in its first ``local_up_to_layer`` blocks;
+everything else (patch embedding, PE, MLPs, pooling, names) is the ViT's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from structinit.adapters import AttentionAdapter, register_adapter
+from structinit.models.registry import register_model
+from structinit.models.vit import VisionTransformer
+from structinit.utils import check_int, check_number
+
+
+def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
+    """(N, N, 3) float32: for query i and key j of the row-major h×w grid,
+    (x_j − x_i, y_j − y_i, (x_j − x_i)² + (y_j − y_i)²)."""
+    h, w = grid
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    y, x = y.reshape(-1), x.reshape(-1)
+    dx = (x[None, :] - x[:, None]).float()
+    dy = (y[None, :] - y[:, None]).float()
+    return torch.stack([dx, dy, dx**2 + dy**2], dim=-1)
+
+
+def head_centres(num_heads: int) -> list[tuple[float, float] | None]:
+    """Per head, the (c_x, c_y) of its positional Gaussian, or None for heads beyond the
+    ⌊√H⌋² lattice (ConViT leaves those at their default weights)."""
+    k = math.isqrt(num_heads)
+    centre = (k - 1) / 2 if k % 2 == 0 else k // 2
+    out: list[tuple[float, float] | None] = [None] * num_heads
+    for h1 in range(k):
+        for h2 in range(k):
+            out[h1 + k * h2] = (h2 - centre, h1 - centre)
+    return out
+
+
+class GPSA(nn.Module):
+    """Gated positional self-attention on an h×w token grid (no prefix tokens)."""
+
+    def __init__(self, dim: int, num_heads: int, grid: tuple[int, int], qkv_bias: bool = True,
+                 locality_strength: float = 1.0):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.grid = tuple(grid)
+        self.locality_strength = check_number("locality_strength", locality_strength)
+        self.qk = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.pos_proj = nn.Linear(3, num_heads)
+        self.gating_param = nn.Parameter(torch.ones(num_heads))
+        self.register_buffer("rel_indices", relative_positions(self.grid), persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """ConViT's local init: V = I (zero bias), one Gaussian centre per head at strength α,
+        gate 1. Runs after the children's own init (at construction, and in the ``pytorch``
+        scheme, which resets children before parents)."""
+        self.v.weight.copy_(torch.eye(self.v.in_features))
+        if self.v.bias is not None:
+            self.v.bias.zero_()
+        self.pos_proj.bias.zero_()
+        for h, centre in enumerate(head_centres(self.num_heads)):
+            if centre is not None:
+                self.pos_proj.weight[h] = torch.tensor([2 * centre[0], 2 * centre[1], -1.0])
+        self.pos_proj.weight.mul_(self.locality_strength)
+        self.gating_param.fill_(1.0)
+
+    def _qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, _ = x.shape
+        qk = self.qk(x).reshape(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qk[0], qk[1]  # (B, heads, N, head_dim)
+
+    def positional_probs(self) -> torch.Tensor:
+        """(heads, N, N) softmax of the positional scores."""
+        return self.pos_proj(self.rel_indices).permute(2, 0, 1).softmax(dim=-1)
+
+    def mix(self, content: torch.Tensor) -> torch.Tensor:
+        """The gated mixture of content probabilities (…, heads, N, N) with the positional
+        ones, each row renormalised to sum to one."""
+        gate = torch.sigmoid(self.gating_param).view(-1, 1, 1)
+        attn = (1.0 - gate) * content + gate * self.positional_probs().to(content.dtype)
+        return attn / attn.sum(dim=-1, keepdim=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != self.rel_indices.shape[0]:
+            raise ValueError(f"GPSA on a {self.grid[0]}×{self.grid[1]} grid got {x.shape[1]} tokens; "
+                             "GPSA blocks take the grid tokens only (no class token)")
+        q, k = self._qk(x)
+        attn = self.mix((q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1))
+        v = self.v(x).reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+        out = (attn @ v).transpose(1, 2).reshape(x.shape)
+        return self.proj(out)
+
+
+class GPSAAdapter(AttentionAdapter):
+    """structinit's view of a GPSA layer: q/k are the two halves of ``qk``; the attention
+    probabilities are the gated mixture, so maps and fidelity show what the layer computes."""
+
+    def __init__(self, module: GPSA):
+        self.module = module
+        self.num_heads = module.num_heads
+        self.head_dim = module.head_dim
+        self.dim = module.qk.in_features
+        self.scale = module.scale
+
+    def linear_views(self):
+        qk, n = self.module.qk, self.num_heads * self.head_dim
+        b = qk.bias
+        views = {name: (qk.weight[i * n:(i + 1) * n], None if b is None else b[i * n:(i + 1) * n])
+                 for i, name in enumerate("qk")}
+        return views | {"v": (self.module.v.weight, self.module.v.bias),
+                        "o": (self.module.proj.weight, self.module.proj.bias)}
+
+    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module.mix(super().attention_probs(x))
+
+
+register_adapter(GPSA, GPSAAdapter)
+
+
+class ConViT(VisionTransformer):
+    """The structinit ViT with GPSA in blocks ``0 … local_up_to_layer − 1`` (ConViT puts it in
+    10 of 12). Takes every :class:`VisionTransformer` argument, plus ``local_up_to_layer`` and
+    ``locality_strength``; GPSA blocks see grid tokens only, so there is no class token."""
+
+    def __init__(self, *, local_up_to_layer: int = 10, locality_strength: float = 1.0, **kwargs):
+        if kwargs.get("class_token", True) or kwargs.get("global_pool", "token") != "avg":
+            raise ValueError("ConViT here pools by average (class_token=False, global_pool='avg'): "
+                             "its GPSA blocks take the grid tokens only")
+        super().__init__(**kwargs)
+        check_int("local_up_to_layer", local_up_to_layer, low=0, high=len(self.blocks))
+        qkv_bias = self.blocks[0].attn.qkv.bias is not None
+        for blk in self.blocks[:local_up_to_layer]:
+            blk.attn = GPSA(self.embed_dim, blk.attn.num_heads, self.patch_embed.grid_size, qkv_bias,
+                            locality_strength)
+        self.local_up_to_layer = local_up_to_layer
+
+
+_SMALL_DATA = dict(class_token=False, global_pool="avg", pos_embed="sincos")
+
+
+@register_model
+def convit_cpu_patch4_32(**kwargs) -> ConViT:
+    """The ``cpu-cifar`` ViT (D 128, depth 6, 4 heads, 8×8 tokens) with GPSA in its first 5 blocks."""
+    return ConViT(**{**dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
+                            num_classes=10, local_up_to_layer=5, **_SMALL_DATA), **kwargs})
