@@ -167,3 +167,11 @@ def convit_cpu_patch4_32(**kwargs) -> ConViT:
     """The ``cpu-cifar`` ViT (D 128, depth 6, 4 heads, 8×8 tokens) with GPSA in its first 5 blocks."""
     return ConViT(**{**dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
                             num_classes=10, local_up_to_layer=5, **_SMALL_DATA), **kwargs})
+
+
+@register_model
+def convit_cpu_patch2_32(**kwargs) -> ConViT:
+    """The ``cpu-cifar16`` ViT (D 96, depth 4, 3 heads, 16×16 tokens) with GPSA in its first 3 blocks.
+    With 3 heads only one gets a positional centre (⌊√3⌋² = 1), as in the published code."""
+    return ConViT(**{**dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
+                            num_classes=10, local_up_to_layer=3, **_SMALL_DATA), **kwargs})
