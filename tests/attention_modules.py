@@ -97,3 +97,15 @@ class MyAdapter(structinit.AttentionAdapter):
     def linear_views(self):
         m = self.module
         return {n: (lin.weight, lin.bias) for n, lin in zip("qkvo", (m.wq, m.wk, m.wv, m.wo))}
+
+
+class EncoderOnly(nn.Module):
+    """nn.TransformerEncoder on tokens: no patch_embed, no pos_embed → grid not inferable."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(dim, 2, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(x)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import structinit
+from attention_modules import EncoderOnly
 from rejection import RECORD, check_rejected
 from structinit.models.vit import Attention
 
@@ -24,18 +25,6 @@ def small(**kw):
 def micro(**kw):
     """8×8 grid, D = 32, 2 heads, depth 2."""
     return structinit.create_model("vit_micro_patch2_16", **kw)
-
-
-class EncoderOnly(nn.Module):
-    """nn.TransformerEncoder on tokens: no patch_embed, no pos_embed → grid not inferable."""
-
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
-
-    def forward(self, x):
-        return self.encoder(x)
 
 
 def linears():

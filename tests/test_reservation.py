@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import structinit
+from attention_modules import EncoderOnly
 from rejection import check_rejected
 from structinit.functional.reservation import free_width, position_basis, project_out
 
@@ -138,21 +139,9 @@ def test_reserve_when_the_pe_rank_leaves_no_room():
                        r"reserve='patch'.*spans 7 of the 7 directions.*width 8")
 
 
-class Tokens(nn.Module):
-    """A transformer on tokens: no patch embedding."""
-
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
-
-    def forward(self, x):
-        return self.encoder(x)
-
-
 def test_reserve_on_a_model_without_patch_embedding():
     pe = structinit.sincos_2d((4, 4), 32)
-    check_rejected(Tokens(), lambda m: structinit.init_(m, "impulse", grid=(4, 4), pos_embed=pe, pe_scale=None,
+    check_rejected(EncoderOnly(32), lambda m: structinit.init_(m, "impulse", grid=(4, 4), pos_embed=pe, pe_scale=None,
                                                         reserve="patch", seed=0),
                    ValueError, r"no patch embedding.*patch_embed\.proj.*reserve=None")
 

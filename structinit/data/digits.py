@@ -14,7 +14,8 @@ import torch
 
 from structinit.data.datasets import ArrayDataset, check_split, normalisation_stats
 from structinit.data.splits import stable_permutation
-from structinit.utils import derive_seed, require
+from structinit.utils import derive_seed
+from structinit.utils.optional_imports import require
 
 __all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_split_indices", "load_digits"]
 

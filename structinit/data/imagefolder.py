@@ -21,7 +21,8 @@ from structinit.data.datasets import (
     check_split,
     normalisation_stats,
 )
-from structinit.utils import is_int, require
+from structinit.utils import is_int
+from structinit.utils.optional_imports import require
 
 __all__ = ["IMAGE_EXTENSIONS", "find_split_dir", "load_image_folder"]
 

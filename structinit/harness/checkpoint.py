@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from structinit.utils import require
+from structinit.utils.optional_imports import require
 
 WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"

@@ -18,7 +18,7 @@ from structinit.harness.checkpoint import atomic_write_bytes, write_json
 from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
-from structinit.utils import require
+from structinit.utils.optional_imports import require
 
 __all__ = ["check_specs", "compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric",
            "split_init_specs", "summarise"]

@@ -42,7 +42,8 @@ from structinit.harness.checkpoint import (
     save_weights,
     write_json,
 )
-from structinit.utils import derived_generator, require
+from structinit.utils import derived_generator
+from structinit.utils.optional_imports import require
 
 CHECKPOINT = "checkpoint.pt"
 

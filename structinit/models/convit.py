@@ -25,7 +25,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter, register_adapter
 from structinit.models.registry import register_model
-from structinit.models.vit import VisionTransformer
+from structinit.models.vit import VisionTransformer, head_shape
 from structinit.utils import check_int, check_number
 
 
@@ -58,11 +58,8 @@ class GPSA(nn.Module):
     def __init__(self, dim: int, num_heads: int, grid: tuple[int, int], qkv_bias: bool = True,
                  locality_strength: float = 1.0):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
+        self.head_dim, self.scale = head_shape(dim, num_heads)
         self.grid = tuple(grid)
         self.locality_strength = check_number("locality_strength", locality_strength)
         self.qk = nn.Linear(dim, 2 * dim, bias=qkv_bias)

@@ -56,14 +56,18 @@ class PatchEmbed(nn.Module):
         return self.norm(self.proj(x).flatten(2).transpose(1, 2))  # (B, N, D)
 
 
+def head_shape(dim: int, num_heads: int) -> tuple[int, float]:
+    """(head_dim, softmax scale head_dim^−½) of ``num_heads`` heads splitting width ``dim``."""
+    if dim % num_heads:
+        raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+    return dim // num_heads, (dim // num_heads) ** -0.5
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
+        self.head_dim, self.scale = head_shape(dim, num_heads)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.Identity()
         self.k_norm = nn.Identity()

@@ -11,12 +11,11 @@ from structinit.utils.checks import (
     is_int,
     is_number,
 )
-from structinit.utils.optional_imports import HARNESS_INSTALL, require
 from structinit.utils.registry import Registry
 from structinit.utils.seeding import check_generator, derive_seed, derived_generator, make_generator
 
 __all__ = [
-    "HARNESS_INSTALL", "OptionError", "Registry", "check_choice", "check_finite", "check_generator", "check_int",
+    "OptionError", "Registry", "check_choice", "check_finite", "check_generator", "check_int",
     "check_number", "check_options", "derive_seed", "derived_generator", "is_int", "is_number",
-    "make_generator", "require",
+    "make_generator",
 ]  # fmt: skip
