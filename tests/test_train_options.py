@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import structinit
 from structinit.harness import cli
 from structinit.harness.checkpoint import load_checkpoint
 from structinit.harness.recipes import RECIPES, recipe
@@ -61,7 +62,11 @@ def test_recipes_are_complete_and_overridable():
     assert recipe("cpu-cifar", epochs=3).epochs == 3
     with pytest.raises(TypeError, match="unknown training option"):
         recipe("digits", epochz=3)
-    with pytest.raises(ValueError, match="unknown recipe 'nope'; valid names: cpu-cifar, digits, paper-cifar"):
+    c16, c8 = recipe("cpu-cifar16"), recipe("cpu-cifar")  # the 16×16-token twin keeps the held-out protocol
+    assert structinit.create_model(c16.model).patch_embed.grid_size == (16, 16)
+    assert (c16.dataset, c16.train_size, c16.holdout, c16.holdout_mode) == (c8.dataset, c8.train_size, c8.holdout,
+                                                                            c8.holdout_mode)
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; valid names: cpu-cifar, cpu-cifar16, digits, paper"):
         recipe("nope")
     assert list(RECIPES)[:3] == ["paper-cifar", "cpu-cifar", "digits"] and "digits" in RECIPES
 
