@@ -133,3 +133,72 @@ def test_property_analytic_kernel_non_square_grids(dh, h, w, data):
     wq, wk = analytic_qk(z, (h, w), offsets, dim // heads, sincos_frequencies(dim))
     logits = logits_from_factors(z, wq, wk)
     assert min(target_margins(logits, (h, w), offsets)) > 0
+
+
+# --------------------------------------------------------------------------- the signed kernel
+def _signed_logits(grid, dim, heads, kernel, seed=0):
+    taps = structinit.kernel_offsets(kernel)
+    g = torch.Generator().manual_seed(seed)
+    offsets = [taps[int(i)] for i in torch.randint(len(taps), (heads,), generator=g)]
+    pe = structinit.sincos_2d(grid, dim, dtype=torch.float64)
+    z = ln_sincos(grid, dim)
+    sigma = (pe.var(-1, unbiased=False) + 1e-6).sqrt()
+    wq, wk = analytic_qk(z, grid, offsets, dim // heads, signed=True, token_scale=sigma)
+    return logits_from_factors(z, wq, wk), offsets
+
+
+def _target_and_others(logits, grid, offsets):
+    """(smallest target logit, largest non-target logit) over heads and in-grid rows."""
+    lo, hi = float("inf"), -float("inf")
+    for h, off in enumerate(offsets):
+        t = structinit.target_index(grid, off)
+        rows = torch.nonzero(t >= 0).squeeze(1)
+        block = logits[h, rows].clone()
+        lo = min(lo, float(block[torch.arange(len(rows)), t[rows]].min()))
+        block[torch.arange(len(rows)), t[rows]] = -float("inf")
+        hi = max(hi, float(block.max()))
+    return lo, hi
+
+
+@pytest.mark.parametrize("dim,heads,grid,kernel", [(128, 4, (8, 8), 3), (192, 3, (16, 16), 3), (96, 3, (7, 9), 5)])
+def test_signed_kernel_target_positive_every_other_logit_negative_through_layernorm(dim, heads, grid, kernel):
+    """The claim that makes the argmax content-proof: on LN(sin-cos) the target logit is > 0 and
+    every other logit < 0 (fitted as T/σ, the readout is exact through LayerNorm)."""
+    logits, offsets = _signed_logits(grid, dim, heads, kernel)
+    lo, hi = _target_and_others(logits, grid, offsets)
+    assert lo > 0.5 and hi < -0.5, (lo, hi)
+
+
+def test_signed_kernel_argmax_survives_any_positive_token_scales():
+    """Content changes each token's LayerNorm std; with reservation that multiplies query i's and
+    key j's features by a_i, a_j > 0. The signed kernel's argmax is the target for any such
+    scales, here drawn over two orders of magnitude; the unsigned cosine kernel's is not."""
+    grid, dim, heads = (8, 8), 128, 4
+    logits, offsets = _signed_logits(grid, dim, heads, 3)
+    g = torch.Generator().manual_seed(1)
+    a = torch.exp(torch.empty(64, dtype=torch.float64).uniform_(-2.3, 2.3, generator=g))
+    scaled = logits * a[:, None] * a[None, :]
+    assert min(target_margins(scaled, grid, offsets)) > 0
+    z = ln_sincos(grid, dim)
+    wq, wk = analytic_qk(z, grid, offsets, dim // heads)
+    cosine = logits_from_factors(z, wq, wk) * a[:, None] * a[None, :]
+    assert min(target_margins(cosine, grid, offsets)) < 0
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.generate])
+@given(side_h=st.integers(3, 12), side_w=st.integers(3, 12), heads=st.integers(1, 4),
+       head_dim=st.sampled_from([16, 24, 32, 48]), seed=st.integers(0, 10_000))
+def test_signed_kernel_sign_pattern_over_shapes(side_h, side_w, heads, head_dim, seed):
+    grid, dim = (side_h, side_w), heads * head_dim
+    if dim % 4:
+        return
+    logits, offsets = _signed_logits(grid, dim, heads, 3, seed)
+    lo, hi = _target_and_others(logits, grid, offsets)
+    assert lo > 0 > hi, (lo, hi)
+
+
+def test_signed_kernel_needs_one_more_dimension():
+    z = ln_sincos((4, 4), 16)
+    with pytest.raises(ValueError, match=r"head_dim=4.*at least 5 dimensions.*signed kernel"):
+        analytic_qk(z, (4, 4), [(0, 0)], 4, signed=True)

@@ -181,10 +181,18 @@ def test_layers_option_only_changes_those_layers():
     torch.manual_seed(0)
     model = structinit.create_model("vit_micro_patch2_16")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    structinit.init_(model, "impulse", layers=[0], pe_scale=None, seed=0)
+    structinit.init_(model, "impulse", layers=[0], pe_scale=None, reserve="none", seed=0)
     after = model.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
     assert changed == {"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias"}
+    # the default reservation also moves the patch embedding and the chosen block's writes
+    torch.manual_seed(0)
+    reserved = structinit.create_model("vit_micro_patch2_16")
+    structinit.init_(reserved, "impulse", layers=[0], pe_scale=None, seed=0)
+    changed = {k for k, v in reserved.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "patch_embed.proj.weight",
+                       "patch_embed.proj.bias", "blocks.0.attn.proj.weight", "blocks.0.attn.proj.bias",
+                       "blocks.0.mlp.fc2.weight", "blocks.0.mlp.fc2.bias"}
     assert hasattr(model.blocks[0].attn, "structinit_impulse")
     assert not hasattr(model.blocks[1].attn, "structinit_impulse")
     fid = structinit.impulse_fidelity(model, layers=[0])
@@ -204,7 +212,7 @@ def test_qk_biases_zero_value_and_rest_untouched(solver):
     d = model.embed_dim
     before = {k: v.clone() for k, v in model.state_dict().items()}
     assert before["blocks.0.attn.qkv.bias"][: 2 * d].abs().max() > 0  # constructor bias is not zero
-    opts = dict(steps=20, lr=1e-2) if solver == "gd" else dict(value_init="keep")
+    opts = dict(steps=20, lr=1e-2) if solver == "gd" else dict(value_init="keep", reserve="none")
     structinit.init_(model, "impulse", solver=solver, seed=0, **opts)
     after = model.state_dict()
     for i in range(2):
@@ -226,7 +234,7 @@ def test_pe_scale_writes_scaled_sincos_into_grid_rows():
     torch.manual_seed(0)
     model = small_vit(class_token=True, global_pool="token", pos_embed="learn")
     cls_row = model.pos_embed[0, 0].detach().clone()
-    structinit.init_(model, "impulse", pe_scale=2.5, seed=0)
+    structinit.init_(model, "impulse", pe_scale=2.5, reserve="none", seed=0)
     table = structinit.sincos_2d((8, 8), 32)
     torch.testing.assert_close(model.pos_embed[0, 1:].detach(), 2.5 * table, atol=1e-6, rtol=1e-6)
     assert torch.equal(model.pos_embed[0, 0].detach(), cls_row)  # the class token's row is not on the grid
@@ -286,7 +294,7 @@ def test_value_init_mimetic_composes_to_gamma_z_minus_delta_i(solver):
     torch.manual_seed(0)
     model = structinit.create_model("vit_cpu_patch2_8", depth=2)
     opts = dict(steps=20, lr=1e-2) if solver == "gd" else {}
-    structinit.init_(model, "impulse", solver=solver, value_init="mimetic", seed=0, **opts)
+    structinit.init_(model, "impulse", solver=solver, value_init="mimetic", reserve="none", seed=0, **opts)
     composites = []
     for blk in model.blocks:
         c, d = vo_composite(blk.attn)
@@ -312,7 +320,7 @@ def test_value_init_keep_and_invalid_name():
     model = structinit.create_model("vit_micro_patch2_16")
     v_before = model.blocks[0].attn.qkv.weight[64:].detach().clone()
     o_before = model.blocks[0].attn.proj.weight.detach().clone()
-    structinit.init_(model, "impulse", value_init="keep", seed=0)
+    structinit.init_(model, "impulse", value_init="keep", reserve="none", seed=0)
     assert torch.equal(model.blocks[0].attn.qkv.weight[64:], v_before)
     assert torch.equal(model.blocks[0].attn.proj.weight, o_before)
     check_rejected(model, lambda m: structinit.init_(m, "impulse", value_init="bogus", seed=0),

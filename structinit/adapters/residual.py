@@ -1,5 +1,6 @@
 """The layers that write into a transformer's residual stream: the patch embedding (the
-first write) and, per block, the attention output projection and the MLP output.
+first write), the prefix (class/register) tokens, and, per block, the attention output
+projection and the MLP output.
 
 Position reservation (:mod:`structinit.functional.reservation`) rewrites exactly these.
 Known layouts: timm / structinit ViTs (``patch_embed.proj``, ``blocks.i.attn.proj``,
@@ -13,11 +14,13 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
+from structinit.adapters.layout import TokenLayout
 
 PATCH_EMBED_PATHS = ("patch_embed.proj", "conv_proj", "embeddings.patch_embeddings.projection")
 MLP_OUT_PATHS = ("mlp.fc2", "linear2", "mlp.3", "ffn.fc2", "mlp.c_proj")
 
 Write = tuple[str, torch.Tensor, torch.Tensor | None]  # (name, weight, bias): output channel first
+Token = tuple[str, torch.Tensor]  # (name, tensor (…, D)): token vectors, channel last
 
 
 def _get(model: nn.Module, path: str) -> nn.Module | None:
@@ -41,7 +44,7 @@ def patch_embedding(model: nn.Module) -> Write:
     raise ValueError(
         f"{type(model).__name__} has no patch embedding structinit knows (looked for "
         f"{', '.join(PATCH_EMBED_PATHS)} as Conv2d or Linear); position reservation needs the layer "
-        "that writes patch content into the tokens: use reserve=None, or name it patch_embed.proj"
+        "that writes patch content into the tokens: use reserve='none', or name it patch_embed.proj"
     )
 
 
@@ -66,4 +69,23 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
                 f"structinit knows (looked for {', '.join(MLP_OUT_PATHS)}, a Linear to width {adapter.dim}); "
                 "use reserve='patch' to reserve the patch embedding only"
             )
+    return out
+
+
+def prefix_tokens(model: nn.Module, layout: TokenLayout) -> list[Token]:
+    """The learned vectors that make up the prefix tokens: ``cls_token``, ``reg_token`` and the
+    prefix rows of ``pos_embed`` (when it has them), as (name, view (…, D)). Empty without
+    prefix tokens."""
+    if layout.num_prefix_tokens == 0:
+        return []
+    out: list[Token] = []
+    for name in ("cls_token", "reg_token"):
+        t = getattr(model, name, None)
+        if isinstance(t, torch.Tensor):
+            out.append((name, t))
+    pos = getattr(model, "pos_embed", None)
+    if isinstance(pos, torch.Tensor):
+        rows = pos.reshape(-1, pos.shape[-1])
+        if rows.shape[0] == layout.num_patches + layout.num_prefix_tokens:
+            out.append(("pos_embed (prefix rows)", rows[: layout.num_prefix_tokens]))
     return out

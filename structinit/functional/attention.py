@@ -26,7 +26,10 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
     return (q @ k.transpose(-2, -1) * scale).softmax(dim=-1)
 
 
-def layer_norm_tokens(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+LN_EPS = 1e-6  # timm's ViT LayerNorm eps
+
+
+def layer_norm_tokens(x: torch.Tensor, eps: float = LN_EPS) -> torch.Tensor:
     """LayerNorm without affine over the last axis, in float64: the position-only pseudo input
     LayerNorm(PE) that a ViT block's first norm gives at init (its weight 1, bias 0; eps 1e-6
     as timm's ViT)."""

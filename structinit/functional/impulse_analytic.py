@@ -26,7 +26,15 @@ divided by its own std σ_p (for the sin-cos table σ_p² = ½ − μ_p², μ_p 
 varying by about ±10 %), which no linear readout can undo: the ridge fit is then the
 least-squares approximation, as it is for any other embedding. The margin of κ absorbs this
 for usual sizes; :func:`impulse_qk` checks that every target is still each row's argmax on
-the pseudo input and raises otherwise. The cost is one N×N solve per model plus a tiny QP
+the pseudo input and raises otherwise.
+
+The **signed** kernel κ − b (b = κ(target) − ½, one constant feature more) puts the target
+logit at +½ and every other at ≤ −½. When the token stds σ_p are known (the solver writes the
+sin-cos table), the features are fitted as T/σ_p, which is exact: the logits on LN(PE) are
+diag(1/σ_p) (κ − b) diag(1/σ_p), the same signs. With patch content and every residual write
+kept out of the position subspace (:mod:`structinit.functional.reservation`), content only
+rescales each query and key by a positive factor, so every target stays its row's argmax on
+any image, in every layer; prefix tokens kept out of the subspace get logit 0 < ½. The cost is one N×N solve per model plus a tiny QP
 per axis: no D×D SVD and no iterative fit.
 """
 
@@ -88,20 +96,31 @@ def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
 
 
 def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int,
-    omega: torch.Tensor | None = None, *, ridge: float = 2e-3) -> Factors:
+    omega: torch.Tensor | None = None, *, ridge: float = 2e-3, signed: bool = False,
+    token_scale: torch.Tensor | None = None) -> Factors:
     """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
 
     Returns Wq, Wk of shape (heads, D, head_dim), float64, with ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h``
     in the least-squares sense (exact for the raw sin-cos table, see the module doc).
     ``omega`` are the candidate frequencies (default: the sin-cos table's own for width D).
+
+    ``signed=True`` adds one constant feature pair (query −b, key 1) with b = κ(target) − ½, so
+    the target logit is +½ and every other logit ≤ −½: the argmax then survives any positive
+    per-token scaling of queries and keys (see :mod:`structinit.functional.reservation`). It
+    costs one dimension, so one frequency fewer per axis when ``head_dim`` is a multiple of 4.
+    ``token_scale`` (N,), each token's LayerNorm std when ``z = LN(P)``: the features are then
+    fitted as T / σ, which is exact whenever T is linear in the centred P (the sin-cos table),
+    so that ``z Wq Wkᵀ zᵀ = diag(1/σ) κ diag(1/σ)`` keeps the sign pattern exactly.
     """
     if omega is None:
         omega = sincos_frequencies(4 * max(z.shape[1] // 4, 1))
-    budget = head_dim // 4
+    budget = (head_dim - int(signed)) // 4
     if budget < 1:
         raise ValueError(
-            f"head_dim={head_dim} is too small for the analytic impulse: it needs at least 4 "
-            "dimensions per head (a sin/cos pair for each grid axis); use fewer heads"
+            f"head_dim={head_dim} is too small for the analytic impulse: it needs at least "
+            f"{4 + int(signed)} dimensions per head (a sin/cos pair for each grid axis"
+            f"{', and the constant of the signed kernel' if signed else ''}); use fewer heads"
+            f"{' or signed=False (4 dimensions)' if signed and head_dim >= 4 else ''}"
         )
     h, w = grid
     reach = max(max(abs(dy), abs(dx)) for dy, dx in offsets)
@@ -110,18 +129,23 @@ def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], h
     kernel_y = axis_kernel(omega, h - 1 + reach, budget)
     kernel_x = kernel_y if w == h else axis_kernel(omega, w - 1 + reach, budget)
     axes = [(ys, kernel_y), (xs, kernel_x)]
-    readout = ridge_readout(z)
+    readout = ridge_readout(z, ridge)
+    # κ at the target: every cosine at phase 0. Non-targets are ≥ 1 below on one axis at least.
+    peak = float(kernel_y[1].sum() + kernel_x[1].sum())
+    inv_scale = 1.0 if token_scale is None else 1.0 / token_scale.double()[:, None]
 
-    def features(shift_y: int, shift_x: int) -> torch.Tensor:
+    def features(shift_y: int, shift_x: int, constant: float) -> torch.Tensor:
         cols = []
         for (pos, (om, c)), shift in zip(axes, (shift_y, shift_x)):
             phase = (pos[:, None] + shift) * om[None, :]
             cols += [c.sqrt() * phase.sin(), c.sqrt() * phase.cos()]
-        f = torch.cat(cols, dim=1)
+        if signed:
+            cols.append(torch.full_like(pos[:, None], constant))
+        f = torch.cat(cols, dim=1) * inv_scale
         return torch.nn.functional.pad(f, (0, head_dim - f.shape[1]))
 
-    wk = readout @ features(0, 0)
-    wq = readout @ torch.stack([features(dy, dx) for dy, dx in offsets])
+    wk = readout @ features(0, 0, 1.0)
+    wq = readout @ torch.stack([features(dy, dx, 0.5 - peak) for dy, dx in offsets])
     return wq, wk.expand_as(wq).clone()
 
 
@@ -183,12 +207,14 @@ def calibrate_logit_scale(
 
 
 def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int, *,
-    target_mass: float = 0.5, softmax_scale: float | None = None, ridge: float = 2e-3) -> Factors:
+    target_mass: float = 0.5, softmax_scale: float | None = None, ridge: float = 2e-3, signed: bool = False,
+    token_scale: torch.Tensor | None = None) -> Factors:
     """Analytic impulse factors, calibrated: Wq, Wk (heads, D, head_dim), float64, such that
     softmax(softmax_scale · z Wq[h] Wk[h]ᵀ zᵀ) puts mean mass ``target_mass`` on the targets
     for the pseudo input ``z`` (N×D, e.g. LayerNorm of the position embedding).
 
-    ``softmax_scale`` is the scale your attention applies (default head_dim^−½). Write
+    ``softmax_scale`` is the scale your attention applies (default head_dim^−½). ``signed`` and
+    ``token_scale`` as in :func:`analytic_qk`. Write
     ``Wq[h].T`` into the rows of head h of your query projection (``nn.Linear`` layout), ``Wk[h].T``
     into the key projection, and zero their biases.
 
@@ -197,7 +223,7 @@ def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], he
     """
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     d = z.shape[1]
-    wq, wk = analytic_qk(z, grid, offsets, head_dim, ridge=ridge)
+    wq, wk = analytic_qk(z, grid, offsets, head_dim, ridge=ridge, signed=signed, token_scale=token_scale)
     z = z.double()
     kernel = (z @ wq) @ (z @ wk).transpose(1, 2)  # (heads, N, N)
     rows, cols = _target_logits(kernel, grid, offsets)

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from structinit.functional.attention import layer_norm_tokens
+from structinit.functional.attention import LN_EPS, layer_norm_tokens
 from structinit.functional.impulse_analytic import impulse_qk
 from structinit.functional.impulse_closed_form import closed_form_qk, pinv_projector
 from structinit.functional.impulse_gd import gd_qk
@@ -64,6 +64,7 @@ class ImpulseSolver:
     name: ClassVar[str]
     default_offsets: ClassVar[str] = "random"   # 'random' or 'enumerated'
     default_value_init: ClassVar[str] = "keep"  # 'keep' or 'mimetic' (v/proj)
+    default_reserve: ClassVar[str] = "none"     # position reservation: 'none', 'patch', 'residual', 'auto'
 
     def reads_model_pe(self) -> bool:
         """Whether the model's current position embedding is read (it must then exist and be
@@ -93,7 +94,7 @@ def make_impulse_solver(name: str, **options) -> ImpulseSolver:
 
     Examples:
         >>> make_impulse_solver("analytic", target_mass=0.3)
-        AnalyticSolver(target_mass=0.3, pe_scale=1.0, ridge=0.002)
+        AnalyticSolver(target_mass=0.3, pe_scale=1.0, ridge=0.002, signed=True)
     """
     cls = IMPULSE_SOLVERS.get(name)
     check_options(cls, options, f"impulse solver {name!r}")
@@ -115,14 +116,26 @@ class AnalyticSolver(ImpulseSolver):
     """
 
     name: ClassVar[str] = "analytic"
+    default_reserve: ClassVar[str] = "auto"
     target_mass: float = 0.5
     pe_scale: float | None = 1.0
     ridge: float = 2e-3
+    signed: bool = True
 
     def __post_init__(self):
         check_number("target_mass", self.target_mass, low=0, high=1, low_open=True, high_open=True)
         check_number("pe_scale", self.pe_scale, low=0, low_open=True, allow_none=True)
         check_number("ridge", self.ridge, low=0, low_open=True)
+        if not isinstance(self.signed, bool):
+            raise TypeError(f"signed={self.signed!r}: expected True or False")
+
+    def token_scale(self, grid: tuple[int, int], dim: int) -> torch.Tensor | None:
+        """Each grid token's LayerNorm std, in units of the written table, when this solver
+        writes the sin-cos table (LN(c·P) = (P − μ)/√(var P + ε/c²)); None for a kept PE."""
+        if self.pe_scale is None:
+            return None
+        pe = sincos_2d(grid, dim, dtype=torch.float64)
+        return (pe.var(-1, unbiased=False) + LN_EPS / self.pe_scale**2).sqrt()
 
     def reads_model_pe(self) -> bool:
         return self.pe_scale is None
@@ -136,7 +149,8 @@ class AnalyticSolver(ImpulseSolver):
         for spec in layers:
             if spec not in cache:
                 wq, wk = impulse_qk(x, grid, list(spec.offsets), spec.head_dim, target_mass=self.target_mass,
-                                    softmax_scale=spec.scale, ridge=self.ridge)
+                                    softmax_scale=spec.scale, ridge=self.ridge, signed=self.signed,
+                                    token_scale=self.token_scale(grid, x.shape[1]))
                 # Keep them in nn.Linear memory order (heads, r, D), viewed as (heads, D, r): every
                 # layer's write is then a view, not another transposed copy.
                 cache[spec] = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) for w in (wq, wk))

@@ -57,3 +57,11 @@ def project_out(weight: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     w = weight.detach().double().reshape(weight.shape[0], -1)
     u = basis.to(torch.float64)
     return (w - u @ (u.T @ w)).reshape(weight.shape).to(weight.dtype)
+
+
+def project_out_tokens(tokens: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """``tokens`` (…, D), channel last, with span(``basis``) removed: t − (t U) Uᵀ; same shape
+    and dtype."""
+    t = tokens.detach().double()
+    u = basis.to(torch.float64)
+    return (t - (t @ u) @ u.T).to(tokens.dtype)

@@ -23,7 +23,7 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
-from structinit.schemes.reservation import RESERVE_MODES, prepare_reservation
+from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
@@ -52,8 +52,9 @@ def plan_impulse(
 
     Head h of a layer gets an offset (dy, dx) in the k×k kernel; its attention map at init
     approximates the shift matrix H (:func:`structinit.impulse_matrix`): token (y, x) attends
-    to (y+dy, x+dx). Only the q/k weights (biases set to 0), optionally v/proj, and (for
-    some solvers) the grid rows of ``pos_embed`` are written; everything else is untouched.
+    to (y+dy, x+dx). Written: the q/k weights (biases set to 0), optionally v/proj, (for
+    some solvers) the grid rows of ``pos_embed``, and with a reservation the residual writes
+    projected out of the position subspace (see ``reserve``); everything else is untouched.
 
     Args:
         model: any model whose attention layers an adapter understands (timm / structinit
@@ -74,19 +75,22 @@ def plan_impulse(
         value_init: ``'keep'`` leaves v/proj as they are; ``'mimetic'`` sets W_v W_o =
             ``vo_gamma``·Z − ``vo_delta``·I as :func:`structinit.mimetic_init_` does. Default: the
             solver's (``'mimetic'`` for closed_form, as in the 2025 code; ``'keep'`` otherwise).
-        reserve: ``None`` (default); ``'patch'`` makes the patch embedding's output orthogonal
-            to the subspace the q/k read position from (the row space of LayerNorm(PE)), and
-            ``'residual'`` also every attention output projection and MLP output, so that
-            position stays exactly readable in every layer (see
-            :mod:`structinit.functional.reservation`).
+        reserve: ``'patch'`` makes the patch embedding's output orthogonal to the subspace the
+            q/k read position from (the row space of LayerNorm(PE)), and ``'residual'`` also
+            every attention output projection and MLP output, so that position stays exactly
+            readable in every layer (see :mod:`structinit.functional.reservation`);
+            ``'auto'`` is ``'residual'`` where the model allows it and otherwise warns and
+            reserves nothing; ``'none'`` reserves nothing. Default: the solver's (``'auto'``
+            for analytic, ``'none'`` for the published closed_form and gd).
 
     Solver options:
         analytic: ``target_mass=0.5`` the mean attention on the target with the position-only
-            pseudo input (the sharpness); ``pe_scale=1.0`` writes pe_scale × the 2-D sin-cos
-            table into the grid rows of ``pos_embed`` (learned or fixed; ``None`` keeps the
-            model's PE and reads the structure out of it); ``ridge=2e-3``. The defaults train
-            best; ``pe_scale=4`` keeps the maps on their targets with real images in every
-            layer (for analysis and figures) but trains worse.
+            pseudo input (the sharpness); ``signed=True`` a kernel whose target logit is > 0
+            and every other < 0, so that with the reservation the argmax is exact on any
+            content (``False``: the cosine kernel alone); ``pe_scale=1.0`` writes pe_scale × the
+            2-D sin-cos table into the grid rows of ``pos_embed`` (learned or fixed; ``None``
+            keeps the model's PE and reads the structure out of it); ``ridge=2e-3``.
+            ``pe_scale=4`` keeps the maps sharper on real images but drowns the content.
         closed_form: ``pe_scale=18`` (applied to a learned PE only), ``qk_norm=7``,
             ``logit_scale=1000``, ``noise=3``, ``pinv_rank=head_dim``.
         gd: ``steps=10000``, ``lr=1e-4``, ``renorm_every=100``, ``pseudo='pe'`` (or
@@ -112,8 +116,7 @@ def plan_impulse(
     solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
-    if reserve is not None:
-        check_choice("reserve", reserve, RESERVE_MODES)
+    reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     chosen = select_layers(find_attention_layers(model), layers)
     layout = infer_layout(model, grid, num_prefix_tokens)
@@ -129,11 +132,11 @@ def plan_impulse(
     plan = Plan()
     pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
     reservation = None
-    if reserve is not None:
+    if reserve != "none":
         # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
         pe_dst = grid_pos_embed(model, layout) if pos_embed is None else None
         stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
-        reservation = prepare_reservation(model, chosen, stored, reserve)
+        reservation = resolve_reservation(model, chosen, stored, reserve, "impulse", layout)
     x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
     specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, per_layer)]
     for (_, ad), solved in zip(chosen, solver_obj.solve(x, layout.grid, specs, gen)):

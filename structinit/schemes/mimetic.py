@@ -12,7 +12,7 @@ from structinit.adapters import find_attention_layers, grid_pos_embed, infer_lay
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
-from structinit.schemes.reservation import RESERVE_MODES, prepare_reservation
+from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, make_generator
 
 
@@ -37,8 +37,9 @@ def plan_mimetic(
     with zero biases. Z has i.i.d. entries of variance 1/D (``noise='uniform'`` on ±√(3/D), or
     ``'normal'``). q/k/v/proj biases are set to 0; nothing else is touched.
 
-    ``reserve='patch'|'residual'`` reserves the position embedding's subspace as
+    ``reserve='patch'|'residual'|'auto'`` reserves the position embedding's subspace as
     :func:`structinit.impulse_init_` does, so the locality the PPᵀ term gives survives content.
+    Default ``None`` = ``'none'``: the published init.
 
     ``reference_layout=True`` stores the v/proj factors untransposed, as the public ports do
     (composite x (R L)ᵀ instead of x M) — only for comparison with them.
@@ -48,20 +49,20 @@ def plan_mimetic(
         >>> _ = structinit.mimetic_init_(model, alpha=0.7, beta=0.7, seed=0)
     """
     check_choice("noise", noise, NOISE)
-    if reserve is not None:
-        check_choice("reserve", reserve, RESERVE_MODES)
+    reserve = check_choice("reserve", "none" if reserve is None else reserve, RESERVE_MODES)
     chosen = select_layers(find_attention_layers(model), layers)
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
                 raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
     reservation = None
-    if reserve is not None:
-        pe = grid_pos_embed(model, infer_layout(model))
+    if reserve != "none":
+        layout = infer_layout(model)
+        pe = grid_pos_embed(model, layout)
         if pe is not None:
             check_finite("pos_embed", pe)
             pe = pe.detach().reshape(pe.shape[-2], -1).double().cpu()
-        reservation = prepare_reservation(model, chosen, pe, reserve)
+        reservation = resolve_reservation(model, chosen, pe, reserve, "mimetic", layout)
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:

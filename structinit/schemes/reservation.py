@@ -4,18 +4,18 @@ output too, made orthogonal to the subspace the attention reads position from.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from structinit.adapters import AttentionAdapter
-from structinit.adapters.residual import Write, patch_embedding, residual_writes
-from structinit.functional.reservation import free_width, position_basis, project_out
+from structinit.adapters import AttentionAdapter, TokenLayout
+from structinit.adapters.residual import Token, Write, patch_embedding, prefix_tokens, residual_writes
+from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
-from structinit.utils import check_choice
+from structinit.utils import check_choice, warn_caller
 
-RESERVE_MODES = ("patch", "residual")
+RESERVE_MODES = ("none", "patch", "residual", "auto")
 
 
 @dataclass(frozen=True)
@@ -25,32 +25,58 @@ class Reservation:
 
     basis: torch.Tensor
     writes: list[Write]
+    tokens: list[Token] = field(default_factory=list)
 
     def plan(self, plan: Plan) -> None:
         """Add the projected writes to ``plan``. Weights the plan already writes (e.g. a
-        mimetic value/output init) are projected as planned, the others as the model holds them."""
+        mimetic value/output init) are projected as planned, the others as the model holds them.
+        Prefix tokens leave span(U) too: their keys are then 0 in every layer, so a target
+        logit > 0 (the signed kernel) still beats them whatever the scales."""
         for _, weight, bias in self.writes:
             for t in (weight, bias):
                 if t is not None:
                     current = plan.pending(t)
                     plan.add([(t, project_out(t if current is None else current, self.basis))])
+        for _, t in self.tokens:
+            current = plan.pending(t)
+            plan.add([(t, project_out_tokens(t if current is None else current, self.basis))])
+
+
+def resolve_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
+                        mode: str, scheme: str, layout: TokenLayout) -> Reservation | None:
+    """The reservation ``mode`` asks for, or None. ``'auto'`` is ``'residual'`` where the model
+    allows it; where it does not (no position embedding, no patch embedding or MLP output
+    structinit knows, no free width) it warns with the reason and reserves nothing: the init
+    still works, but its structure is then only approximate on real images."""
+    check_choice("reserve", mode, RESERVE_MODES)
+    if mode == "none":
+        return None
+    if mode != "auto":
+        return prepare_reservation(model, layers, pe, mode, layout)
+    try:
+        return prepare_reservation(model, layers, pe, "residual", layout)
+    except ValueError as err:
+        warn_caller(f"{scheme} with reserve='auto' reserves nothing here: {err}. The init is applied without "
+                    "the reservation, so image content can move the attention off its structure; pass "
+                    "reserve='none' to silence this")
+        return None
 
 
 def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
-                        mode: str) -> Reservation:
+                        mode: str, layout: TokenLayout) -> Reservation:
     """Check a reservation of the row space of LayerNorm(``pe``) (the (N, D) grid rows of the
     position embedding the init leaves in the model) and find what it rewrites, before any
     init maths runs."""
-    check_choice("reserve", mode, RESERVE_MODES)
+    check_choice("reserve", mode, ("patch", "residual"))
     if pe is None:
         raise ValueError(f"reserve={mode!r} reserves the position embedding's subspace, but the model has no "
-                         "`pos_embed`; pass pos_embed=<(N, D) tensor> or reserve=None")
+                         "`pos_embed`; pass pos_embed=<(N, D) tensor> or reserve='none'")
     basis = position_basis(pe)
     d, r = basis.shape
     if free_width(basis) < 1:
         raise ValueError(
             f"reserve={mode!r}: the position embedding spans {r} of the {d - 1} directions LayerNorm leaves "
-            f"at width {d}, so nothing would be left for content; use reserve=None, a wider model or a smaller grid"
+            f"at width {d}, so nothing would be left for content; use reserve='none', a wider model or a smaller grid"
         )
     writes = [patch_embedding(model)]
     if mode == "residual":
@@ -59,4 +85,8 @@ def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
         for t in (weight, bias):
             if t is not None and t.shape[0] != d:
                 raise ValueError(f"{name} writes {t.shape[0]} channels, but the position embedding has width {d}")
-    return Reservation(basis, writes)
+    tokens = prefix_tokens(model, layout)
+    for name, t in tokens:
+        if t.shape[-1] != d:
+            raise ValueError(f"{name} has {t.shape[-1]} channels, but the position embedding has width {d}")
+    return Reservation(basis, writes, tokens)

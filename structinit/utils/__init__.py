@@ -10,6 +10,7 @@ from structinit.utils.checks import (
     check_options,
     is_int,
     is_number,
+    warn_caller,
 )
 from structinit.utils.registry import Registry
 from structinit.utils.seeding import check_generator, derive_seed, derived_generator, make_generator
@@ -17,5 +18,5 @@ from structinit.utils.seeding import check_generator, derive_seed, derived_gener
 __all__ = [
     "OptionError", "Registry", "check_choice", "check_finite", "check_generator", "check_int",
     "check_number", "check_options", "derive_seed", "derived_generator", "is_int", "is_number",
-    "make_generator",
+    "make_generator", "warn_caller",
 ]  # fmt: skip
