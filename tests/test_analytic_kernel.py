@@ -202,3 +202,45 @@ def test_signed_kernel_needs_one_more_dimension():
     z = ln_sincos((4, 4), 16)
     with pytest.raises(ValueError, match=r"head_dim=4.*at least 5 dimensions.*signed kernel"):
         analytic_qk(z, (4, 4), [(0, 0)], 4, signed=True)
+
+
+# --------------------------------------------------------------------------- content term
+def test_content_term_is_the_projected_mimetic_truncation_and_silent_on_position():
+    from structinit.functional.impulse_analytic import content_qk
+    from structinit.functional.mimetic import mimetic_noise
+    from structinit.functional.reservation import position_basis
+
+    grid, dim, heads, head_dim, used = (8, 8), 64, 2, 32, 13
+    z = ln_sincos(grid, dim)
+    wq, wk = content_qk(z, heads, head_dim, used, 0.7, generator=torch.Generator().manual_seed(3))
+    assert wq.shape == wk.shape == (heads, dim, head_dim)
+    assert torch.count_nonzero(wq[..., :used]) == 0 and torch.count_nonzero(wk[..., :used]) == 0
+    torch.testing.assert_close(logits_from_factors(z, wq, wk), torch.zeros(heads, 64, 64, dtype=torch.float64),
+                               atol=1e-10, rtol=0)  # the position-only input gets no content logit
+    u = position_basis(z)
+    ones = torch.full((dim, 1), dim**-0.5, dtype=torch.float64)
+    proj = torch.eye(dim, dtype=torch.float64) - u @ u.T - ones @ ones.T
+    gen = torch.Generator().manual_seed(3)
+    for h in range(heads):
+        m = 0.7 * proj @ (mimetic_noise(dim, generator=gen) + torch.eye(dim, dtype=torch.float64)) @ proj
+        a, s, b = torch.linalg.svd(m)
+        best = (a[:, : head_dim - used] * s[: head_dim - used]) @ b[: head_dim - used]
+        torch.testing.assert_close(wq[h] @ wk[h].T, best, atol=1e-10, rtol=0)
+
+
+def test_content_option_keeps_position_only_fidelity_and_halves_the_position_columns():
+    from structinit.functional.impulse_analytic import position_columns
+
+    model = small_vit(img_size=16, patch_size=2, embed_dim=64, depth=2, num_heads=2)
+    structinit.init_(model, "impulse", content=0.5, seed=0)
+    hit, mass = hit_and_mass(model)
+    assert hit.min().item() == 1.0
+    torch.testing.assert_close(mass.mean(), torch.tensor(0.5), atol=1e-4, rtol=0)
+    used = position_columns(32, True, 3)
+    assert used == 13  # half of 32 columns: 3 frequencies per axis + the constant
+    qk = model.blocks[0].attn.qkv.weight.detach()
+    assert qk[:32][used:].abs().max() > 0  # the content term fills the rest of head 0's query rows
+    capped = small_vit(img_size=16, patch_size=2, embed_dim=64, depth=2, num_heads=2)
+    structinit.init_(capped, "impulse", frequencies=2, seed=0)
+    assert torch.count_nonzero(capped.blocks[0].attn.qkv.weight[:32][position_columns(32, True, 2):]) == 0
+    assert hit_and_mass(capped)[0].min().item() == 1.0

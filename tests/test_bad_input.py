@@ -257,6 +257,11 @@ def test_target_mass_out_of_range(mass):
     (dict(ridge=0.0), r"ridge=0\.0"),
     (dict(ridge=-1e-3), r"ridge=-0\.001"),
     (dict(solver="gd", steps=-1), r"steps=-1"),
+    (dict(content=-0.1), r"content=-0\.1"),
+    (dict(content=float("nan")), r"content=nan"),
+    (dict(frequencies=0), r"frequencies=0"),
+    (dict(frequencies=2.5), r"frequencies=2\.5"),
+    (dict(signed="yes"), r"signed='yes'.*True or False"),
 ])
 def test_bad_numeric_solver_options(opts, match):
     check_rejected(small(), lambda m: impulse(m, seed=0, **opts), ValueError, match)

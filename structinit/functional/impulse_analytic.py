@@ -34,8 +34,9 @@ sin-cos table), the features are fitted as T/σ_p, which is exact: the logits on
 diag(1/σ_p) (κ − b) diag(1/σ_p), the same signs. With patch content and every residual write
 kept out of the position subspace (:mod:`structinit.functional.reservation`), content only
 rescales each query and key by a positive factor, so every target stays its row's argmax on
-any image, in every layer; prefix tokens kept out of the subspace get logit 0 < ½. The cost is one N×N solve per model plus a tiny QP
-per axis: no D×D SVD and no iterative fit.
+any image, in every layer; prefix tokens kept out of the subspace get logit 0 < ½.
+
+The cost is one N×N solve per model plus a tiny QP per axis: no D×D SVD and no iterative fit.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from structinit.functional.mimetic import mimetic_noise
 from structinit.functional.posembed import sincos_frequencies
+from structinit.functional.reservation import position_basis
 from structinit.functional.targets import Offset, target_index
 
 Factors = tuple[torch.Tensor, torch.Tensor]  # Wq, Wk of shape (heads, D, head_dim)
@@ -97,7 +100,7 @@ def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
 
 def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int,
     omega: torch.Tensor | None = None, *, ridge: float = 2e-3, signed: bool = False,
-    token_scale: torch.Tensor | None = None) -> Factors:
+    token_scale: torch.Tensor | None = None, frequencies: int | None = None) -> Factors:
     """Unscaled analytic factors for pseudo input ``z`` (N×D) on ``grid``.
 
     Returns Wq, Wk of shape (heads, D, head_dim), float64, with ``(z Wq[h])(z Wk[h])ᵀ ≈ κ_h``
@@ -111,10 +114,14 @@ def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], h
     ``token_scale`` (N,), each token's LayerNorm std when ``z = LN(P)``: the features are then
     fitted as T / σ, which is exact whenever T is linear in the centred P (the sin-cos table),
     so that ``z Wq Wkᵀ zᵀ = diag(1/σ) κ diag(1/σ)`` keeps the sign pattern exactly.
+    ``frequencies`` caps the frequencies per axis (default: as many as ``head_dim`` holds); the
+    columns left over are zero, free for :func:`content_qk`.
     """
     if omega is None:
         omega = sincos_frequencies(4 * max(z.shape[1] // 4, 1))
     budget = (head_dim - int(signed)) // 4
+    if frequencies is not None:
+        budget = min(budget, frequencies)
     if budget < 1:
         raise ValueError(
             f"head_dim={head_dim} is too small for the analytic impulse: it needs at least "
@@ -206,9 +213,42 @@ def calibrate_logit_scale(
     return math.exp(s)
 
 
+def position_columns(head_dim: int, signed: bool, frequencies: int | None) -> int:
+    """How many of a head's ``head_dim`` columns the analytic kernel uses: a sin/cos pair per
+    frequency and axis, plus the constant of the signed kernel."""
+    budget = (head_dim - int(signed)) // 4
+    return 4 * (budget if frequencies is None else min(budget, frequencies)) + int(signed)
+
+
+def content_qk(z: torch.Tensor, heads: int, head_dim: int, used: int, weight: float, *,
+               generator: torch.Generator | None = None) -> Factors:
+    r"""A mimetic content term for the free columns of impulse heads: per head, Wq Wkᵀ = the
+    best rank-(head_dim − used) approximation of weight · P (Z_h + I) P, with Z_h mimetic noise
+    (variance 1/D) and P the projector onto the complement of the row space of ``z`` (the
+    position subspace) and of the ones vector (which LayerNorm removes).
+
+    Returns Wq, Wk (heads, D, head_dim), float64, zero in the first ``used`` columns, so added
+    to impulse factors the logits are position term + content term with no cross terms; on
+    the position-only input ``z`` the content term is exactly 0.
+    """
+    d = z.shape[1]
+    u = position_basis(z)  # LayerNorm of the LayerNormed z changes no direction
+    ones = torch.full((d, 1), d**-0.5, dtype=torch.float64)
+    proj = torch.eye(d, dtype=torch.float64) - u @ u.T - ones @ ones.T
+    free = head_dim - used
+    wq = torch.zeros(heads, d, head_dim, dtype=torch.float64)
+    wk = torch.zeros_like(wq)
+    for h in range(heads):
+        m = weight * proj @ (mimetic_noise(d, generator=generator) + torch.eye(d, dtype=torch.float64)) @ proj
+        left, sv, right = torch.linalg.svd(m)
+        wq[h, :, used:] = left[:, :free] * sv[:free].sqrt()
+        wk[h, :, used:] = right[:free].T * sv[:free].sqrt()
+    return wq, wk
+
+
 def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], head_dim: int, *,
     target_mass: float = 0.5, softmax_scale: float | None = None, ridge: float = 2e-3, signed: bool = False,
-    token_scale: torch.Tensor | None = None) -> Factors:
+    token_scale: torch.Tensor | None = None, frequencies: int | None = None) -> Factors:
     """Analytic impulse factors, calibrated: Wq, Wk (heads, D, head_dim), float64, such that
     softmax(softmax_scale · z Wq[h] Wk[h]ᵀ zᵀ) puts mean mass ``target_mass`` on the targets
     for the pseudo input ``z`` (N×D, e.g. LayerNorm of the position embedding).
@@ -223,7 +263,8 @@ def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], he
     """
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     d = z.shape[1]
-    wq, wk = analytic_qk(z, grid, offsets, head_dim, ridge=ridge, signed=signed, token_scale=token_scale)
+    wq, wk = analytic_qk(z, grid, offsets, head_dim, ridge=ridge, signed=signed, token_scale=token_scale,
+                         frequencies=frequencies)
     z = z.double()
     kernel = (z @ wq) @ (z @ wk).transpose(1, 2)  # (heads, N, N)
     rows, cols = _target_logits(kernel, grid, offsets)

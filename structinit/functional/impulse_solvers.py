@@ -26,13 +26,13 @@ from typing import ClassVar
 import torch
 
 from structinit.functional.attention import LN_EPS, layer_norm_tokens
-from structinit.functional.impulse_analytic import impulse_qk
+from structinit.functional.impulse_analytic import content_qk, impulse_qk, position_columns
 from structinit.functional.impulse_closed_form import closed_form_qk, pinv_projector
 from structinit.functional.impulse_gd import gd_qk
 from structinit.functional.posembed import sincos_2d
 from structinit.functional.pseudo_input import PSEUDO_INPUTS, pseudo_input
 from structinit.functional.targets import Offset
-from structinit.utils import Registry, check_choice, check_int, check_number, check_options
+from structinit.utils import OptionError, Registry, check_choice, check_int, check_number, check_options
 
 Factors = tuple[torch.Tensor, torch.Tensor]
 
@@ -94,7 +94,7 @@ def make_impulse_solver(name: str, **options) -> ImpulseSolver:
 
     Examples:
         >>> make_impulse_solver("analytic", target_mass=0.3)
-        AnalyticSolver(target_mass=0.3, pe_scale=1.0, ridge=0.002, signed=True)
+        AnalyticSolver(target_mass=0.3, pe_scale=1.0, ridge=0.002, signed=True, content=0.0, frequencies=None)
     """
     cls = IMPULSE_SOLVERS.get(name)
     check_options(cls, options, f"impulse solver {name!r}")
@@ -121,13 +121,25 @@ class AnalyticSolver(ImpulseSolver):
     pe_scale: float | None = 1.0
     ridge: float = 2e-3
     signed: bool = True
+    content: float = 0.0
+    frequencies: int | None = None
 
     def __post_init__(self):
         check_number("target_mass", self.target_mass, low=0, high=1, low_open=True, high_open=True)
         check_number("pe_scale", self.pe_scale, low=0, low_open=True, allow_none=True)
         check_number("ridge", self.ridge, low=0, low_open=True)
         if not isinstance(self.signed, bool):
-            raise TypeError(f"signed={self.signed!r}: expected True or False")
+            raise OptionError(f"signed={self.signed!r}: expected True or False")
+        check_number("content", self.content, low=0)
+        if self.frequencies is not None:
+            check_int("frequencies", self.frequencies, low=1)
+
+    def position_frequencies(self, head_dim: int) -> int | None:
+        """Frequencies per axis: ``frequencies``, else all that fit, or with a content term
+        those that fit half the head (the other half carries the content term)."""
+        if self.frequencies is not None or not self.content:
+            return self.frequencies
+        return max(1, (head_dim // 2 - int(self.signed)) // 4)
 
     def token_scale(self, grid: tuple[int, int], dim: int) -> torch.Tensor | None:
         """Each grid token's LayerNorm std, in units of the written table, when this solver
@@ -147,14 +159,20 @@ class AnalyticSolver(ImpulseSolver):
         cache: dict[LayerSpec, Factors] = {}  # layers sharing offsets and head shape share the solution
         out = []
         for spec in layers:
+            freqs = self.position_frequencies(spec.head_dim)
             if spec not in cache:
                 wq, wk = impulse_qk(x, grid, list(spec.offsets), spec.head_dim, target_mass=self.target_mass,
                                     softmax_scale=spec.scale, ridge=self.ridge, signed=self.signed,
-                                    token_scale=self.token_scale(grid, x.shape[1]))
+                                    token_scale=self.token_scale(grid, x.shape[1]), frequencies=freqs)
                 # Keep them in nn.Linear memory order (heads, r, D), viewed as (heads, D, r): every
                 # layer's write is then a view, not another transposed copy.
                 cache[spec] = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) for w in (wq, wk))
-            out.append(SolvedLayer(*cache[spec], spec.offsets))
+            wq, wk = cache[spec]
+            if self.content:  # a fresh content draw per head and layer, as mimetic's
+                used = position_columns(spec.head_dim, self.signed, freqs)
+                cq, ck = content_qk(x, len(spec.offsets), spec.head_dim, used, self.content, generator=generator)
+                wq, wk = wq + cq, wk + ck
+            out.append(SolvedLayer(wq, wk, spec.offsets))
         return out
 
 
