@@ -244,3 +244,16 @@ def test_content_option_keeps_position_only_fidelity_and_halves_the_position_col
     structinit.init_(capped, "impulse", frequencies=2, seed=0)
     assert torch.count_nonzero(capped.blocks[0].attn.qkv.weight[:32][position_columns(32, True, 2):]) == 0
     assert hit_and_mass(capped)[0].min().item() == 1.0
+
+
+def test_unsigned_solver_is_the_earlier_kernel_bit_for_bit():
+    """signed=False must reproduce the unsigned kernel of earlier releases exactly (published
+    results were measured with it): no token-scale fit, no constant column."""
+    from structinit.functional.impulse_analytic import impulse_qk
+    from structinit.functional.impulse_solvers import LayerSpec, make_impulse_solver
+
+    grid, dim, offsets = (8, 8), 64, ((0, 0), (1, -1))
+    z = ln_sincos(grid, dim)
+    solved = make_impulse_solver("analytic", signed=False).solve(z, grid, [LayerSpec(offsets, 32, 32**-0.5)], None)
+    wq, wk = impulse_qk(z, grid, list(offsets), 32, target_mass=0.5, softmax_scale=32**-0.5)
+    assert torch.equal(solved[0].wq, wq) and torch.equal(solved[0].wk, wk)
