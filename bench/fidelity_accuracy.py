@@ -104,7 +104,8 @@ def plot(rows, path: Path) -> None:
     for ax, (col, name) in zip(axes, [(8, "argmax hit on target, mean over layers"),
                                        (7, "attention mass on target, mean over layers")]):
         for row in rows:
-            ax.errorbar(row[col], 100 * row[3], yerr=100 * row[4], fmt="o", capsize=3, label=row[1])
+            ax.errorbar(row[col], 100 * row[3], yerr=100 * row[4], fmt="o", capsize=3,
+                        label=f"{row[1]} ({row[2]} seed{'s' if row[2] > 1 else ''})")
         ax.set_xlabel(f"{name} (real images, at init)")
         ax.set_xlim(-0.02, 1.02)
         ax.grid(alpha=0.3)
