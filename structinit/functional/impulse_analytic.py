@@ -89,6 +89,13 @@ def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch
     return torch.tensor(om[keep]), torch.tensor(c)
 
 
+def frequency_budget(head_dim: int, signed: bool, frequencies: int | None = None) -> int:
+    """Frequencies per axis that fit ``head_dim`` columns (a sin/cos pair per frequency and
+    axis, one column more for the signed kernel's constant), capped at ``frequencies``."""
+    budget = (head_dim - int(signed)) // 4
+    return budget if frequencies is None else min(budget, frequencies)
+
+
 def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
     """The D×N operator R = Zᵀ (ZZᵀ + λI)⁻¹ with λ = ridge · tr(ZZᵀ)/N, so ``R @ T`` is the
     minimum-norm (ridge) linear readout of per-token features T (N×F) from tokens Z (N×D)."""
@@ -119,9 +126,7 @@ def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], h
     """
     if omega is None:
         omega = sincos_frequencies(4 * max(z.shape[1] // 4, 1))
-    budget = (head_dim - int(signed)) // 4
-    if frequencies is not None:
-        budget = min(budget, frequencies)
+    budget = frequency_budget(head_dim, signed, frequencies)
     if budget < 1:
         raise ValueError(
             f"head_dim={head_dim} is too small for the analytic impulse: it needs at least "
@@ -216,8 +221,7 @@ def calibrate_logit_scale(
 def position_columns(head_dim: int, signed: bool, frequencies: int | None) -> int:
     """How many of a head's ``head_dim`` columns the analytic kernel uses: a sin/cos pair per
     frequency and axis, plus the constant of the signed kernel."""
-    budget = (head_dim - int(signed)) // 4
-    return 4 * (budget if frequencies is None else min(budget, frequencies)) + int(signed)
+    return 4 * frequency_budget(head_dim, signed, frequencies) + int(signed)
 
 
 def content_qk(z: torch.Tensor, heads: int, head_dim: int, used: int, weight: float, *,

@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from structinit.functional.attention import LN_EPS, layer_norm_tokens
-from structinit.functional.impulse_analytic import content_qk, impulse_qk, position_columns
+from structinit.functional.impulse_analytic import content_qk, frequency_budget, impulse_qk, position_columns
 from structinit.functional.impulse_closed_form import closed_form_qk, pinv_projector
 from structinit.functional.impulse_gd import gd_qk
 from structinit.functional.posembed import sincos_2d
@@ -140,7 +140,7 @@ class AnalyticSolver(ImpulseSolver):
         those that fit half the head (the other half carries the content term)."""
         if self.frequencies is not None or not self.content:
             return self.frequencies
-        return max(1, (head_dim // 2 - int(self.signed)) // 4)
+        return max(1, frequency_budget(head_dim // 2, self.signed))
 
     def token_scale(self, grid: tuple[int, int], dim: int) -> torch.Tensor | None:
         """Each grid token's LayerNorm std, in units of the written table, when this solver

@@ -62,6 +62,5 @@ def project_out(weight: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 def project_out_tokens(tokens: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """``tokens`` (…, D), channel last, with span(``basis``) removed: t − (t U) Uᵀ; same shape
     and dtype."""
-    t = tokens.detach().double()
-    u = basis.to(torch.float64)
-    return (t - (t @ u) @ u.T).to(tokens.dtype)
+    rows = tokens.reshape(-1, tokens.shape[-1])
+    return project_out(rows.T, basis).T.reshape(tokens.shape)  # tokens as the columns of a weight

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 import warnings
 from collections.abc import Callable, Iterable
 
@@ -100,7 +101,7 @@ def check_options(fn: Callable, options: dict, what: str, valid: Iterable[str] |
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` attributed to the first frame outside the ``structinit`` package, so
     the warning names the user's line whichever public entry point they called."""
-    package = __file__.rsplit("/utils/", 1)[0]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     level, frame = 2, inspect.currentframe().f_back  # level 2 is our caller
     while frame is not None and frame.f_code.co_filename.startswith(package):
         level, frame = level + 1, frame.f_back
