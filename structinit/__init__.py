@@ -14,14 +14,18 @@ import importlib
 
 from structinit.adapters import (
     AttentionAdapter,
+    Discovery,
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
     TokenLayout,
     find_attention_layers,
+    find_position_embedding,
     infer_layout,
     register_adapter,
+    register_position_finder,
     unregister_adapter,
+    unregister_position_finder,
 )
 from structinit.analysis import attention_maps, fidelity_summary, impulse_fidelity
 from structinit.functional import (
@@ -102,6 +106,7 @@ __all__ = [
     # adapters and layout
     "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
     "register_adapter", "unregister_adapter", "find_attention_layers", "TokenLayout", "infer_layout",
+    "find_position_embedding", "register_position_finder", "unregister_position_finder", "Discovery",
     # diagnostics
     "attention_maps", "impulse_fidelity", "fidelity_summary",
     # training harness (imported on first use)

@@ -49,11 +49,34 @@ def test_layout_from_square_pos_embed(side, cls, reg, no_embed_class):
     assert lay.num_prefix_tokens == prefix
 
 
-def test_explicit_grid_and_prefix_win():
+def test_explicit_grid_and_prefix_win_where_the_model_agrees():
     model = structinit.create_model("vit_micro_patch2_16")
     assert structinit.infer_layout(model, grid=(4, 16)).grid == (4, 16)
-    assert structinit.infer_layout(model, num_prefix_tokens=2).num_prefix_tokens == 2
+    assert structinit.infer_layout(model, num_prefix_tokens=0).num_prefix_tokens == 0
     assert structinit.infer_layout(PosOnly(24), grid=(4, 6)).grid == (4, 6)
+    # A hand-written model whose class token has another name: the PE's extra row agrees.
+    assert structinit.infer_layout(PosOnly(25), grid=(4, 6), num_prefix_tokens=1).num_prefix_tokens == 1
+
+
+def test_prefix_count_that_contradicts_the_model_raises():
+    model = structinit.create_model("vit_micro_patch2_16")  # no class token, 64-row PE
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=2, but VisionTransformer has 0 prefix"):
+        structinit.infer_layout(model, num_prefix_tokens=2)
+    cls = structinit.create_model("vit_micro_patch2_16", class_token=True, global_pool="token")
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=0, .* has 1 prefix token\(s\) \(parameters: cls_token\)"):
+        structinit.infer_layout(cls, num_prefix_tokens=0)
+
+
+def test_prefix_tokens_the_model_shows_no_sign_of_raise():
+    # 64 PE rows = the 8×8 grid, no prefix parameter: five prefix tokens cannot come from anywhere.
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=5, but the model has no prefix-token .*64 rows"):
+        structinit.infer_layout(PosOnly(64), num_prefix_tokens=5)
+
+
+@pytest.mark.parametrize("rows", [63, 66, 70])
+def test_pe_rows_must_be_grid_or_grid_plus_prefix(rows):
+    with pytest.raises(ValueError, match=rf"has {rows} rows, but a 8×8 grid with 1 prefix token\(s\) needs 64 or 65"):
+        structinit.infer_layout(PosOnly(rows, cls=True), grid=(8, 8))
 
 
 @settings(max_examples=20, deadline=None)

@@ -192,8 +192,17 @@ def test_reserve_on_a_model_without_patch_embedding():
                    ValueError, r"no patch embedding.*reserve='none', or name it patch_embed\.proj")
 
 
-def test_reserve_on_a_block_without_known_mlp_output():
+def test_reserve_finds_an_unnamed_mlp_output_as_the_blocks_last_linear_to_width():
     model = cpu_model()
     model.blocks[1].mlp = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128))
+    structinit.init_(model, "impulse", reserve="residual", seed=0)
+    pe = model.pos_embed.detach()[0].double()
+    basis = position_basis(pe).float()
+    assert (basis.T @ model.blocks[1].mlp[2].weight.detach()).abs().max() < 1e-5
+
+
+def test_reserve_on_a_block_without_known_mlp_output():
+    model = cpu_model()
+    model.blocks[1].mlp = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 64))
     check_rejected(model, lambda m: structinit.init_(m, "impulse", reserve="residual", seed=0), ValueError,
                    r"block 'blocks\.1'.*no MLP output.*reserve='patch'")

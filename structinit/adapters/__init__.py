@@ -1,6 +1,7 @@
 """Finding layers in a model and reading/writing their weights in one layout: attention
 adapters (fused qkv, separate q/k/v, ``nn.MultiheadAttention``, or your own), their registry,
-and the token layout (grid, prefix tokens, position-embedding rows)."""
+position-embedding finders and theirs, and the token layout (grid, prefix tokens,
+position-embedding rows)."""
 
 from structinit.adapters.attention import (
     AttentionAdapter,
@@ -9,7 +10,14 @@ from structinit.adapters.attention import (
     SeparateQKVAdapter,
     is_self_attention,
 )
-from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout
+from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout, position_embedding_name
+from structinit.adapters.position import (
+    POSITION_FINDERS,
+    Discovery,
+    find_position_embedding,
+    register_position_finder,
+    unregister_position_finder,
+)
 from structinit.adapters.registry import (
     ATTENTION_ADAPTERS,
     AdapterEntry,
@@ -21,6 +29,8 @@ from structinit.adapters.registry import (
 )
 
 __all__ = [
+    "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
+    "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
     "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
     "infer_layout", "is_self_attention", "register_adapter", "select_layers", "unregister_adapter",

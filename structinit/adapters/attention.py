@@ -98,6 +98,16 @@ class AttentionAdapter:
         return attention_probs(q, k, self.scale)
 
 
+def module_scale(module: nn.Module, head_dim: int) -> float:
+    """The softmax scale a module states (``scale`` as in timm, ``scaling`` as in Hugging
+    Face), or head_dim^−½."""
+    for attr in ("scale", "scaling"):
+        value = getattr(module, attr, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return head_dim**-0.5
+
+
 def _clone(t):
     return None if t is None else t.detach().clone()
 
@@ -115,7 +125,7 @@ class FusedQKVAdapter(AttentionAdapter):
         inner = module.qkv.out_features // 3
         self.head_dim = int(getattr(module, "head_dim", inner // self.num_heads))
         self.dim = module.qkv.in_features
-        self.scale = float(getattr(module, "scale", self.head_dim**-0.5))
+        self.scale = module_scale(module, self.head_dim)
 
     def linear_views(self) -> Views:
         qkv, proj, n = self.module.qkv, self.module.proj, self.num_heads * self.head_dim
@@ -158,7 +168,7 @@ class SeparateQKVAdapter(AttentionAdapter):
         q = getattr(module, self._qkv[0])
         self.head_dim = int(getattr(module, "head_dim", q.out_features // self.num_heads))
         self.dim = q.in_features
-        self.scale = float(getattr(module, "scale", self.head_dim**-0.5))
+        self.scale = module_scale(module, self.head_dim)
 
     def linear_views(self) -> Views:
         lin = [getattr(self.module, n) for n in (*self._qkv, self._out)]

@@ -1,14 +1,16 @@
 """Where the image tokens are: the token grid, the prefix (class/register) tokens, and the
-position embedding rows that belong to the grid."""
+position embedding rows that belong to the grid. Everything is read from the model through
+:func:`structinit.adapters.position.find_position_embedding`; explicit arguments win but are
+checked against what the model holds."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from structinit.adapters.position import Discovery, find_position_embedding, square_side
 from structinit.utils import is_int
 
 
@@ -23,60 +25,122 @@ class TokenLayout:
     def num_patches(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+    def check_tokens(self, count: int, where: str) -> None:
+        """Raise if ``count`` tokens (what ``where`` received) is not prefix + grid."""
+        if count != self.num_tokens:
+            raise ValueError(
+                f"{where} received {count} tokens, but the layout has {self.num_prefix_tokens} prefix + "
+                f"{self.num_patches} grid ({self.grid[0]}×{self.grid[1]}) = {self.num_tokens} tokens; pass the "
+                "grid=/num_prefix_tokens= the model really uses (or none, to read them from the model)"
+            )
+
+
+def _pe_rows(found: Discovery) -> int | None:
+    pos = found.pos_embed
+    return None if pos is None else int(pos.reshape(-1, pos.shape[-1]).shape[0])
+
 
 def infer_layout(
     model: nn.Module, grid: tuple[int, int] | None = None, num_prefix_tokens: int | None = None
 ) -> TokenLayout:
-    """Token layout of ``model``; explicit ``grid`` / ``num_prefix_tokens`` take precedence.
+    """Token layout of ``model``; explicit ``grid`` / ``num_prefix_tokens`` take precedence
+    where they agree with the model.
 
-    The grid comes from ``patch_embed.grid_size`` (timm, structinit) or else from a square
-    ``pos_embed``; prefix tokens from ``num_prefix_tokens`` or ``cls_token`` / ``reg_token``.
+    The grid comes from the model's patch embedding (timm's ``patch_embed.grid_size``, a Hugging
+    Face config's image and patch size, a patch convolution and an image size) or else from a
+    square position embedding; the prefix tokens from ``num_prefix_tokens`` or the class /
+    distillation / register token parameters the model holds (see
+    :mod:`structinit.adapters.position`). A position embedding must have N or N + P rows.
     """
-    if num_prefix_tokens is None:
-        num_prefix_tokens = getattr(model, "num_prefix_tokens", None)
-    if num_prefix_tokens is None:
-        num_prefix_tokens = int(getattr(model, "cls_token", None) is not None)
-        reg = getattr(model, "reg_token", None)
-        num_prefix_tokens += 0 if reg is None else reg.shape[1]
-    if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
-        raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r}: expected an int ≥ 0")
-    num_prefix_tokens = int(num_prefix_tokens)
+    found = find_position_embedding(model)
+    declared = found.num_prefix_tokens
+    if num_prefix_tokens is not None:
+        if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r}: expected an int ≥ 0")
+        num_prefix_tokens = int(num_prefix_tokens)
+        if declared is not None and declared != num_prefix_tokens:
+            names = ", ".join(n for n, _ in found.prefix_tokens) or "none"
+            raise ValueError(
+                f"num_prefix_tokens={num_prefix_tokens}, but {type(model).__name__} has {declared} prefix "
+                f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
+            )
+    prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
+    rows = _pe_rows(found)
     if grid is None:
-        pe_grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-        if pe_grid is not None:
-            grid = tuple(int(g) for g in pe_grid)
-        else:
-            pos = getattr(model, "pos_embed", None)
-            if isinstance(pos, torch.Tensor) and pos.ndim >= 2:
-                n = pos.shape[-2] - (0 if getattr(model, "no_embed_class", False) else num_prefix_tokens)
-                side = math.isqrt(max(n, 0))
-                if side > 0 and side * side == n:
-                    grid = (side, side)
+        grid = found.grid
+    if grid is None and rows is not None:
+        no_row = bool(getattr(model, "no_embed_class", False))
+        for n in ((rows,) if no_row else (rows - prefix, rows)):
+            side = square_side(n)
+            if side is not None:
+                grid = (side, side)
+                break
     if grid is None:
         raise ValueError(
-            f"cannot infer the token grid of {type(model).__name__}: it has no "
-            "`patch_embed.grid_size` and no square `pos_embed`; pass grid=(h, w)"
+            f"cannot infer the token grid of {type(model).__name__}: no patch embedding with a known image "
+            "size and no square position embedding; pass grid=(h, w)"
         )
-    if len(grid) != 2 or not all(is_int(g) and g > 0 for g in grid):
+    if not isinstance(grid, (tuple, list)) or len(grid) != 2 or not all(is_int(g) and g > 0 for g in grid):
         raise ValueError(f"grid={grid!r}: expected two positive ints (h, w)")
-    return TokenLayout((int(grid[0]), int(grid[1])), num_prefix_tokens)
+    layout = TokenLayout((int(grid[0]), int(grid[1])), prefix)
+    if rows is not None:
+        _check_rows(found, rows, layout, explicit_prefix=num_prefix_tokens is not None and declared is None)
+    return layout
+
+
+def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefix: bool) -> None:
+    n, p = layout.num_patches, layout.num_prefix_tokens
+    if rows in (n, n + p) and not (explicit_prefix and p > 0 and rows == n):
+        return
+    if rows in (n, n + p):  # P tokens the model shows no sign of, and no PE rows for them either
+        raise ValueError(
+            f"num_prefix_tokens={p}, but the model has no prefix-token parameter and its position embedding "
+            f"`{found.pos_embed_name}` has {rows} rows, exactly the {layout.grid[0]}×{layout.grid[1]} grid; "
+            "omit num_prefix_tokens= (or register a finder with structinit.register_position_finder if the "
+            "model really prepends tokens that have no position row)"
+        )
+    raise ValueError(
+        f"the position embedding `{found.pos_embed_name}` has {rows} rows, but a {layout.grid[0]}×{layout.grid[1]} "
+        f"grid with {p} prefix token(s) needs {n} or {n + p}; pass the grid=/num_prefix_tokens= that match"
+    )
 
 
 def grid_pos_embed(model: nn.Module, layout: TokenLayout) -> torch.Tensor | None:
-    """View (N, D) of the rows of ``model.pos_embed`` that belong to the grid, or None.
-
-    timm's ``no_embed_class`` (and a PE with exactly N rows) means prefix tokens have no row.
-    """
-    pos = getattr(model, "pos_embed", None)
-    if not isinstance(pos, torch.Tensor):
+    """View (N, D) of the rows of the model's position embedding that belong to the grid, or
+    None if it has none. A PE with exactly N rows (timm's ``no_embed_class``) gives prefix
+    tokens no row."""
+    found = find_position_embedding(model)
+    pos = found.pos_embed
+    if pos is None:
         return None
     rows = pos.reshape(-1, pos.shape[-1])
-    n = layout.num_patches
+    n, p = layout.num_patches, layout.num_prefix_tokens
     if rows.shape[0] == n:
         return rows
-    if rows.shape[0] == n + layout.num_prefix_tokens:
-        return rows[layout.num_prefix_tokens :]
-    raise ValueError(
-        f"pos_embed has {rows.shape[0]} rows but the layout has {n} grid tokens and "
-        f"{layout.num_prefix_tokens} prefix tokens; pass grid=/num_prefix_tokens= that match"
-    )
+    if rows.shape[0] == n + p:
+        return rows[p:]
+    _check_rows(found, rows.shape[0], layout, explicit_prefix=False)
+    raise AssertionError("unreachable")
+
+
+def prefix_pos_rows(model: nn.Module, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
+    """(name, view (P, D)) of the position-embedding rows of the prefix tokens, or None when
+    they have none."""
+    found = find_position_embedding(model)
+    pos = found.pos_embed
+    if pos is None or layout.num_prefix_tokens == 0:
+        return None
+    rows = pos.reshape(-1, pos.shape[-1])
+    if rows.shape[0] != layout.num_tokens:
+        return None
+    return f"{found.pos_embed_name} (prefix rows)", rows[: layout.num_prefix_tokens]
+
+
+def position_embedding_name(model: nn.Module) -> str | None:
+    """Qualified name of the model's position embedding, or None if none was found."""
+    found = find_position_embedding(model)
+    return None if found.pos_embed is None else found.pos_embed_name

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
-from structinit.adapters.layout import TokenLayout
+from structinit.adapters.layout import TokenLayout, prefix_pos_rows
+from structinit.adapters.position import Token, find_position_embedding
 
 PATCH_EMBED_PATHS = ("patch_embed.proj", "conv_proj", "embeddings.patch_embeddings.projection")
 MLP_OUT_PATHS = ("mlp.fc2", "linear2", "mlp.3", "ffn.fc2", "mlp.c_proj")
 
 Write = tuple[str, torch.Tensor, torch.Tensor | None]  # (name, weight, bias): output channel first
-Token = tuple[str, torch.Tensor]  # (name, tensor (…, D)): token vectors, channel last
 
 
 def _get(model: nn.Module, path: str) -> nn.Module | None:
@@ -28,6 +28,16 @@ def _get(model: nn.Module, path: str) -> nn.Module | None:
         return model.get_submodule(path)
     except AttributeError:
         return None
+
+
+def _find(model: nn.Module, path: str) -> tuple[str, nn.Module] | None:
+    """The one module at ``path`` or ending in ``.path`` (a wrapper such as Hugging Face's
+    ``ViTForImageClassification.vit`` nests the backbone), or None if there is none or several."""
+    module = _get(model, path)
+    if module is not None:
+        return path, module
+    hits = [(n, m) for n, m in model.named_modules() if n.endswith("." + path)]
+    return hits[0] if len(hits) == 1 else None
 
 
 def _weight_and_bias(name: str, module: nn.Module) -> Write:
@@ -38,13 +48,18 @@ def patch_embedding(model: nn.Module) -> Write:
     """(name, weight, bias) of the layer that turns patches into tokens; ValueError if the
     model has none of the known ones."""
     for path in PATCH_EMBED_PATHS:
-        module = _get(model, path)
-        if isinstance(module, (nn.Conv2d, nn.Linear)):
-            return _weight_and_bias(path, module)
+        hit = _find(model, path)
+        if hit is not None and isinstance(hit[1], (nn.Conv2d, nn.Linear)):
+            return _weight_and_bias(*hit)
+    # A hand-written ViT: its one convolution whose kernel equals its stride cuts the patches.
+    convs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride]
+    if len(convs) == 1:
+        return _weight_and_bias(*convs[0])
     raise ValueError(
         f"{type(model).__name__} has no patch embedding structinit knows (looked for "
-        f"{', '.join(PATCH_EMBED_PATHS)} as Conv2d or Linear); position reservation needs the layer "
-        "that writes patch content into the tokens: use reserve='none', or name it patch_embed.proj"
+        f"{', '.join(PATCH_EMBED_PATHS)} as Conv2d or Linear, and for a single Conv2d with kernel = stride); "
+        "position reservation needs the layer that writes patch content into the tokens: use reserve='none', "
+        "or name it patch_embed.proj"
     )
 
 
@@ -58,34 +73,44 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
         out.append((f"{name} (output projection)", weight, bias))
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
-        for path in MLP_OUT_PATHS:
-            module = _get(block, path)
-            if isinstance(module, nn.Linear) and module.out_features == adapter.dim:
-                out.append(_weight_and_bias(f"{block_path}.{path}".lstrip("."), module))
-                break
+        mlp_out = _mlp_output(block, adapter, search=bool(block_path))
+        if mlp_out is not None:
+            out.append(_weight_and_bias(f"{block_path}.{mlp_out[0]}".lstrip("."), mlp_out[1]))
         else:
             raise ValueError(
                 f"the block {block_path or '<root>'!r} around attention layer {name!r} has no MLP output "
-                f"structinit knows (looked for {', '.join(MLP_OUT_PATHS)}, a Linear to width {adapter.dim}); "
+                f"structinit knows (looked for {', '.join(MLP_OUT_PATHS)}, a Linear to width {adapter.dim}, and for "
+                "the block's last Linear to that width outside the attention); "
                 "use reserve='patch' to reserve the patch embedding only"
             )
     return out
 
 
+def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tuple[str, nn.Linear] | None:
+    """(path in ``block``, Linear) of the MLP output: a known name, or else (with ``search``;
+    never at a model's root, where the classifier head could match) the block's last Linear to
+    the model width outside the attention module, what writes the MLP's result back into the
+    stream in a pre- or post-norm block. None when there is none."""
+    for path in MLP_OUT_PATHS:
+        module = _get(block, path)
+        if isinstance(module, nn.Linear) and module.out_features == adapter.dim:
+            return path, module
+    if block is None or not search:
+        return None
+    inside = {id(m) for m in adapter.module.modules()}
+    last = [(n, m) for n, m in block.named_modules()
+            if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside]
+    return last[-1] if last else None
+
+
 def prefix_tokens(model: nn.Module, layout: TokenLayout) -> list[Token]:
-    """The learned vectors that make up the prefix tokens: ``cls_token``, ``reg_token`` and the
-    prefix rows of ``pos_embed`` (when it has them), as (name, view (…, D)). Empty without
-    prefix tokens."""
+    """The learned vectors that make up the prefix tokens: class / distillation / register
+    token parameters and the prefix rows of the position embedding (when it has them), as
+    (name, view (…, D)). Empty without prefix tokens."""
     if layout.num_prefix_tokens == 0:
         return []
-    out: list[Token] = []
-    for name in ("cls_token", "reg_token"):
-        t = getattr(model, name, None)
-        if isinstance(t, torch.Tensor):
-            out.append((name, t))
-    pos = getattr(model, "pos_embed", None)
-    if isinstance(pos, torch.Tensor):
-        rows = pos.reshape(-1, pos.shape[-1])
-        if rows.shape[0] == layout.num_patches + layout.num_prefix_tokens:
-            out.append(("pos_embed (prefix rows)", rows[: layout.num_prefix_tokens]))
+    out: list[Token] = list(find_position_embedding(model).prefix_tokens)
+    rows = prefix_pos_rows(model, layout)
+    if rows is not None:
+        out.append(rows)
     return out

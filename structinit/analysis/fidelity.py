@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.position import NOT_FOUND
 from structinit.analysis.capture import check_all_called, run_with_hooks
 from structinit.functional.attention import layer_norm_tokens
 from structinit.functional.targets import Offset, target_index
@@ -36,6 +37,28 @@ def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
     return out
 
 
+def recorded_layout(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> TokenLayout:
+    """The token layout the impulse init recorded on the ``chosen`` layers; explicit ``grid`` /
+    ``num_prefix_tokens`` must agree with it. Without a record it is inferred from the model
+    (:func:`structinit.infer_layout`)."""
+    records = {name: get_record(ad.module, "impulse") for name, ad in chosen}
+    layouts = {name: TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"]))
+               for name, r in records.items() if r is not None}
+    if not layouts:
+        return infer_layout(model, grid, num_prefix_tokens)
+    distinct = set(layouts.values())
+    if len(distinct) > 1:
+        raise ValueError(f"the chosen layers were initialised with different token layouts "
+                         f"{sorted(map(str, distinct))}; measure them separately (layers=)")
+    layout = distinct.pop()
+    for arg, value, recorded in (("grid", grid, layout.grid), ("num_prefix_tokens", num_prefix_tokens,
+                                                               layout.num_prefix_tokens)):
+        if value is not None and (tuple(value) if arg == "grid" else value) != recorded:
+            raise ValueError(f"{arg}={value!r}, but the impulse init recorded {arg}={recorded!r} on these layers; "
+                             f"omit {arg}= to use the recorded layout")
+    return layout
+
+
 @torch.no_grad()
 def impulse_fidelity(
     model: nn.Module,
@@ -57,13 +80,16 @@ def impulse_fidelity(
 
     With ``images`` the model runs forward and each layer sees its real input. With
     ``images=None`` every layer is fed the position-only pseudo input LayerNorm(PE) (the
-    grid rows of ``model.pos_embed``, or ``pos_embed``), as in the papers.
+    grid rows of the model's position embedding, or ``pos_embed``), as in the papers.
 
-    Offsets are read from each layer (recorded by :func:`structinit.impulse_init_`) unless
-    ``offsets`` gives one list of (dy, dx) per head (shared) or one such list per layer.
+    Offsets and the token layout are read from each layer (recorded by
+    :func:`structinit.impulse_init_`) unless ``offsets`` gives one list of (dy, dx) per head
+    (shared) or one such list per layer; ``grid`` / ``num_prefix_tokens`` are needed only without
+    a record and must agree with one. Every layer's token count is checked against prefix +
+    grid: a mismatch is an error that names both numbers, never a silently wrong score.
     """
     chosen = select_layers(find_attention_layers(model), layers)
-    layout = infer_layout(model, grid, num_prefix_tokens)
+    layout = recorded_layout(model, chosen, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
     heads = max(ad.num_heads for _, ad in chosen)
     mass = torch.full((len(chosen), heads), float("nan"))
@@ -73,7 +99,10 @@ def impulse_fidelity(
     p = layout.num_prefix_tokens
     targets = [[target_index(layout.grid, o) for o in layer] for layer in offs]
 
-    def reduce(i: int, x: torch.Tensor, prefix: int) -> None:
+    def reduce(i: int, x: torch.Tensor, real: bool) -> None:
+        prefix = p if real else 0
+        if real:  # real tokens: prefix + grid, in the layout the init recorded
+            layout.check_tokens(x.shape[-2], f"attention layer {chosen[i][0]!r}")
         probs = chosen[i][1].attention_probs(x.float())  # (B, H, T, T)
         arg = probs.argmax(-1)
         for h, t in enumerate(targets[i]):
@@ -87,18 +116,22 @@ def impulse_fidelity(
     if images is None:
         pe = pos_embed if pos_embed is not None else grid_pos_embed(model, layout)
         if pe is None:
-            raise ValueError("the model has no `pos_embed`; pass pos_embed=<(N, D) tensor> or images")
+            raise ValueError(f"{NOT_FOUND}; pass pos_embed=<(N, D) tensor> or images")
         check_finite("pos_embed", pe)
-        x = layer_norm_tokens(pe.detach().reshape(1, layout.num_patches, -1)).float()
+        rows = pe.detach().reshape(-1, pe.shape[-1])
+        if rows.shape[0] != layout.num_patches:
+            raise ValueError(f"pos_embed has {rows.shape[0]} rows, but the layout has {layout.num_patches} grid "
+                             f"tokens ({layout.grid[0]}×{layout.grid[1]}); pass the (N, D) grid rows")
+        x = layer_norm_tokens(rows[None]).float()
         for i in range(len(chosen)):
-            reduce(i, x, prefix=0)
+            reduce(i, x, real=False)
     else:
         was_training = model.training
         model.eval()
         try:
             for start in range(0, images.shape[0], batch_size):
                 run_with_hooks(model, images[start : start + batch_size], chosen,
-                                lambda i, x: reduce(i, x, prefix=p))
+                               lambda i, x: reduce(i, x, real=True))
         finally:
             model.train(was_training)
         check_all_called(chosen, (counts.sum(1) > 0).tolist())

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.position import NOT_FOUND
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import (
@@ -53,7 +54,7 @@ def plan_impulse(
     Head h of a layer gets an offset (dy, dx) in the k×k kernel; its attention map at init
     approximates the shift matrix H (:func:`structinit.impulse_matrix`): token (y, x) attends
     to (y+dy, x+dx). Written: the q/k weights (biases set to 0), optionally v/proj, (for
-    some solvers) the grid rows of ``pos_embed``, and with a reservation the residual writes
+    some solvers) the grid rows of the model's position embedding, and with a reservation the residual writes
     projected out of the position subspace (see ``reserve``); everything else is untouched.
 
     Args:
@@ -70,7 +71,9 @@ def plan_impulse(
         per_layer_offsets: draw new random offsets for each layer (default: one draw shared
             by all layers, as both papers do).
         grid, num_prefix_tokens: token layout, inferred from the model when omitted.
-        pos_embed: the (N, D) position embedding of a model that has no ``pos_embed``.
+        pos_embed: the (N, D) position embedding of a model whose own structinit cannot find
+            (found: timm's ``pos_embed``, Hugging Face's ``embeddings.position_embeddings``, a
+            parameter named like ``pos_embedding``; see :func:`structinit.register_position_finder`).
         generator, seed: source of every random draw (offsets, noise, v/proj).
         value_init: ``'keep'`` leaves v/proj as they are; ``'mimetic'`` sets W_v W_o =
             ``vo_gamma``·Z − ``vo_delta``·I as :func:`structinit.mimetic_init_` does. Default: the
@@ -88,7 +91,7 @@ def plan_impulse(
             pseudo input (the sharpness); ``signed=True`` a kernel whose target logit is > 0
             and every other < 0, so that with the reservation the argmax is exact on any
             content (``False``: the cosine kernel alone); ``pe_scale=1.0`` writes pe_scale × the
-            2-D sin-cos table into the grid rows of ``pos_embed`` (learned or fixed; ``None``
+            2-D sin-cos table into the grid rows of the model's position embedding (learned or fixed; ``None``
             keeps the model's PE and reads the structure out of it); ``ridge=2e-3``.
             ``pe_scale=4`` keeps the maps sharper on real images but drowns the content.
         closed_form: ``pe_scale=18`` (applied to a learned PE only), ``qk_norm=7``,
@@ -175,8 +178,8 @@ def _position_embedding(model, layout, dim, pos_embed, solver, plan: Plan) -> to
     if solver.reads_model_pe():
         if pe is None:
             raise ValueError(
-                f"solver={solver.name!r} builds attention from the position embedding, but the model has "
-                "no `pos_embed`; pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
+                f"solver={solver.name!r} builds attention from the position embedding, but {NOT_FOUND}; "
+                "pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
             )
         check_finite("pos_embed", pe)
     learned = pos_embed is None and pe_dst is not None and pe_dst.requires_grad
@@ -185,8 +188,8 @@ def _position_embedding(model, layout, dim, pos_embed, solver, plan: Plan) -> to
         return pe
     if pe is None:
         raise ValueError(
-            f"solver={solver.name!r} with a pe_scale writes the model's `pos_embed`, but the model has "
-            "none; pass pos_embed=<(N, D) tensor the model adds to its tokens> and pe_scale=None"
+            f"solver={solver.name!r} with a pe_scale writes the model's position embedding, but {NOT_FOUND}; "
+            "pass pos_embed=<(N, D) tensor the model adds to its tokens> and pe_scale=None"
         )
     if pos_embed is not None:
         raise ValueError(

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import AttentionAdapter, TokenLayout
+from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.residual import Token, Write, patch_embedding, prefix_tokens, residual_writes
 from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
@@ -69,8 +70,8 @@ def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
     init maths runs."""
     check_choice("reserve", mode, ("patch", "residual"))
     if pe is None:
-        raise ValueError(f"reserve={mode!r} reserves the position embedding's subspace, but the model has no "
-                         "`pos_embed`; pass pos_embed=<(N, D) tensor> or reserve='none'")
+        raise ValueError(f"reserve={mode!r} reserves the position embedding's subspace, but {NOT_FOUND}; "
+                         "pass pos_embed=<(N, D) tensor> or reserve='none'")
     basis = position_basis(pe)
     d, r = basis.shape
     if free_width(basis) < 1:

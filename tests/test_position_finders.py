@@ -1,0 +1,137 @@
+"""Position-embedding discovery: the built-in finders (timm, Hugging Face, generic names such
+as vit-pytorch's), the registry users extend, and the token-count checks fidelity makes."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import structinit
+from attention_modules import SepAttention, SepViT
+
+
+class PytorchStyleViT(nn.Module):
+    """vit-pytorch's layout: ``pos_embedding`` (1, N+1, D) and ``cls_token`` at the root, a
+    patch convolution, ``image_size``; the grid comes from the convolution."""
+
+    def __init__(self, image_size=(16, 24), patch=4, dim=32, heads=2, extra_token=False):
+        super().__init__()
+        self.image_size = image_size
+        self.to_patch = nn.Conv2d(3, dim, patch, stride=patch)
+        n = (image_size[0] // patch) * (image_size[1] // patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embedding = nn.Parameter(torch.randn(1, n + 1, dim) * 0.02)
+        self.norm = nn.LayerNorm(dim)
+        self.attn = nn.ModuleList([SepAttention(dim, heads)])
+        self.extra_token = extra_token  # a token from nowhere: breaks the recorded layout
+
+    def forward(self, img):
+        x = self.to_patch(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1) + self.pos_embedding
+        if self.extra_token:
+            x = torch.cat([torch.zeros_like(x[:, :1]), x], 1)
+        for layer in self.attn:
+            x = x + layer(self.norm(x))
+        return x[:, 0]
+
+
+def test_generic_finder_reads_a_vit_pytorch_layout():
+    model = PytorchStyleViT()
+    found = structinit.find_position_embedding(model)
+    assert (found.source, found.pos_embed_name, found.grid, found.num_prefix_tokens) == (
+        "generic", "pos_embedding", (4, 6), 1)
+    assert structinit.infer_layout(model) == structinit.TokenLayout((4, 6), 1)
+    structinit.init_(model, "impulse", reserve="patch", seed=0)  # the patch conv is found by its stride
+    assert bool((structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24))["hit"] == 1).all())
+
+
+def test_timm_finder_has_priority_and_reads_grid_size():
+    model = SepViT(img=(8, 12))
+    found = structinit.find_position_embedding(model)
+    assert found.source == "timm" and found.grid == (4, 6) and found.num_prefix_tokens == 0
+
+
+@settings(max_examples=15, deadline=None)
+@given(side=st.integers(2, 9), as_buffer=st.booleans(), two_d=st.booleans())
+def test_plain_tensor_of_shape_n_by_d_is_found(side, as_buffer, two_d):
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            shape = (side * side, 16) if two_d else (1, side * side, 16)
+            if as_buffer:
+                self.register_buffer("pos_emb", torch.zeros(shape))
+            else:
+                self.pos_emb = nn.Parameter(torch.zeros(shape))
+
+    found = structinit.find_position_embedding(Plain())
+    assert found.pos_embed_name == "pos_emb" and found.num_prefix_tokens is None
+    assert structinit.infer_layout(Plain()) == structinit.TokenLayout((side, side), 0)
+
+
+def test_two_candidates_are_ambiguous_and_the_error_asks_for_hints():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos_embedding = nn.Parameter(torch.zeros(1, 16, 8))
+            self.position_embeddings = nn.Parameter(torch.zeros(1, 16, 8))
+
+    assert structinit.find_position_embedding(Two()).pos_embed is None
+    with pytest.raises(ValueError, match=r"pass grid=\(h, w\)"):
+        structinit.infer_layout(Two())
+
+
+def test_user_finder_is_tried_first_and_can_be_removed():
+    model = SepViT()
+    seen = []
+
+    def finder(m):
+        seen.append(type(m).__name__)
+        return structinit.Discovery(m.pos_embed, "mine", grid=(4, 16), num_prefix_tokens=0, source="mine")
+
+    structinit.register_position_finder("mine", finder)
+    try:
+        assert structinit.infer_layout(model).grid == (4, 16) and seen == ["SepViT"]
+    finally:
+        structinit.unregister_position_finder("mine")
+    assert structinit.infer_layout(model).grid == (8, 8)
+
+
+def test_a_finder_that_returns_something_else_is_named():
+    structinit.register_position_finder("broken", lambda m: {"grid": (8, 8)})
+    try:
+        with pytest.raises(TypeError, match=r"finder 'broken' returned dict, not a Discovery"):
+            structinit.infer_layout(SepViT())
+    finally:
+        structinit.unregister_position_finder("broken")
+
+
+@pytest.mark.parametrize("bad", [("", lambda m: None), ("x", 3)])
+def test_register_position_finder_checks_its_arguments(bad):
+    with pytest.raises((TypeError, ValueError), match=r"name=|finder="):
+        structinit.register_position_finder(*bad)
+
+
+def test_fidelity_checks_every_token_count_against_the_recorded_layout():
+    model = PytorchStyleViT(extra_token=True)  # the forward prepends a token the layout does not know
+    structinit.init_(model, "impulse", reserve="none", seed=0)
+    with pytest.raises(ValueError, match=r"'attn.0' received 26 tokens, but the layout has 1 prefix \+ 24 grid"):
+        structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24))
+
+
+def test_fidelity_without_a_record_checks_the_explicit_layout():
+    model = PytorchStyleViT()
+    offsets = [(0, 0), (1, 1)]
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=0, but PytorchStyleViT has 1 prefix"):
+        structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24), offsets=offsets, num_prefix_tokens=0)
+    # 25 PE rows fit a 5×5 grid whose prefix tokens have no row, but 25 tokens arrive, not 1 + 25.
+    with pytest.raises(ValueError, match=r"received 25 tokens, but the layout has 1 prefix \+ 25 grid \(5×5\) = 26"):
+        structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24), offsets=offsets, grid=(5, 5))
+    with pytest.raises(ValueError, match=r"`pos_embedding` has 25 rows, but a 3×3 grid with 1 prefix .* needs 9 or 10"):
+        structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24), offsets=offsets, grid=(3, 3))
+
+
+def test_impulse_init_records_the_prefix_tokens_it_found():
+    model = PytorchStyleViT()
+    structinit.init_(model, "impulse", reserve="none", seed=0)
+    assert structinit.get_record(model.attn[0])["num_prefix_tokens"] == 1
