@@ -24,7 +24,7 @@ import torch
 import structinit as si
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from init_bench import load_cifar_test, summarise  # noqa: E402
+from init_bench import load_cifar_test, summarise
 
 CONFIG = dict(image_size=32, patch_size=4, hidden_size=192, num_attention_heads=3, num_hidden_layers=4,
               intermediate_size=768, num_labels=10)

@@ -142,3 +142,15 @@ def test_deit_distillation_token_is_a_prefix_token():
     names = [n for n, _ in structinit.find_position_embedding(model).prefix_tokens]
     assert names == ["deit.embeddings.cls_token", "deit.embeddings.distillation_token"]
     assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
+
+
+@pytest.mark.parametrize("scheme", ["timm", "pytorch"])
+def test_baselines_reinitialise_hf_position_embedding_and_class_token(scheme):
+    model = hf_vit()
+    emb = model.vit.embeddings
+    with torch.no_grad():
+        emb.position_embeddings.fill_(5.0)
+        emb.cls_token.fill_(5.0)
+    structinit.init_(model, scheme, seed=0)
+    assert emb.position_embeddings.detach().abs().max() < 1  # trunc-normal / N(0, 0.02²), not 5
+    assert emb.cls_token.detach().abs().max() < 1

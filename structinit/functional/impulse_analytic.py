@@ -205,7 +205,7 @@ def calibrate_logit_scale(
     if reach < mass:
         raise ValueError(
             f"target_mass={mass} is out of reach: the structure gives at most {reach:.4f} on this "
-            "pseudo input; lower target_mass"
+            "pseudo input; lower target_mass, or strengthen the position signal (a larger pe_scale)"
         )
     s = 0.0
     for _ in range(100):
@@ -277,8 +277,8 @@ def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], he
         raise ValueError(
             f"the analytic impulse misses {missed} of {total} targets on the position-only input "
             f"(embed dim {d}, head_dim={head_dim}, grid {grid[0]}×{grid[1]}): this position embedding "
-            "cannot carry the structure at this size; use a larger embed_dim/head_dim, a smaller kernel, "
-            "or let the init write the sin-cos table (pe_scale)"
+            f"cannot carry the structure at this size; use a larger embed_dim/head_dim, a smaller kernel, a smaller "
+            f"ridge (ridge={ridge}; the default is 2e-3), or let the init write the sin-cos table (pe_scale)"
         )
     tau = calibrate_logit_scale(kernel, grid, offsets, target_mass)
     f = math.sqrt(tau / scale)

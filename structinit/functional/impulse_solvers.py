@@ -33,6 +33,7 @@ from structinit.functional.posembed import sincos_2d
 from structinit.functional.pseudo_input import PSEUDO_INPUTS, pseudo_input
 from structinit.functional.targets import Offset
 from structinit.utils import OptionError, Registry, check_choice, check_int, check_number, check_options
+from structinit.utils.checks import check_bool
 
 Factors = tuple[torch.Tensor, torch.Tensor]
 
@@ -129,8 +130,7 @@ class AnalyticSolver(ImpulseSolver):
         check_number("target_mass", self.target_mass, low=0, high=1, low_open=True, high_open=True)
         check_number("pe_scale", self.pe_scale, low=0, low_open=True, allow_none=True)
         check_number("ridge", self.ridge, low=0, low_open=True)
-        if not isinstance(self.signed, bool):
-            raise OptionError(f"signed={self.signed!r}: expected True or False")
+        check_bool("signed", self.signed)
         check_number("content", self.content, low=0)
         if self.frequencies is not None:
             check_int("frequencies", self.frequencies, low=1)
@@ -237,13 +237,12 @@ class GradientDescentSolver(ImpulseSolver):
 
     def __post_init__(self):
         check_int("steps", self.steps, low=0)
-        check_number("lr", self.lr, low=0, low_open=True)
+        check_number("lr", self.lr, low=0, low_open=True, high=1e30)  # the fit runs in float32
         check_int("renorm_every", self.renorm_every, low=1)
         check_choice("pseudo", self.pseudo, PSEUDO_INPUTS)
-        if not isinstance(self.share_solution, bool):
-            raise TypeError(f"share_solution={self.share_solution!r}: expected True or False")
+        check_bool("share_solution", self.share_solution)
         if self.callback is not None and not callable(self.callback):
-            raise TypeError(f"callback={self.callback!r}: expected a function (step, loss) or None")
+            raise OptionError(f"callback={self.callback!r}: expected a function (step, loss) or None")
 
     def reads_model_pe(self) -> bool:
         return "pe" in self.pseudo

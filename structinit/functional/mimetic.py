@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from structinit.utils import check_number
+
 NOISE = ("uniform", "normal")
 
 
@@ -28,6 +30,8 @@ def mimetic_factors(
     dim: int, alpha: float, beta: float, *, noise: str = "uniform", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(L, R, M): M = α Z + β I and its balanced factors L = U S^{½}, R = S^{½} Vᵀ (float64)."""
+    check_number("alpha", alpha)
+    check_number("beta", beta)
     m = alpha * mimetic_noise(dim, noise, generator=generator) + beta * torch.eye(dim, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(m)
     return u * s.sqrt(), s.sqrt()[:, None] * vh, m
@@ -60,6 +64,8 @@ def mimetic_vo(
     a diagonal that is negative on average but not entry by entry, different noise). Only for
     comparisons with those ports.
     """
+    check_number("gamma", gamma)
+    check_number("delta", delta)
     left, right, m = mimetic_factors(dim, gamma, -delta, noise=noise, generator=generator)
     left, right = left[:, :inner], right[:inner]
     if reference_layout:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from structinit.utils import is_int
+from structinit.utils import OptionError, is_int
 
 Offset = tuple[int, int]
 
@@ -74,11 +74,11 @@ def check_offsets(offsets: Sequence[Offset], kernel_size: int) -> list[Offset]:
     half = kernel_size // 2
     out = []
     for o in offsets:
-        if len(o) != 2 or not all(is_int(v) for v in o):
-            raise TypeError(f"offset {o!r}: expected a pair of ints (dy, dx)")
+        if not isinstance(o, Sequence) or isinstance(o, str) or len(o) != 2 or not all(is_int(v) for v in o):
+            raise OptionError(f"offsets: offset {o!r} is not a pair of ints (dy, dx); give one (dy, dx) per head")
         if max(abs(o[0]), abs(o[1])) > half:
             raise ValueError(
-                f"offset {tuple(o)} lies outside the {kernel_size}×{kernel_size} kernel: "
+                f"offsets: offset {tuple(o)} lies outside the {kernel_size}×{kernel_size} kernel: "
                 f"each of dy, dx must be in [−{half}, {half}]; raise kernel_size or change the offset"
             )
         out.append((int(o[0]), int(o[1])))

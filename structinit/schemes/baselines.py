@@ -1,7 +1,9 @@
 """Baseline initialisations: PyTorch defaults, timm, JAX/ViT-original, Xavier variants, and
 parametrised truncated-normal / Kaiming-uniform. All write every Linear / Conv / norm weight
-of the model, plus learned ``pos_embed`` / ``cls_token`` / ``reg_token``; a fixed
-(``requires_grad=False``) position embedding is left alone."""
+of the model, plus the learned position embedding and prefix tokens wherever the model keeps
+them (timm's ``pos_embed`` / ``cls_token`` / ``reg_token``, Hugging Face's
+``embeddings.position_embeddings`` / ``cls_token`` …); a fixed (``requires_grad=False``)
+position embedding is left alone."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from structinit.adapters import FusedQKVAdapter, adapter_for
+from structinit.adapters import FusedQKVAdapter, adapter_for, find_position_embedding
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import register_planner
+from structinit.schemes.registry import checked_planner, register_planner
 from structinit.utils import check_choice, check_number, make_generator
 
 WeightFn = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
@@ -105,15 +107,22 @@ def _plan_weights(
                 plan.add([(m.weight, torch.ones(m.weight.shape))])
             if getattr(m, "bias", None) is not None:
                 plan.add([(m.bias, torch.zeros(m.bias.shape))])
-    pos = getattr(model, "pos_embed", None)
-    if isinstance(pos, nn.Parameter) and pos.requires_grad:
+    pos, tokens = _position_and_prefix(model)
+    if pos is not None:
         plan.add([(pos, nn.init.trunc_normal_(_empty(pos.shape), std=pos_embed_std, a=-2, b=2, generator=gen))])
-    for attr in ("cls_token", "reg_token"):
-        t = getattr(model, attr, None)
-        if isinstance(t, nn.Parameter):
-            value = prefix(tuple(t.shape)) if prefix else nn.init.normal_(_empty(t.shape), std=1e-6, generator=gen)
-            plan.add([(t, value)])
+    for t in tokens:
+        value = prefix(tuple(t.shape)) if prefix else nn.init.normal_(_empty(t.shape), std=1e-6, generator=gen)
+        plan.add([(t, value)])
     return plan
+
+
+def _position_and_prefix(model: nn.Module) -> tuple[nn.Parameter | None, list[nn.Parameter]]:
+    """The learned position embedding (None if fixed or absent) and the learned prefix-token
+    parameters (class, distillation, register), wherever the model keeps them
+    (:func:`structinit.find_position_embedding`: timm, Hugging Face, generic names)."""
+    found = find_position_embedding(model)
+    pos = found.pos_embed if isinstance(found.pos_embed, nn.Parameter) and found.pos_embed.requires_grad else None
+    return pos, [t for _, t in found.prefix_tokens if isinstance(t, nn.Parameter)]
 
 
 def _post_order(module: nn.Module):
@@ -145,6 +154,7 @@ def _zero_bias(name, size):
     return torch.zeros(size)
 
 
+@checked_planner
 def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's own defaults: every module's ``reset_parameters`` (Linear/Conv Kaiming-uniform
     a = √5 with U(±1/√fan_in) bias, LayerNorm 1/0, MultiheadAttention Xavier + zero bias),
@@ -163,19 +173,18 @@ def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, 
                 _reset(m)
 
     plan = Plan(actions=[reset_all])  # the resets write the model themselves, so they run at commit
-    pos = getattr(model, "pos_embed", None)
-    if isinstance(pos, nn.Parameter) and pos.requires_grad:
+    pos, tokens = _position_and_prefix(model)
+    if pos is not None:
         plan.add([(pos, torch.randn(pos.shape, generator=gen) * 0.02)])
-    for attr in ("cls_token", "reg_token"):
-        t = getattr(model, attr, None)
-        if isinstance(t, nn.Parameter):
-            plan.add([(t, torch.zeros(t.shape))])
+    for t in tokens:
+        plan.add([(t, torch.zeros(t.shape))])
     return _finish(model, plan)
 
 
 pytorch_init_ = register_planner("pytorch", plan_pytorch)
 
 
+@checked_planner
 def plan_timm(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
     patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
@@ -191,6 +200,7 @@ def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
     return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
 
 
+@checked_planner
 def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """The original JAX ViT init (timm's ``weight_init='jax'``): Linear Xavier-uniform (the fused
     qkv as one matrix), zero bias except N(0, 1e-6²) in MLPs; zero ``head``; LeCun-normal
@@ -212,6 +222,7 @@ def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed
 jax_init_ = register_planner("jax", plan_jax)
 
 
+@checked_planner
 def plan_xavier_fused(
     model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None
 ) -> Plan:
@@ -224,6 +235,7 @@ def plan_xavier_fused(
 xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
 
 
+@checked_planner
 def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
     each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
@@ -234,6 +246,7 @@ def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, s
 xavier_init_ = register_planner("xavier", plan_xavier)
 
 
+@checked_planner
 def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
                        generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
@@ -249,6 +262,7 @@ def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b
 trunc_normal_init_ = register_planner("trunc_normal", plan_trunc_normal)
 
 
+@checked_planner
 def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
                           nonlinearity: str = "leaky_relu", generator: torch.Generator | None = None,
                           seed: int | None = None) -> Plan:

@@ -23,20 +23,21 @@ from structinit.functional.targets import (
     random_offsets,
 )
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import register_planner
+from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
 
 
+@checked_planner
 def plan_impulse(
     model: nn.Module,
     solver: str = "analytic",
     *,
     kernel_size: int = 3,
     offsets: str | Sequence[Offset] | None = None,
-    layers: Iterable[int] | None = None,
+    layers: Iterable[int] | int | None = None,
     per_layer_offsets: bool = False,
     grid: tuple[int, int] | None = None,
     num_prefix_tokens: int | None = None,

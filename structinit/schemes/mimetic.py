@@ -11,11 +11,12 @@ from torch import nn
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import register_planner
+from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, make_generator
 
 
+@checked_planner
 def plan_mimetic(
     model: nn.Module,
     *,

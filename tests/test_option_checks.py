@@ -1,0 +1,235 @@
+"""Every option of every built-in scheme (and of every impulse solver) is checked before anything
+is written: an unknown name lists the valid ones, a wrong type, a NaN/inf or an out-of-range
+value raises a ValueError/TypeError naming the option, and the model stays bit-identical."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+
+import structinit
+from rejection import check_rejected
+from structinit.functional import IMPULSE_SOLVERS
+from structinit.schemes import SCHEMES
+from structinit.utils import OptionError
+
+NAN, INF = float("nan"), float("inf")
+
+
+def small(**kw):
+    """4×4 grid, D = 32, 2 heads (head_dim 16), depth 2, fixed sin-cos PE."""
+    return structinit.create_model("vit_micro_patch2_16", img_size=8, **kw)
+
+
+# Bad values by kind of option.
+ANY_NUMBER = ["0.7", True, None, [0.7], NAN, INF, -INF, 1e300]  # 1e300: finite, but inf in the model
+POSITIVE = [0, -1.0, "1", True, None, [1.0], NAN, INF]
+FLAG = ["yes", 1, 0, None, [True]]
+SEED = ["0", 1.5, True, [0], 2**64, -(2**63) - 1]
+GENERATOR = [0, "gen", [1], torch.zeros(1)]
+LAYERS = [True, 3.0, "0", [5], [-3], [], ["0"], [0.5]]
+RESERVE = ["bogus", 3, True]
+SEEDED = {"generator": GENERATOR, "seed": SEED}
+
+# scheme → option → bad values (every option of every built-in scheme; see the coverage test)
+BAD = {
+    "impulse": {
+        "solver": ["newton", 3, None, ["analytic"]],
+        "kernel_size": [4, 0, -3, 3.0, True, "3", None, 9],
+        "offsets": [3, "diagonal", {0: 1}, [(0, 0)], [(0.5, 0), (0, 0)], [3, 4], [(2, 0), (0, 0)], [(0, 0), (1,)]],
+        "layers": LAYERS,
+        "per_layer_offsets": FLAG,
+        "grid": [3, "ab", (4,), (4.0, 4), (0, 4), (True, 4), (8, 8)],  # (8, 8): not the PE's rows
+        "num_prefix_tokens": [True, 1.5, -1, "1", 5],
+        "pos_embed": [[[0.0]], "pe", torch.zeros(15, 32), torch.full((16, 32), NAN)],
+        "value_init": ["bogus", 3, True],
+        "vo_gamma": ANY_NUMBER,
+        "vo_delta": ANY_NUMBER,
+        "reserve": RESERVE,
+        **SEEDED,
+    },
+    "mimetic": {
+        "alpha": ANY_NUMBER, "beta": ANY_NUMBER, "gamma": ANY_NUMBER, "delta": ANY_NUMBER,
+        "noise": ["laplace", 3, None],
+        "layers": LAYERS,
+        "reference_layout": FLAG,
+        "reserve": RESERVE,
+        **SEEDED,
+    },
+    "pytorch": SEEDED, "timm": SEEDED, "jax": SEEDED, "xavier": SEEDED, "xavier_fused": SEEDED,
+    "trunc_normal": {
+        "std": POSITIVE,
+        "a": ["x", True, None, NAN, -INF, 3.0],  # 3.0: not below b = 2
+        "b": ["x", True, None, NAN, INF, -3.0],  # -3.0: not above a = -2
+        **SEEDED,
+    },
+    "kaiming_uniform": {
+        "a": ["x", True, None, [0.0], NAN, INF, 1e200],  # 1e200: a² overflows
+        "mode": ["fan", 3, None],
+        "nonlinearity": ["swish", 3, None],
+        **SEEDED,
+    },
+}
+
+# impulse solver → option → bad values
+SOLVER_BAD = {
+    "analytic": {
+        "target_mass": [0, 1.0, 1.5, -0.2, 0.05, "0.5", True, None, NAN, INF],  # 0.05 < 1/N
+        "pe_scale": [0.0, -1.0, "2", True, [1.0], NAN, INF, 1e39, 1e-300],
+        "ridge": [*POSITIVE, 1.0],  # 1.0: so much ridge the structure is lost
+        "signed": FLAG,
+        "content": [-0.1, "0.1", True, None, NAN, INF, 1e300],
+        "frequencies": [0, -1, 2.5, True, "2"],
+    },
+    "closed_form": {
+        "pe_scale": [0, -1.0, "18", True, NAN, INF],
+        "qk_norm": [*POSITIVE, 1e300],
+        "logit_scale": POSITIVE,
+        "noise": [-1.0, "3", True, None, NAN, INF],
+        "pinv_rank": [0, -1, 1.5, True, "4"],
+    },
+    "gd": {
+        "steps": [-1, 2.5, True, "10", None],
+        "lr": [*POSITIVE, 1e300],
+        "renorm_every": [0, -1, 1.5, True, "100"],
+        "pseudo": ["nope", 3, None],
+        "share_solution": FLAG,
+        "callback": [3, "print"],
+    },
+}
+
+# what the option needs to be reached (an option of v/proj only matters with value_init='mimetic')
+REACH = {("impulse", "vo_gamma"): {"value_init": "mimetic"}, ("impulse", "vo_delta"): {"value_init": "mimetic"},
+         ("impulse", "pos_embed"): {"pe_scale": None}, ("impulse", "num_prefix_tokens"): {"pe_scale": None}}
+
+
+def _named(option: str, message: str) -> bool:
+    """The message names the option: ``option=…``, ``option: …``, ``option contains/has …``
+    (an unknown solver is named by the solver registry: ``unknown impulse solver …``)."""
+    if option == "solver" and "unknown impulse solver" in message:
+        return True
+    return re.search(rf"(?<![\w.]){re.escape(option)}(=|:| contains | has )", message) is not None
+
+
+def _cases():
+    for scheme, options in BAD.items():
+        for option, values in options.items():
+            for i, value in enumerate(values):
+                yield pytest.param(scheme, option, value, REACH.get((scheme, option), {}),
+                                   id=f"{scheme}-{option}-{i}")
+    for solver, options in SOLVER_BAD.items():
+        for option, values in options.items():
+            for i, value in enumerate(values):
+                extra = {"solver": solver, **({"steps": 1} if solver == "gd" and option != "steps" else {})}
+                yield pytest.param("impulse", option, value, extra, id=f"impulse-{solver}-{option}-{i}")
+
+
+def _rejected(model, call, option):
+    msg = check_rejected(model, call, (ValueError, TypeError), None)
+    assert _named(option, msg), msg
+    return msg
+
+
+@pytest.mark.filterwarnings("ignore:.*reserves nothing")
+@pytest.mark.parametrize("scheme, option, value, extra", list(_cases()))
+def test_bad_value_is_rejected_naming_the_option(scheme, option, value, extra):
+    _rejected(small(), lambda m: structinit.init_(m, scheme, **{"seed": 0, **extra, option: value}), option)
+
+
+def _options(fn) -> set[str]:
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def test_every_option_of_every_built_in_scheme_and_solver_has_bad_values():
+    assert set(BAD) == set(structinit.schemes())
+    for name in structinit.schemes():
+        assert set(BAD[name]) == _options(SCHEMES.get(name).plan), name
+    assert set(SOLVER_BAD) == set(IMPULSE_SOLVERS.names())
+    for name, cls in IMPULSE_SOLVERS.items():
+        assert set(SOLVER_BAD[name]) == set(inspect.signature(cls).parameters), name
+
+
+# --------------------------------------------------------------------------- unknown options
+
+def _valid(scheme: str) -> set[str]:
+    own = _options(SCHEMES.get(scheme).plan)
+    return own | set(inspect.signature(IMPULSE_SOLVERS.get("analytic")).parameters) if scheme == "impulse" else own
+
+
+CALLS = {
+    "init_": lambda scheme: lambda m, **kw: structinit.init_(m, scheme, **kw),
+    "plan_init": lambda scheme: lambda m, **kw: structinit.plan_init(m, scheme, **kw).commit(),
+    "direct": lambda scheme: getattr(structinit, f"{scheme}_init_"),
+    "planner": lambda scheme: lambda m, **kw: SCHEMES.get(scheme).plan(m, **kw).commit(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("scheme", sorted(BAD))
+def test_unknown_option_lists_the_valid_ones(scheme, call):
+    fn = CALLS[call](scheme)
+    msg = check_rejected(small(), lambda m: fn(m, foo=1, seed=0), OptionError, r"unknown option\(s\) foo")
+    assert all(name in msg for name in _valid(scheme)), msg
+
+
+def test_direct_functions_and_planners_are_the_registered_ones():
+    for scheme in structinit.schemes():
+        assert SCHEMES.get(scheme).init is getattr(structinit, f"{scheme}_init_")
+    from structinit.schemes import plan_mimetic
+
+    assert SCHEMES.get("mimetic").plan is plan_mimetic
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("scheme", sorted(BAD))
+def test_every_entry_point_checks_types(scheme, call):
+    msg = check_rejected(small(), lambda m: CALLS[call](scheme)(m, seed="0"), OptionError, r"seed='0'")
+    assert "expected an int" in msg
+
+
+@pytest.mark.parametrize("scheme", ["pytorch", "mimetic", "trunc_normal"])
+def test_options_are_keyword_only(scheme):
+    check_rejected(small(), lambda m: getattr(structinit, f"{scheme}_init_")(m, 3), OptionError,
+                   r"positional.*by name: .*seed")
+
+
+def test_non_module_is_rejected_by_every_entry_point():
+    for scheme in structinit.schemes():
+        for call in CALLS.values():
+            with pytest.raises(TypeError, match=r"nn\.Module.*dict"):
+                call(scheme)({}, seed=0)
+
+
+# --------------------------------------------------------------------------- the reported cases
+
+def test_reported_cases():
+    msg = check_rejected(small(), lambda m: structinit.init_(m, "impulse", pe_scale="2"), OptionError,
+                         r"pe_scale='2'")
+    assert "(0, ∞) or None" in msg
+    check_rejected(small(), lambda m: structinit.init_(m, "mimetic", alpha=NAN), ValueError, r"alpha=nan")
+    msg = check_rejected(small(), lambda m: structinit.init_(m, "impulse", pe_scale=INF), ValueError, r"pe_scale=inf")
+    assert "embed" not in msg
+    for fn in (structinit.mimetic_init_, structinit.pytorch_init_):
+        check_rejected(small(), lambda m, fn=fn: fn(m, foo=1), OptionError, r"foo; valid: .*seed")
+
+
+def test_a_value_too_large_for_the_model_dtype_is_rejected():
+    """α = 1e12 is fine in float32 but overflows float16: the plan is checked in the model's dtype."""
+    structinit.init_(small(), "mimetic", alpha=1e12, seed=0)
+    half = small().half()
+    check_rejected(half, lambda m: structinit.init_(m, "mimetic", alpha=1e12, seed=0), ValueError,
+                   r"NaN/inf into blocks\.0\..*float16.*alpha=1000000000000\.0")
+
+
+def test_good_values_of_every_kind_still_pass():
+    model = small()
+    structinit.init_(model, "impulse", layers=0, grid=[4, 4], offsets=[(0, 0), (1, 1)], seed=torch.tensor(3).item(),
+                     per_layer_offsets=False, vo_gamma=1, value_init="mimetic")
+    structinit.init_(model, "mimetic", layers=range(2), alpha=1, generator=torch.Generator().manual_seed(0))
+    structinit.init_(model, "kaiming_uniform", a=0, mode="fan_out", nonlinearity="relu", seed=2**64 - 1)
+    structinit.trunc_normal_init_(model, std=1, a=-1, b=1, seed=-(2**63))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
