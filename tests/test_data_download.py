@@ -4,6 +4,7 @@ archives that would write outside their folder refused."""
 import gzip
 import hashlib
 import io
+import os
 import pickle
 import struct
 import tarfile
@@ -109,6 +110,20 @@ def test_archive_download_extract_load_and_skip(server, tmp_path, monkeypatch):
     assert len(hits) == 1
     assert torch.equal(load_dataset("cifar10", root, download=True).images, ds.images)
     assert len(hits) == 1
+
+
+def test_downloaded_archive_mode_follows_the_umask(server, tmp_path, monkeypatch):
+    base, routes, _ = server
+    body = cifar_archive()
+    routes["/cifar-10-python.tar.gz"] = (body, None)
+    source = one_file_source(base, "cifar-10-python.tar.gz", body, "cifar-10-batches-py")
+    monkeypatch.setitem(SOURCES, "cifar10", source)
+    old = os.umask(0o022)
+    try:
+        download("cifar10", tmp_path)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "cifar-10-python.tar.gz").stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.parametrize("name", ["cifar-10-batches-py", "cifar-10-python.tar.gz"])

@@ -13,6 +13,7 @@ import hashlib
 import http.client
 import logging
 import os
+import secrets
 import shutil
 import tarfile
 import tempfile
@@ -160,7 +161,9 @@ def fetch(url: str, dest: str | Path, md5: str, size: int | None = None, timeout
         log.info("%s: already downloaded and verified", dest)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    # Not tempfile.mkstemp (always 0600): 0666 less the umask, like any file the user writes.
+    part = str(dest.parent / f".{dest.name}.{secrets.token_hex(4)}.part")
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         log.info("downloading %s -> %s", url, dest)
         with os.fdopen(fd, "wb") as out:

@@ -5,24 +5,52 @@ run will train."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from structinit.harness.errors import user_input
 from structinit.schemes.plan import Plan
 
 if TYPE_CHECKING:
     from structinit.harness.train import TrainConfig
 
-__all__ = ["build_model", "load_data", "load_train_split", "plan_model"]
+__all__ = ["build_model", "check_data", "load_data", "load_train_split", "plan_model"]
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """The checks of ``cfg``'s data that need no loading: the dataset's name, a ``data_dir``
+    where the dataset reads one, and that it exists unless it is to be downloaded. Errors are
+    marked as input errors (:func:`~structinit.harness.errors.user_input`)."""
+    # load_dataset's own name check (aliases included), without loading anything
+    from structinit.data import DATASET_LOADERS, DatasetNotFoundError
+    from structinit.data.registry import _canonical
+
+    with user_input("dataset"):
+        name = _canonical(cfg.dataset)
+    mode = DATASET_LOADERS[name].root_mode
+    if mode == "ignored":  # bundled with a package: data_dir plays no part
+        return
+    with user_input("data_dir"):
+        if cfg.data_dir is None:
+            if mode == "required":
+                raise ValueError(f"dataset={name!r} reads your own images: data_dir is required, the folder with "
+                                 "one sub-folder of images per class")
+            return
+        if not Path(cfg.data_dir).expanduser().exists() and not (cfg.download and mode == "search"):
+            fetch = f"pass download=True (--download) to fetch {name} there, or " if mode == "search" else ""
+            raise DatasetNotFoundError(f"data_dir={cfg.data_dir} does not exist; {fetch}set data_dir to the folder "
+                                       f"that holds the {name} files")
 
 
 def load_train_split(cfg: TrainConfig):
     """The whole training split of ``cfg.dataset`` (before any holdout or subset)."""
     from structinit.data import load_dataset
 
-    return load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
+    with user_input("dataset"):
+        return load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
 
 
 def load_data(cfg: TrainConfig):
@@ -32,15 +60,18 @@ def load_data(cfg: TrainConfig):
     train_ds = load_train_split(cfg)
     evals = {}
     if cfg.holdout:
-        train_ds, held = holdout_split(train_ds, cfg.holdout, seed=cfg.seed, mode=cfg.holdout_mode)
+        with user_input("holdout"):
+            train_ds, held = holdout_split(train_ds, cfg.holdout, seed=cfg.seed, mode=cfg.holdout_mode)
         evals["holdout"] = held
     else:
-        test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
+        with user_input("dataset"):
+            test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
         evals["test"] = test
         if cfg.test_prefix:
             evals[f"test_first{cfg.test_prefix}"] = test.subset(torch.arange(min(cfg.test_prefix, len(test))))
     if cfg.train_size:
-        train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
+        with user_input("train_size"):
+            train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
     return train_ds, evals
 
 
@@ -58,10 +89,11 @@ def plan_model(cfg: TrainConfig, image_shape: tuple[int, int, int], num_classes:
     c, h, _ = image_shape
     kwargs = {"num_classes": num_classes, "in_chans": c, "img_size": h, **cfg.model_kwargs}
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
-    with torch.random.fork_rng(devices=[]):  # construction draws from the global RNG
+    with torch.random.fork_rng(devices=[]), user_input("model"):  # construction draws from the global RNG
         torch.manual_seed(seed)
         model = create_model(cfg.model, **kwargs)
-    return model, plan_init(model, cfg.init, seed=seed, **cfg.init_options)
+    with user_input("init"):
+        return model, plan_init(model, cfg.init, seed=seed, **cfg.init_options)
 
 
 def build_model(cfg: TrainConfig, train_ds) -> nn.Module:

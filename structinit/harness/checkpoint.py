@@ -4,8 +4,11 @@ logs, and the checks that a checkpoint belongs to the run being resumed.
 A checkpoint is written to a temporary file in the same folder, flushed and fsync'ed, then
 renamed over the old one (``os.replace`` is atomic on POSIX), and the folder is fsync'ed:
 a run killed at any instant leaves either the previous checkpoint or the new one, never a
-torn file. It is read back with ``torch.load(weights_only=True)``, which only rebuilds
-tensors and plain containers, so a tampered file cannot run code.
+torn file. A kill can leave the temporary file (``.<name>.<8 characters>.tmp``) behind; the
+next run in that folder removes it (:mod:`structinit.harness.runfolder`). Files are created
+with mode 0666 less the umask, like any other file the user writes. A checkpoint is read
+back with ``torch.load(weights_only=True)``, which only rebuilds tensors and plain
+containers, so a tampered file cannot run code.
 
 The final weights are also exported as safetensors (``model.safetensors``, the file timm and
 Hugging Face load from): plain tensors and a string header, readable without torch.load.
@@ -17,7 +20,10 @@ import csv
 import hashlib
 import json
 import os
-import tempfile
+import pickle
+import re
+import secrets
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +36,24 @@ WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 
 
+# ``.<name>.<8 characters>.tmp``: what atomic_write_bytes writes, and all that stale-file
+# cleanup may remove (8 characters: tempfile.mkstemp's names, which older versions wrote, too).
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty ``.<name>.<random>.tmp`` beside ``path``, opened for writing. Unlike
+    tempfile.mkstemp (always 0600) it is created 0666 less the umask, so the file renamed
+    into place has the permissions any other file the user writes would have."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp  # EXCL: never reuse a stale one
+
+
 def atomic_write_bytes(path: Path, write) -> None:
     """Call ``write(fileobj)`` on a temporary file and atomically move it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -61,13 +80,31 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: checkpoint not found")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, corrupted or not a checkpoint at all
-        raise ValueError(
-            f"{path}: not a readable structinit checkpoint (expected a torch.save'd dict of "
-            f"tensors and plain values): {type(err).__name__}: {err}"
-        ) from err
+    with warnings.catch_warnings(record=True) as caught:  # torch warns about odd pickles: reported below
+        warnings.simplefilter("always")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # truncated, corrupted, tampered with, or not a checkpoint at all
+            raise ValueError(f"{path}: not a readable structinit checkpoint {_why_unreadable(err)}; delete it, "
+                             "or start the run in another out_dir (--out)") from err
+    for w in caught:  # a good file: its warnings are worth seeing
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state
+
+
+def _why_unreadable(err: Exception) -> str:
+    """Why torch.load refused a file, in words that never relay torch's advice to retry with
+    ``weights_only=False``: that would run whatever code the file carries."""
+    text = str(err)
+    code = re.search(r"GLOBAL ([\w.]+)", text)
+    if code:
+        return (f"(it refers to {code[1]}, which is code, not tensors or plain values); it cannot be loaded "
+                "safely, and nothing in it was run")
+    if isinstance(err, pickle.UnpicklingError) or "weights_only" in text:
+        return ("(it holds something other than tensors and plain values); it cannot be loaded safely, and "
+                "nothing in it was run")
+    first = text.strip().splitlines()[0].split(". ")[0] if text.strip() else ""
+    return f"({type(err).__name__}: {first}): it is truncated, corrupted or another kind of file"
 
 
 def save_weights(path: Path, state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -123,6 +160,19 @@ def init_fingerprint(model: nn.Module) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+RUN_STATE_KEYS = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
+
+
+def check_run_state(state: Any, path: Path) -> None:
+    """Refuse a readable file that is not the checkpoint of a training run (another torch.save'd
+    dict, say) before its missing entries surface as a KeyError halfway through resuming."""
+    missing = [k for k in RUN_STATE_KEYS if k not in state] if isinstance(state, dict) else list(RUN_STATE_KEYS)
+    if missing:
+        found = ", ".join(map(str, state)) if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ValueError(f"{path}: not the checkpoint of a structinit run (no {', '.join(missing)}; found "
+                         f"{found or 'nothing'}); delete it, or start the run in another out_dir (--out)")
 
 
 def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path) -> None:

@@ -3,6 +3,12 @@
     structinit train   --recipe cpu-cifar --data-dir DIR --init impulse [--resume]
     structinit compare --recipe digits --inits pytorch,timm,mimetic,impulse --seeds 3
     structinit demo    (init fidelity of every scheme)
+
+An error in what you typed (a flag's value, the data, --out, a checkpoint of another run) is
+one line on stderr, ``structinit <command>: error: …``, naming the flag and the fix, with exit
+status 2; --debug shows the traceback instead. A run whose loss diverged exits with 1.
+Another process training the same run folder is refused (exit 2) unless --wait is given,
+which waits for it. Ctrl-C exits with 130; the last finished epoch is kept for --resume.
 """
 
 from __future__ import annotations
@@ -11,47 +17,43 @@ import argparse
 import os
 import sys
 
-from structinit.harness.specs import parse_init_spec, parse_literal, split_init_specs
+from structinit.harness.cli_errors import FIELD_FLAGS, UsageError, check_set_item, exit_code, format_error
+from structinit.harness.errors import user_input
+from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.models import list_models
 
-# Flags that set a TrainConfig field directly: flag → (field, type).
-_FIELDS = {"--dataset": ("dataset", str), "--data-dir": ("data_dir", str), "--model": ("model", str),
-           "--epochs": ("epochs", int), "--batch-size": ("batch_size", int), "--lr": ("lr", float),
-           "--train-size": ("train_size", int), "--precision": ("precision", str),
-           "--ema-decay": ("ema_decay", float), "--augment": ("augment", str), "--eval-every": ("eval_every", int)}
+# TrainConfig fields that have a flag of their own, with the flag's type.
+_TYPES = {"dataset": str, "data_dir": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
+          "train_size": int, "precision": str, "ema_decay": float, "augment": str, "eval_every": int}
+# The fields each command sets itself: --set must not (its value would be silently replaced).
+_OWNED = {"train": {"out_dir": "--out", "init": "--init", "init_options": "--init", "seed": "--seed"},
+          "compare": {"out_dir": "--out", "init": "--inits", "seed": "--seeds"}}
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
     from structinit.harness.recipes import RECIPES
 
     p.add_argument("--recipe", default="digits", choices=sorted(RECIPES), help="base settings (default: digits)")
-    for flag, (name, typ) in _FIELDS.items():
-        p.add_argument(flag, dest=name, type=typ, default=None)
+    for name, typ in _TYPES.items():
+        p.add_argument(FIELD_FLAGS[name], dest=name, type=typ, default=None)
     p.add_argument("--download", action="store_true", default=None, help="fetch the dataset if missing")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. --set warmup_epochs=5 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--wait", action="store_true",
+                   help="if another process is training a run folder, wait for it instead of stopping")
 
 
-def _config(args: argparse.Namespace, **extra):
-    from structinit.harness.recipes import recipe
-
-    overrides = {name: getattr(args, name) for name, _ in _FIELDS.values() if getattr(args, name) is not None}
-    for flag in ("download", "compile"):
-        if getattr(args, flag):
-            overrides[flag] = True
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key.replace("-", "_")] = parse_literal(value)
-    return recipe(args.recipe, **{**overrides, **extra})
+def _add_debug_flag(p: argparse.ArgumentParser, default) -> None:
+    # SUPPRESS on the sub-commands: their default would overwrite a --debug given before them
+    p.add_argument("--debug", action="store_true", default=default, help="show the traceback of an error")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="structinit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug_flag(parser, False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser("train", help="train one model")
@@ -73,32 +75,86 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="initialise a ViT with every scheme and print impulse fidelity")
     p_demo.add_argument("--model", default="vit_tiny_patch4_32", choices=list_models())
     p_demo.add_argument("--seed", type=int, default=0)
+    for p in (p_train, p_cmp, p_demo):
+        _add_debug_flag(p, argparse.SUPPRESS)
+    return parser
 
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from structinit.harness.demo import fidelity_rows, format_table
 
-        print(format_table(fidelity_rows(args.model, seed=args.seed),
-                           f"{args.model}: attention at init, position-only pseudo input"))
-    elif args.command == "train":
-        from structinit.harness.train import train
+def _config(args: argparse.Namespace, **extra):
+    from structinit.harness.recipes import recipe
 
+    overrides = {name: getattr(args, name) for name in _TYPES if getattr(args, name) is not None}
+    for flag in ("download", "compile"):
+        if getattr(args, flag):
+            overrides[flag] = True
+    for item in args.set:
+        key, value = check_set_item(item, _OWNED[args.command])
+        overrides[key] = value
+    return recipe(args.recipe, **{**overrides, **extra})
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return list(range(int(text))) if text.strip().isdigit() else [int(s) for s in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7)") from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from structinit.harness.train import train
+
+    with user_input("init"):
         init, options = parse_init_spec(args.init)
-        out = args.out or f"runs/{args.recipe}-{args.init.replace(':', '_')}-seed{args.seed}"
-        cfg = _config(args, init=init, init_options=options, seed=args.seed, out_dir=out)
-        result = train(cfg, resume=args.resume, progress=not args.no_progress)
-        if os.environ.get("RANK", "0") == "0":
-            print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
-    elif args.command == "compare":
-        from structinit.harness.compare import compare, format_summary
-
-        inits = split_init_specs(args.inits) + args.init
-        seeds = list(range(int(args.seeds))) if args.seeds.isdigit() else [int(s) for s in args.seeds.split(",")]
-        cfg = _config(args)
-        out = args.out or f"runs/compare-{args.recipe}"
-        summary = compare(cfg, inits, seeds, out, progress=not args.no_progress)
-        print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png")
+    out = args.out or f"runs/{args.recipe}-{args.init.replace(':', '_')}-seed{args.seed}"
+    cfg = _config(args, init=init, init_options=options, seed=args.seed, out_dir=out)
+    result = train(cfg, resume=args.resume, progress=not args.no_progress, wait=args.wait)
+    if os.environ.get("RANK", "0") == "0":
+        print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
     return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from structinit.harness.compare import compare, format_summary
+
+    with user_input("init"):
+        inits = split_init_specs(args.inits) + args.init
+    seeds = _seeds(args.seeds)
+    cfg = _config(args)
+    out = args.out or f"runs/compare-{args.recipe}"
+    summary = compare(cfg, inits, seeds, out, progress=not args.no_progress, wait=args.wait)
+    print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from structinit.harness.demo import fidelity_rows, format_table
+
+    print(format_table(fidelity_rows(args.model, seed=args.seed),
+                       f"{args.model}: attention at init, position-only pseudo input"))
+    return 0
+
+
+_COMMANDS = {"train": _train, "compare": _compare, "demo": _demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns the exit status (errors in the input: 2, see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        keep = {"train": "; the last finished epoch is kept: run it again with --resume to continue",
+                "compare": "; finished runs and epochs are kept: run it again to continue"}.get(args.command, "")
+        print(f"structinit {args.command}: interrupted{keep}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        code = exit_code(err)
+        if args.debug or code is None:  # a bug, or asked for: the whole traceback
+            raise
+        print(format_error(err, args.command), file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -4,6 +4,13 @@ Runs go one after another into ``out_dir/<init label>/seed<k>``; a finished run 
 redone and a half-finished one resumes from its checkpoint, so an interrupted comparison
 continues where it stopped. The summary is a mean ± std table, an accuracy-vs-epoch plot
 (PNG) and a JSON file.
+
+Each run folder is locked while it trains (:func:`~structinit.harness.runfolder.lock_run`). A
+comparison that reaches a run another process is training stops there with
+:class:`~structinit.harness.errors.RunLockedError` (the runs it finished are kept, and the next
+call reuses them); with ``wait=True`` it waits for that run and reuses its result. It never
+skips a run: a summary always covers every spec and seed, and two comparisons on one folder
+never train the same run twice.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from structinit.harness.build import load_train_split, plan_model
+from structinit.harness.build import check_data, load_train_split, plan_model
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.errors import input_parameter, user_input
+from structinit.harness.runfolder import check_out_dir
 from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
@@ -45,28 +54,38 @@ def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
     """Parse every init spec and plan its init on the model its first run will build, writing
     nothing: a misspelt option or a bad value fails here, with a ``ValueError`` that names the
     spec and the option, before any run starts. Returns ``{spec: (scheme, options)}``."""
-    if not seeds:
-        raise ValueError("seeds is empty; expected at least one seed")
-    parsed = {spec: parse_init_spec(spec) for spec in inits}
-    for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
-        get_scheme(name)
+    with user_input("seeds"):
+        if not seeds:
+            raise ValueError("seeds is empty; expected at least one seed")
+    with user_input("init"):
+        parsed = {spec: parse_init_spec(spec) for spec in inits}
+        for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
+            get_scheme(name)
     train_ds = load_train_split(base)  # the model's size depends on the images' shape and the class count
     for spec, (name, options) in parsed.items():
         cfg = _run_config(base, spec, name, options, seeds[0], Path(out_dir))
         try:
             plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"init spec {spec!r}: {err}") from err
+            if input_parameter(err) != "init":  # the model, not this spec: the same for every spec
+                raise
+            with user_input("init"):
+                raise ValueError(f"init spec {spec!r}: {err}") from err
     return parsed
 
 
 def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, wait: bool = False) -> dict[str, Any]:
     """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict.
 
-    Every spec is checked completely first (:func:`check_specs`), so a bad one fails before
-    the first run, not after hours of the others."""
+    ``out_dir`` and the data are checked before anything is loaded, and every spec is checked
+    completely (:func:`check_specs`) before the first run, so a bad one fails at once, not
+    after hours of the others. A run another process is training raises RunLockedError, or
+    with ``wait=True`` is waited for (see the module docstring)."""
     out = Path(out_dir)
+    with user_input("out_dir"):
+        check_out_dir(out)
+    check_data(base)
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
@@ -74,7 +93,7 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
             name, options = parsed[spec]
             cfg = _run_config(base, spec, name, options, seed, out)
             print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
-            runs[spec].append(train(cfg, resume=True, progress=progress))
+            runs[spec].append(train(cfg, resume=True, progress=progress, wait=wait))
     summary = summarise(runs)
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))

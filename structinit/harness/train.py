@@ -29,11 +29,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.harness.build import build_model, load_data
+from structinit.harness.build import build_model, check_data, load_data
 from structinit.harness.checkpoint import (
     EMA_WEIGHTS,
     WEIGHTS,
     MetricsLog,
+    check_run_state,
     check_same_config,
     check_same_init,
     init_fingerprint,
@@ -42,6 +43,9 @@ from structinit.harness.checkpoint import (
     save_weights,
     write_json,
 )
+from structinit.harness.errors import user_input
+from structinit.harness.runfolder import check_out_dir, lock_run
+from structinit.schemes.registry import get_scheme
 from structinit.utils import derived_generator
 from structinit.utils.optional_imports import require
 
@@ -184,28 +188,58 @@ def _versions() -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- the loop
-def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
     """Train, evaluate every ``eval_every`` epochs, checkpoint every epoch; return the result
     (also written to ``out_dir/result.json``). With ``resume=True`` a finished run returns its
-    result and a half-finished one continues from its last checkpoint."""
-    from structinit.augment import Augment
+    result and a half-finished one continues from its last checkpoint.
 
+    The settings, ``out_dir`` and the data are checked before anything is loaded or written;
+    errors in them are marked as input errors (:mod:`structinit.harness.errors`). While the run
+    trains, its folder is locked (:func:`~structinit.harness.runfolder.lock_run`): another process
+    on the same ``out_dir`` raises :class:`~structinit.harness.errors.RunLockedError`, or with
+    ``wait=True`` waits until this one is done."""
     world, rank, local_rank = _dist_env()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    dtype, augment = _check_inputs(cfg, device, world)
+    with lock_run(cfg.out_dir, wait=wait, enabled=rank == 0):  # only rank 0 writes
+        return _train(cfg, resume, progress, device, dtype, augment)
+
+
+def _check_inputs(cfg: TrainConfig, device: torch.device, world: int):
+    """(autocast dtype, augmentation) of ``cfg``, after every check that needs no data: cheap
+    ones first, so that a typo never waits for a dataset to load."""
+    from structinit.augment import Augment
+
+    with user_input("batch_size"):
+        if cfg.batch_size % world:
+            raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {world} processes")
+    with user_input("precision"):
+        dtype = resolve_precision(cfg.precision, device)
+    with user_input("augment"):
+        augment = Augment.parse(cfg.augment)
+    with user_input("init"):
+        get_scheme(cfg.init)  # the options are checked on the model, once the data says its size
+    with user_input("out_dir"):
+        check_out_dir(cfg.out_dir)
+    check_data(cfg)
+    return dtype, augment
+
+
+def _train(cfg: TrainConfig, resume: bool, progress: bool, device: torch.device, dtype, augment) -> dict[str, Any]:
+    """:func:`train` once the inputs are checked and the run folder is locked."""
+    world, rank, _ = _dist_env()
     out = Path(cfg.out_dir)
     ckpt_path, result_path = out / CHECKPOINT, out / "result.json"
     state = None
     if ckpt_path.exists():
-        if not resume:
-            raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
-        state = load_checkpoint(ckpt_path)
-        check_same_config(state["config"], cfg.to_dict(), ckpt_path)
-    if cfg.batch_size % world:
-        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {world} processes")
-    dtype = resolve_precision(cfg.precision, device)
-    augment = Augment.parse(cfg.augment)
+        with user_input("resume"):
+            if not resume:
+                raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
+            state = load_checkpoint(ckpt_path)
+            check_run_state(state, ckpt_path)
+            check_same_config(state["config"], cfg.to_dict(), ckpt_path)
 
     train_ds, evals = load_data(cfg)
     images, labels = train_ds.images.to(device), train_ds.labels.to(device)
@@ -216,7 +250,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     model = build_model(cfg, train_ds)
     fingerprint = init_fingerprint(model)
     if state is not None:
-        check_same_init(state, fingerprint, ckpt_path)
+        with user_input("resume"):
+            check_same_init(state, fingerprint, ckpt_path)
         if state.get("finished") and result_path.exists():
             return json.loads(result_path.read_text())
     model = model.to(device)
@@ -240,8 +275,9 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
 
     per_rank = cfg.batch_size // world
     steps = (len(images) // world) // per_rank
-    if steps < 1:
-        raise ValueError(f"{len(images)} training images make no full batch of {cfg.batch_size}; lower batch_size")
+    with user_input("batch_size"):
+        if steps < 1:
+            raise ValueError(f"{len(images)} training images make no full batch of {cfg.batch_size}; lower batch_size")
     total, warmup = steps * cfg.epochs, round(cfg.warmup_epochs * steps)
     run_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.epochs):

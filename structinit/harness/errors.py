@@ -1,0 +1,55 @@
+"""Which errors come from the user's input, and what input each one concerns.
+
+A command line should print a misspelt option, missing data, an unusable output folder or the
+checkpoint of another run as one line, and keep its traceback for a bug. The class of an
+error cannot tell them apart: a ``ValueError`` raised while checking a TrainConfig is the
+user's, one raised deep inside the training loop is a bug. So the place decides: the checks
+run inside :func:`user_input`, which marks what they raise with the parameter it concerns
+(``"out_dir"``, ``"dataset"``, ``"init"`` …), and :func:`input_parameter` reads the mark
+back. The exception itself is unchanged (same class, same message), so library callers and
+their ``except`` clauses see exactly what they saw before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from structinit.utils import OptionError
+
+__all__ = ["RunLockedError", "input_parameter", "user_input"]
+
+# What a check raises about its input; anything else (RuntimeError, KeyError …) stays a bug.
+_INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
+_MARK = "structinit_input"
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds the lock of a run folder: it is training that run right now."""
+
+
+@contextmanager
+def user_input(parameter: str) -> Iterator[None]:
+    """Mark a ``ValueError``, ``TypeError``, ``OSError`` or ``ImportError`` raised in the block
+    as an error in the input ``parameter`` (a TrainConfig field or a function argument) and
+    re-raise it. The innermost mark wins: it names the most specific parameter."""
+    try:
+        yield
+    except _INPUT_ERRORS as err:
+        if getattr(err, _MARK, None) is None:
+            setattr(err, _MARK, parameter)
+        raise
+
+
+def input_parameter(err: BaseException) -> str | None:
+    """The parameter an input error concerns (``""`` when it is not known), or None when
+    ``err`` is not an input error: a bug, or a failure of the run itself."""
+    from structinit.data import DatasetFormatError, DatasetNotFoundError, DownloadError  # the data stack is heavy
+
+    mark = getattr(err, _MARK, None)
+    if mark is not None:
+        return mark
+    # these only ever describe input, wherever they are raised
+    if isinstance(err, (OptionError, DatasetFormatError, DatasetNotFoundError, DownloadError, RunLockedError)):
+        return ""
+    return None

@@ -1,0 +1,323 @@
+"""The command line fails like a tool: an error in what the user typed is one line on stderr,
+``structinit <command>: error: …``, that names the flag and the fix, with exit status 2;
+``--debug`` shows the traceback; bugs keep theirs. Also the run folder: locked while a run
+trains, stale temporaries removed at the next start, files created with the umask's mode."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from structinit.harness import runfolder
+from structinit.harness.checkpoint import atomic_write_bytes
+from structinit.harness.cli import main
+from structinit.harness.cli_errors import exit_code, to_flags
+from structinit.harness.errors import user_input
+from structinit.harness.train import NonFiniteLossError
+
+ROOT = Path(__file__).resolve().parents[1]
+# The fastest real run: 64 digits images, one batch, one epoch.
+COMMON = ["--recipe", "digits", "--epochs", "1", "--train-size", "64", "--no-progress"]
+FAST = [*COMMON, "--init", "pytorch"]  # train's flags; compare's --init adds a spec
+
+
+def error_line(capsys, command: str = "train") -> str:
+    """The error the last call printed: one line on stderr (two at most), in the tool's format."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and "Traceback" not in err, err
+    assert lines[0].startswith(f"structinit {command}: error: "), err
+    return lines[0]
+
+
+def train_fails(capsys, *args: str) -> str:
+    assert main(["train", *args]) == 2
+    return error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- data
+def test_unknown_dataset(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--dataset", "nope", "--out", str(tmp_path / "run"))
+    assert "--dataset" in line and "'nope'" in line and "cifar10" in line  # the flag, the value, the choices
+    assert not (tmp_path / "run").exists()  # checked before anything was written
+
+
+def test_missing_data_dir_without_download_names_the_flags(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path / "nowhere"),
+                       "--out", str(tmp_path / "run"))
+    assert f"--data-dir {tmp_path / 'nowhere'} does not exist" in line and "--download" in line
+    assert "download=True" not in line and not (tmp_path / "run").exists()
+
+
+def test_data_dir_without_the_files_names_the_flags(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out",
+                       str(tmp_path / "run"))
+    assert "cifar-10-batches-py not found" in line and "pass --download or --data-dir" in line
+    assert "download=True" not in line and "root=" not in line
+
+
+def test_imagefolder_needs_a_data_dir(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--dataset", "imagefolder", "--out", str(tmp_path / "run"))
+    assert "--data-dir is required" in line
+
+
+# ----------------------------------------------------------------------------- init specs
+def test_unknown_scheme(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--init", "bogus", "--out", str(tmp_path / "run"))
+    assert "error: --init: unknown scheme 'bogus'; valid names: impulse, " in line
+    assert not (tmp_path / "run").exists()  # checked before the data loaded and the folder was made
+
+
+def test_unknown_init_option_names_it_and_the_valid_ones(tmp_path, capsys):
+    line = train_fails(capsys, *FAST, "--init", "impulse:target_mas=0.3", "--out", str(tmp_path / "run"))
+    assert "--init: " in line and "target_mas" in line and "valid: target_mass" in line
+
+
+def test_compare_bad_spec_names_the_spec(tmp_path, capsys):
+    # lr= is the gd solver's own option here, not --lr
+    args = ["compare", *COMMON, "--inits", "pytorch,impulse:solver=gd,lr=-1", "--seeds", "1", "--out",
+            str(tmp_path / "cmp")]
+    assert main(args) == 2
+    line = error_line(capsys, "compare")
+    assert "--inits/--init: init spec 'impulse:solver=gd,lr=-1': lr=-1" in line and "--lr" not in line
+    assert not (tmp_path / "cmp").exists()
+
+
+# ----------------------------------------------------------------------------- --set, --seeds
+@pytest.mark.parametrize(("item", "message"), [
+    ("warmup_epochs", "--set 'warmup_epochs': expected KEY=VALUE"),
+    ("warmup_epoch=5", "--set 'warmup_epoch=5': no training option 'warmup_epoch' (did you mean warmup_epochs?)"),
+    ("epochs=abc", "--set 'epochs=abc': epochs takes int, got 'abc'"),
+    ("grad_clip=True", "--set 'grad_clip=True': grad_clip takes float | None, got True"),
+    ("betas=(0.9,)", "--set 'betas=(0.9,)': betas takes tuple[float, float], got (0.9,)"),
+    ("seed=3", "--set 'seed=3': seed is set by --seed here; use that flag"),
+])
+def test_bad_set(tmp_path, capsys, item, message):
+    line = train_fails(capsys, *FAST, "--set", item, "--out", str(tmp_path / "run"))
+    assert line.startswith(f"structinit train: error: {message}")
+
+
+def test_set_values_are_read_as_the_field_types():
+    from structinit.harness.cli_errors import check_set_item
+
+    assert check_set_item("train_size=None", {}) == ("train_size", None)  # what --train-size cannot say
+    assert check_set_item("warmup-epochs=5", {}) == ("warmup_epochs", 5)
+    assert check_set_item("betas=(0.9, 0.99)", {}) == ("betas", (0.9, 0.99))
+    assert check_set_item("data_dir=2024", {}) == ("data_dir", "2024")  # a folder named 2024, not a number
+
+
+def test_bad_seeds(tmp_path, capsys):
+    assert main(["compare", *COMMON, "--seeds", "0,x", "--out", str(tmp_path / "cmp")]) == 2
+    assert "--seeds '0,x': expected a count" in error_line(capsys, "compare")
+
+
+def test_bad_value_checked_where_it_is_used_names_the_flag(tmp_path, capsys):
+    assert "--precision 'half': expected auto" in train_fails(capsys, *FAST, "--precision", "half", "--out",
+                                                                 str(tmp_path / "run"))
+    line = train_fails(capsys, *FAST, "--set", "holdout=100000", "--out", str(tmp_path / "run2"))
+    assert "--set holdout=100000: expected 0 < holdout <" in line
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_malicious_checkpoint_is_refused_without_running_it(tmp_path, capsys):
+    out, marker = tmp_path / "run", tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    out.mkdir()
+    torch.save({"config": {}, "x": Payload()}, out / "checkpoint.pt")
+    line = train_fails(capsys, *FAST, "--resume", "--out", str(out))
+    assert f"{out / 'checkpoint.pt'}: not a readable structinit checkpoint" in line
+    assert "cannot be loaded safely" in line and "nothing in it was run" in line
+    assert "weights_only" not in line and not marker.exists()
+
+
+def test_a_torch_file_that_is_no_run_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    torch.save({"weights": torch.zeros(2)}, out / "checkpoint.pt")
+    line = train_fails(capsys, *FAST, "--resume", "--out", str(out))
+    assert f"{out / 'checkpoint.pt'}: not the checkpoint of a structinit run (no config, epoch" in line
+    assert "found weights" in line and line.endswith("start the run in another --out")
+
+
+def test_existing_run_without_resume(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+    line = train_fails(capsys, *FAST, "--out", str(out))
+    assert "checkpoint.pt exists: pass --resume or choose another --out" in line
+
+
+# ----------------------------------------------------------------------------- --out
+def test_out_is_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    line = train_fails(capsys, *FAST, "--out", str(tmp_path / "file"))
+    assert line.endswith(f"--out {tmp_path / 'file'} is a file, not a folder; choose another --out")
+    line = train_fails(capsys, *FAST, "--out", str(tmp_path / "file" / "run"))
+    assert f"cannot be created: {tmp_path / 'file'} is a file" in line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permissions")
+def test_out_read_only(tmp_path, capsys):
+    locked = tmp_path / "ro"
+    locked.mkdir(mode=0o555)
+    try:
+        line = train_fails(capsys, *FAST, "--out", str(locked / "run"))
+        assert f"cannot be created: no permission to write in {locked}; choose another --out" in line
+        line = train_fails(capsys, *FAST, "--out", str(locked))
+        assert f"--out {locked}: no permission to write in that folder" in line
+    finally:
+        locked.chmod(0o755)
+
+
+def test_out_not_writable_checked_before_the_data_loads(tmp_path, capsys, monkeypatch):
+    """The same check as above, under any user (root included): nothing is loaded first."""
+    def load(*args, **kwargs):
+        raise AssertionError("the data was loaded before --out was checked")
+
+    monkeypatch.setattr(runfolder, "_writable", lambda folder: False)
+    monkeypatch.setattr("structinit.harness.train.load_data", load)
+    monkeypatch.setattr("structinit.harness.compare.load_train_split", load)
+    line = train_fails(capsys, *FAST, "--out", str(tmp_path / "run"))
+    assert f"--out {tmp_path / 'run'} cannot be created: no permission to write in {tmp_path}" in line
+    assert main(["compare", *COMMON, "--out", str(tmp_path / "cmp")]) == 2
+    assert "no permission to write" in error_line(capsys, "compare")
+
+
+# ----------------------------------------------------------------------------- the lock
+def hold_lock(folder: Path) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / runfolder.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def test_run_locked_by_another_process_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    fd = hold_lock(out)
+    try:
+        line = train_fails(capsys, *FAST, "--out", str(out))
+    finally:
+        os.close(fd)
+    assert line == (f"structinit train: error: another process (pid {os.getpid()}) is training the run in {out}; "
+                    "let it finish, or pass --wait to wait for it")
+    assert not (out / "checkpoint.pt").exists()
+
+
+def test_wait_blocks_until_the_lock_is_free(tmp_path, capsys):
+    out = tmp_path / "run"
+    fd = hold_lock(out)
+    threading.Timer(0.5, os.close, (fd,)).start()
+    start = time.monotonic()
+    assert main(["train", *FAST, "--out", str(out), "--wait"]) == 0
+    assert time.monotonic() - start >= 0.5 and (out / "result.json").exists()
+    assert f"waiting for another process (pid {os.getpid()})" in capsys.readouterr().err
+
+
+def test_compare_stops_at_a_run_another_process_trains(tmp_path, capsys):
+    fd = hold_lock(tmp_path / "cmp" / "pytorch" / "seed0")
+    try:
+        assert main(["compare", *COMMON, "--inits", "pytorch", "--seeds", "1", "--out", str(tmp_path / "cmp")]) == 2
+    finally:
+        os.close(fd)
+    assert "is training the run in" in error_line(capsys, "compare")
+    assert not (tmp_path / "cmp" / "summary.json").exists()
+
+
+# ----------------------------------------------------------------------------- run files
+def test_stale_temporaries_are_removed_at_the_next_start(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = [".checkpoint.pt.k2_x9q0a.tmp", ".result.json.0123abcd.tmp", ".model.safetensors.deadbeef.tmp"]
+    kept = [".notes.0123abcd.tmp", "checkpoint.pt.0123abcd.tmp", ".checkpoint.pt.tmp", "mine.txt"]
+    for name in stale + kept:
+        (out / name).write_bytes(b"partial")
+    (out / ".metrics.csv.aaaabbbb.tmp").symlink_to(out / "mine.txt")  # never followed, never removed
+    assert main(["train", *FAST, "--out", str(out)]) == 0
+    names = {p.name for p in out.iterdir()}
+    assert not names & set(stale) and set(kept) | {".metrics.csv.aaaabbbb.tmp", ".lock"} <= names
+    assert (out / "mine.txt").read_bytes() == b"partial"
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_atomic_writes_follow_the_umask(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        atomic_write_bytes(tmp_path / "f.json", lambda f: f.write(b"{}"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_run_files_follow_the_umask(tmp_path):
+    out = tmp_path / "run"
+    old = os.umask(0o022)
+    try:
+        assert main(["train", *FAST, "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    for name in ("result.json", "checkpoint.pt", "model.safetensors", "metrics.jsonl", "metrics.csv"):
+        assert (out / name).stat().st_mode & 0o777 == 0o644, name
+
+
+# ----------------------------------------------------------------------------- --debug, bugs, exit codes
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback(tmp_path, where):
+    args = ["train", "--dataset", "nope", "--out", str(tmp_path / "run")]
+    args = ["--debug", *args] if where == "before" else [*args, "--debug"]
+    with pytest.raises(ValueError, match="dataset 'nope' is not supported"):
+        main(args)
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """Where an error is raised decides: a ValueError from inside training is a bug."""
+    def broken(*args, **kwargs):
+        raise ValueError("an internal mistake")
+
+    monkeypatch.setattr("structinit.harness.train.train", broken)
+    with pytest.raises(ValueError, match="internal mistake"):
+        main(["train", *FAST, "--out", str(tmp_path / "run")])
+
+
+def test_exit_codes():
+    try:
+        with user_input("dataset"):
+            raise FileNotFoundError("x")
+    except FileNotFoundError as err:
+        assert exit_code(err) == 2
+    assert exit_code(NonFiniteLossError("diverged")) == 1 and exit_code(ValueError("bug")) is None
+
+
+def test_from_a_shell(tmp_path):
+    """Exit statuses and output as a shell sees them: one line and 2, or a traceback with --debug."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "structinit", "train", "--dataset", "nope", "--out", str(tmp_path / "run")]
+    plain = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert plain.returncode == 2 and plain.stdout == ""
+    assert plain.stderr.startswith("structinit train: error: --dataset") and len(plain.stderr.splitlines()) == 1
+    debug = subprocess.run([*cmd, "--debug"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_library_phrases_become_flags():
+    assert to_flags("pass download=True (--download) or root= the folder that contains them") == (
+        "pass --download or --data-dir the folder that contains them")
+    assert to_flags("delete it and re-download (download=True)") == "delete it and re-download (--download)"
+    assert to_flags("out_dir=/x is a file; choose another out_dir (--out)") == (
+        "--out /x is a file; choose another --out")
+    assert to_flags("batch_size=100 is not divisible; lower batch_size") == (
+        "--batch-size 100 is not divisible; lower --batch-size")
+    assert to_flags("warmup_lr=-1: expected") == "--set warmup_lr=-1: expected"
+    assert to_flags("lr=-1: expected a number", "init") == "lr=-1: expected a number"  # a scheme's own option
