@@ -94,12 +94,18 @@ def one_file_source(base_url, name, body, extract_to=None, size="auto"):
     return Source(base_url, (RemoteFile(name, md5(body), size, extract_to),))
 
 
-def test_archive_download_extract_load_and_skip(server, tmp_path, monkeypatch):
+def serve_cifar_archive(server, monkeypatch) -> list[str]:
+    """Serve a small CIFAR-10 archive as the cifar10 source; returns the server's hit list."""
     base, routes, hits = server
     body = cifar_archive()
     routes["/cifar-10-python.tar.gz"] = (body, None)
     source = one_file_source(base, "cifar-10-python.tar.gz", body, "cifar-10-batches-py")
     monkeypatch.setitem(SOURCES, "cifar10", source)
+    return hits
+
+
+def test_archive_download_extract_load_and_skip(server, tmp_path, monkeypatch):
+    hits = serve_cifar_archive(server, monkeypatch)
     root = tmp_path / "data"
     ds = load_dataset("cifar10", root, download=True)
     assert ds.images.shape == (10, 3, 32, 32) and ds.classes[3] == "c3"
@@ -113,11 +119,7 @@ def test_archive_download_extract_load_and_skip(server, tmp_path, monkeypatch):
 
 
 def test_downloaded_archive_mode_follows_the_umask(server, tmp_path, monkeypatch):
-    base, routes, _ = server
-    body = cifar_archive()
-    routes["/cifar-10-python.tar.gz"] = (body, None)
-    source = one_file_source(base, "cifar-10-python.tar.gz", body, "cifar-10-batches-py")
-    monkeypatch.setitem(SOURCES, "cifar10", source)
+    serve_cifar_archive(server, monkeypatch)
     old = os.umask(0o022)
     try:
         download("cifar10", tmp_path)
