@@ -27,7 +27,23 @@ from structinit.adapters import (
     unregister_adapter,
     unregister_position_finder,
 )
-from structinit.analysis import attention_maps, fidelity_summary, impulse_fidelity
+from structinit.analysis import (
+    MinibatchCKA,
+    attention_entropy,
+    attention_figure,
+    attention_maps,
+    attention_metrics,
+    cka_matrix,
+    comparison_figure,
+    curves_figure,
+    fidelity_summary,
+    impulse_fidelity,
+    linear_cka,
+    local_attention_mass,
+    mean_attention_distance,
+    overlay_figure,
+    unbiased_hsic,
+)
 from structinit.functional import (
     IMPULSE_SOLVERS,
     analytic_qk,
@@ -109,6 +125,10 @@ __all__ = [
     "find_position_embedding", "register_position_finder", "unregister_position_finder", "Discovery",
     # diagnostics
     "attention_maps", "impulse_fidelity", "fidelity_summary",
+    "attention_metrics", "mean_attention_distance", "attention_entropy", "local_attention_mass",
+    "cka_matrix", "linear_cka", "MinibatchCKA", "unbiased_hsic",
+    # figures (matplotlib, from the harness extra)
+    "attention_figure", "comparison_figure", "overlay_figure", "curves_figure",
     # training harness (imported on first use)
     "TrainConfig", "train", "recipe", "RECIPES", "compare",
     "ArrayDataset", "load_dataset", "stratified_subset", "holdout_split", "Augment",

@@ -1,0 +1,66 @@
+"""Training curves of a comparison: held-out accuracy and loss against epoch, one line per
+init, the mean over seeds with a ±1 std band. Drawn from the ``history`` the harness stores
+in each run's ``result.json``."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from structinit.utils.optional_imports import require
+
+# (key prefix in the history, axis label, percent?)
+PANELS = (("acc", "held-out accuracy (%)", True), ("loss", "held-out loss", False))
+
+
+def eval_metric(history: list[dict], kind: str) -> str | None:
+    """The evaluation key for ``kind`` ('acc' or 'loss') the history holds: the held-out split
+    when there is one, else the test split; None if neither was evaluated."""
+    keys = {k for row in history for k in row}
+    for split in ("holdout", "test"):
+        if f"{split}_{kind}" in keys:
+            return f"{split}_{kind}"
+    return None
+
+
+def mean_std_curve(results: list[dict], key: str) -> tuple[list[int], list[float], list[float]]:
+    """(epochs, mean, std) of ``key`` over the seeds' histories, on the epochs every seed
+    evaluated (std 0 with one seed)."""
+    series = [{row["epoch"]: row[key] for row in r["history"] if key in row} for r in results]
+    epochs = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    mean = [statistics.fmean(s[e] for s in series) for e in epochs]
+    std = [statistics.stdev([s[e] for s in series]) if len(series) > 1 else 0.0 for e in epochs]
+    return epochs, mean, std
+
+
+def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | Path | None = None):
+    """Accuracy and loss against epoch for every init (``runs``: label → the seeds' result
+    dicts, as :func:`structinit.compare` returns and writes them). Lines are the mean over
+    seeds, bands ±1 std; the legend gives the number of seeds. Returns the Figure."""
+    if not runs or not all(runs.values()):
+        raise ValueError("runs is empty: give at least one init label → a non-empty list of run results")
+    require("matplotlib", "training curves").use("Agg")
+    plt = require("matplotlib.pyplot", "training curves")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    for ax, (kind, label, percent) in zip(axes, PANELS):
+        scale = 100.0 if percent else 1.0
+        for init, results in runs.items():
+            key = eval_metric(results[0]["history"], kind)
+            if key is None:
+                continue
+            epochs, mean, std = mean_std_curve(results, key)
+            line, = ax.plot(epochs, [scale * m for m in mean], marker="o", markersize=3,
+                            label=f"{init} (n={len(results)})")
+            if len(results) > 1:
+                ax.fill_between(epochs, [scale * (m - s) for m, s in zip(mean, std)],
+                                [scale * (m + s) for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title or "mean over seeds, band ±1 std", fontsize=9)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, bbox_inches="tight")
+    return fig
