@@ -22,6 +22,12 @@ from structinit.harness.errors import user_input
 from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.models import list_models
 
+# Commands that live in a module of their own, one per line. Each module has COMMAND (its
+# name), HELP (one line), add_arguments(parser) and run(args) -> exit status; heavy imports
+# stay inside run() so that `structinit --help` stays fast.
+MODULE_COMMANDS = [
+]
+
 # TrainConfig fields that have a flag of their own, with the flag's type.
 _TYPES = {"dataset": str, "data_dir": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
           "train_size": int, "precision": str, "ema_decay": float, "augment": str, "eval_every": int}
@@ -75,9 +81,20 @@ def _parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser("demo", help="initialise a ViT with every scheme and print impulse fidelity")
     p_demo.add_argument("--model", default="vit_tiny_patch4_32", choices=list_models())
     p_demo.add_argument("--seed", type=int, default=0)
-    for p in (p_train, p_cmp, p_demo):
+    subs = [p_train, p_cmp, p_demo]
+    for module in _command_modules():
+        subs.append(sub.add_parser(module.COMMAND, help=module.HELP, description=module.__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter))
+        module.add_arguments(subs[-1])
+    for p in subs:
         _add_debug_flag(p, argparse.SUPPRESS)
     return parser
+
+
+def _command_modules():
+    import importlib
+
+    return [importlib.import_module(name) for name in MODULE_COMMANDS]
 
 
 def _config(args: argparse.Namespace, **extra):
@@ -140,8 +157,9 @@ _COMMANDS = {"train": _train, "compare": _compare, "demo": _demo}
 def main(argv: list[str] | None = None) -> int:
     """Run a command; returns the exit status (errors in the input: 2, see the module docstring)."""
     args = _parser().parse_args(argv)
+    commands = {**_COMMANDS, **{m.COMMAND: m.run for m in _command_modules()}}
     try:
-        return _COMMANDS[args.command](args)
+        return commands[args.command](args)
     except KeyboardInterrupt:
         if args.debug:
             raise

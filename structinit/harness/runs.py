@@ -1,0 +1,112 @@
+"""Reading a finished run back: its configuration, its results, its model as it was at
+initialisation and as training left it. Used by the analysis commands (attention maps
+before/after training, CKA, reports); every failure names the folder or file and what was
+expected there."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from structinit.harness.build import plan_model
+from structinit.harness.checkpoint import WEIGHTS, init_fingerprint, load_weights
+
+RESULT = "result.json"
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run folder with a ``result.json``: where it is, its result and its config."""
+
+    path: Path
+    result: dict[str, Any]
+
+    @property
+    def config(self):
+        from structinit.harness.train import TrainConfig
+
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        config = {k: v for k, v in self.result["config"].items() if k in fields}
+        if isinstance(config.get("betas"), list):
+            config["betas"] = tuple(config["betas"])
+        return TrainConfig(**config)
+
+    @property
+    def label(self) -> str:
+        """``<init>[:options] seed <k>``, as a comparison names it."""
+        cfg = self.result["config"]
+        options = ",".join(f"{k}={v}" for k, v in cfg.get("init_options", {}).items())
+        return f"{cfg['init']}{':' + options if options else ''} seed {cfg['seed']}"
+
+
+def load_run(path: str | Path) -> FinishedRun:
+    """The finished run in ``path``; a clear error if it is not one (no folder, no
+    ``result.json``, or one that is not a structinit result)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"run folder {path} does not exist (or is not a folder); pass the folder that "
+                                f"`structinit train --out` wrote")
+    result_path = path / RESULT
+    if not result_path.is_file():
+        raise FileNotFoundError(f"{path} has no {RESULT}: it is not a finished run (it may still be training, or "
+                                "have been killed: finish it with `structinit train --resume --out` first)")
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{result_path}: not readable JSON ({err}); expected the result file a run writes") from err
+    missing = [k for k in ("config", "final", "history", "seed") if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise ValueError(f"{result_path}: not a structinit result (missing {', '.join(missing)})")
+    return FinishedRun(path, result)
+
+
+def find_runs(folder: str | Path) -> list[FinishedRun]:
+    """Every finished run under ``folder`` (a run folder itself, or a comparison folder with
+    ``<init>/seed<k>`` runs), in sorted path order; an error if there is none."""
+    folder = Path(folder).expanduser()
+    if (folder / RESULT).is_file():
+        return [load_run(folder)]
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist (or is not a folder); pass a run or comparison folder")
+    runs = [load_run(p.parent) for p in sorted(folder.glob(f"*/*/{RESULT}")) + sorted(folder.glob(f"*/{RESULT}"))]
+    if not runs:
+        raise FileNotFoundError(f"{folder} holds no finished run (no {RESULT} in it or in <init>/seed<k>/ below it)")
+    return runs
+
+
+def models_of(run: FinishedRun, image_shape: tuple[int, int, int], num_classes: int) -> tuple[nn.Module, nn.Module]:
+    """(model at initialisation, trained model) of ``run``: the init rebuilt from its config
+    exactly as training made it (checked against the recorded fingerprint), and the same
+    architecture with the run's final weights (``model.safetensors``) loaded strictly."""
+    cfg = run.config
+    initial, plan = plan_model(cfg, image_shape, num_classes)
+    plan.commit()
+    recorded = run.result.get("init_fingerprint")
+    if recorded and init_fingerprint(initial) != recorded:
+        raise ValueError(f"{run.path}: the init rebuilt from its config differs from the one it trained from (the "
+                         "init's code or defaults changed since); its before/after comparison would be wrong")
+    trained, _ = plan_model(cfg, image_shape, num_classes)
+    load_trained_weights(trained, run.path / WEIGHTS)
+    return initial, trained
+
+
+def load_trained_weights(model: nn.Module, path: Path) -> None:
+    """Load ``path`` into ``model``; a ValueError naming the missing, unexpected or misshapen
+    keys if the file holds another architecture."""
+    tensors, _ = load_weights(path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    misshapen = sorted(k for k in set(expected) & set(tensors) if tuple(expected[k].shape) != tuple(tensors[k].shape))
+    if missing or unexpected or misshapen:
+        parts = [f"{name}: {', '.join(keys[:4])}{' …' if len(keys) > 4 else ''}"
+                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", misshapen))
+                 if keys]
+        raise ValueError(f"{path}: holds weights of another architecture than {type(model).__name__} "
+                         f"({'; '.join(parts)}); pass the run folder the weights came from")
+    model.load_state_dict(tensors)
