@@ -26,6 +26,7 @@ from structinit.models import list_models
 # name), HELP (one line), add_arguments(parser) and run(args) -> exit status; heavy imports
 # stay inside run() so that `structinit --help` stays fast.
 MODULE_COMMANDS = [
+    "structinit.harness.attention_command",
 ]
 
 # TrainConfig fields that have a flag of their own, with the flag's type.

@@ -27,7 +27,8 @@ FIELD_FLAGS = {"dataset": "--dataset", "data_dir": "--data-dir", "model": "--mod
                "ema_decay": "--ema-decay", "augment": "--augment", "eval_every": "--eval-every",
                "download": "--download", "compile": "--compile", "out_dir": "--out"}
 # Other parameters an error can concern (errors.user_input marks), as the command line spells them.
-_PARAMETER_FLAGS = {"init": "--init", "resume": "--resume", "seeds": "--seeds", "set": "--set"}
+_PARAMETER_FLAGS = {"init": "--init", "resume": "--resume", "seeds": "--seeds", "set": "--set", "run": "--run",
+                    "layers": "--layers", "queries": "--queries"}
 _COMPARE_FLAGS = {"init": "--inits/--init"}  # compare reads specs from both
 # Parameters that are never spelt as flags inside a message (scheme options share their names).
 _NOT_TRANSLATED = {"seed", "init", "init_seed", "init_options", "model_kwargs"}

@@ -1,0 +1,257 @@
+"""``structinit attention``: pictures of the attention, at init or before and after training.
+
+    structinit attention --model vit_cpu_patch4_32 --init impulse,mimetic,pytorch \\
+        --dataset cifar10 --data-dir ../shared/datasets
+    structinit attention --run runs/compare-cpu-cifar/impulse/seed0
+
+With ``--model`` and ``--init``: for every init, the N×N map of every head at the chosen
+layers (default: first, middle, last) with a zoom on its top-left block, the attention of a
+few query tokens laid over an image, and (several inits) one figure comparing them side by
+side at the first chosen layer. With ``--run``: the same maps at initialisation (rebuilt from
+the run's config and checked against its fingerprint) and after training, side by side on the
+same images, with impulse fidelity, mean attention distance, entropy and local mass of both.
+
+Without a dataset the maps come from the position-only pseudo input LayerNorm(PE) fed to
+every layer, as in the papers; with one, from the first ``--images`` test images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+COMMAND = "attention"
+HELP = "attention-map figures of inits (--model/--init) or of a run before and after training (--run)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a registered model (see structinit.list_models()), with --init")
+    src.add_argument("--run", help="a finished run folder (structinit train --out / a compare run)")
+    p.add_argument("--init", default="impulse", help="comma-separated init specs for --model (default impulse)")
+    p.add_argument("--layers", default=None, help="attention layer indices, e.g. 0,3,-1 (default: first, middle, last)")
+    p.add_argument("--dataset", default=None, help="images to look at (default: the run's; none: position only)")
+    p.add_argument("--data-dir", dest="data_dir", default=None)
+    p.add_argument("--images", type=int, default=8, help="test images averaged in the metrics (default 8)")
+    p.add_argument("--queries", default=None, help="grid tokens for the overlays (default: corner, centre, far corner)")
+    p.add_argument("--seed", type=int, default=0, help="init seed for --model (default 0)")
+    p.add_argument("--out", default=None, help="output folder (default runs/attention-<model or run>)")
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    from structinit.harness.cli_errors import UsageError
+
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. 0,3,-1") from None
+
+
+def _images(dataset: str | None, data_dir: str | None, n: int):
+    """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
+    import torch
+
+    from structinit.harness.errors import user_input
+
+    if dataset is None:
+        return None, None
+    from structinit.data import load_dataset
+
+    with user_input("dataset"):
+        test = load_dataset(dataset, data_dir, "test")
+    raw = test.images[:n].float() / 255
+    mean = torch.tensor(test.mean).view(1, -1, 1, 1)
+    std = torch.tensor(test.std).view(1, -1, 1, 1)
+    return (raw - mean) / std, raw
+
+
+def _position_maps(model, chosen, layout):
+    """Per chosen layer, (heads, N, N) attention of the position-only input LayerNorm(PE)."""
+    from structinit.adapters import grid_pos_embed
+    from structinit.adapters.position import NOT_FOUND
+    from structinit.functional.attention import layer_norm_tokens
+
+    pe = grid_pos_embed(model, layout)
+    if pe is None:
+        raise ValueError(f"{NOT_FOUND}; give images (--dataset) to see its attention")
+    x = layer_norm_tokens(pe.detach().reshape(1, layout.num_patches, -1)).float()
+    return [ad.attention_probs(x)[0] for _, ad in chosen]
+
+
+def _maps(model, layers, images, layout):
+    """Per chosen layer: (heads, T, T) maps of the first image (or of position only), and
+    the layout they are drawn in (position-only maps have no prefix tokens)."""
+    from structinit.adapters import TokenLayout, find_attention_layers, select_layers
+    from structinit.analysis import attention_maps
+    from structinit.harness.errors import user_input
+
+    with user_input("layers"):
+        chosen = select_layers(find_attention_layers(model), layers)
+    if images is None:
+        return _position_maps(model, chosen, layout), TokenLayout(layout.grid, 0)
+    return [m[0] for m in attention_maps(model, images[:1], layers=layers)], layout
+
+
+def _resolve_layers(model, layers: list[int] | None) -> list[int]:
+    """The chosen attention-layer indices, checked and non-negative (default: first, middle, last)."""
+    from structinit.adapters import find_attention_layers, select_layers
+    from structinit.harness.errors import user_input
+
+    found = find_attention_layers(model)
+    if layers is None:
+        return sorted({0, len(found) // 2, len(found) - 1})
+    with user_input("layers"):
+        select_layers(found, layers)
+    return [i % len(found) for i in layers]
+
+
+def _metrics(model, images, layers, offsets=None) -> dict:
+    """Per chosen layer and head: impulse fidelity (when the model has impulse offsets) and the
+    attention metrics, on ``images`` (or position only: fidelity alone)."""
+    from structinit.analysis import attention_metrics, impulse_fidelity
+
+    out = {}
+    try:
+        fid = impulse_fidelity(model, images, layers=layers, offsets=offsets)
+        out |= {"hit": fid["hit"].tolist(), "mass": fid["mass"].tolist()}
+    except ValueError as err:
+        if "offsets" not in str(err):  # no impulse record: no fidelity to report; anything else is real
+            raise
+    if images is not None:
+        out |= {k: v.tolist() for k, v in attention_metrics(model, images, layers=layers).items()}
+    return out
+
+
+def _summary_line(label: str, layer: int, metrics: dict, row: int) -> str:
+    def mean(key):
+        values = [v for v in metrics[key][row] if v == v]  # NaN-free
+        return f"{sum(values) / len(values):.3f}" if values else "–"
+
+    cols = [mean(k) if k in metrics else "–" for k in ("hit", "mass", "distance", "entropy", "local_mass")]
+    return f"| {label} | {layer} | " + " | ".join(cols) + " |"
+
+
+TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches) | entropy (nats) | 3×3 mass |\n"
+              "|---|---:|---:|---:|---:|---:|---:|")
+
+
+def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
+    import torch
+
+    from structinit.adapters import infer_layout
+    from structinit.analysis import attention_figure, comparison_figure, overlay_figure
+    from structinit.harness.errors import user_input
+    from structinit.harness.specs import parse_init_spec, split_init_specs
+    from structinit.models import create_model
+    from structinit.schemes.registry import init_
+
+    with user_input("init"):
+        specs = split_init_specs(args.init)
+        parsed = [parse_init_spec(s) for s in specs]
+    firsts, lines = {}, [TABLE_HEAD]
+    for spec, (name, options) in zip(specs, parsed):
+        with torch.random.fork_rng(devices=[]), user_input("model"):
+            torch.manual_seed(args.seed)
+            model = create_model(args.model, **({} if images is None else
+                                                {"img_size": images.shape[-1], "in_chans": images.shape[1]}))
+        with user_input("init"):
+            init_(model, name, seed=args.seed, **options)
+        layers_here = _resolve_layers(model, layers)
+        layout = infer_layout(model)
+        maps, shown = _maps(model, layers_here, images, layout)
+        tag = spec.replace(":", "_").replace(",", "_").replace("=", "-")
+        source = "position-only input" if images is None else "first test image"
+        attention_figure(maps, shown, layer_names=[f"layer {i}" for i in layers_here], path=out / f"maps_{tag}.png",
+                         title=f"{args.model}, init {spec}, {source}")
+        if raw is not None:
+            overlay_figure(raw[0], maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
+                           title=f"{args.model}, init {spec}, layer {layers_here[0]}")
+        firsts[spec] = maps[0]
+        metrics = _metrics(model, images, layers_here)
+        lines += [_summary_line(spec, layer, metrics, r) for r, layer in enumerate(layers_here)]
+    if len(firsts) > 1:
+        comparison_figure(firsts, shown, path=out / "comparison.png",
+                          title=f"{args.model} at init, layer {layers_here[0]}, {source}")
+    return lines
+
+
+def _queries(args, layout) -> list[int]:
+    from structinit.harness.cli_errors import UsageError
+
+    q = _ints(args.queries, "--queries")
+    h, w = layout.grid
+    if q is not None and not all(0 <= i < h * w for i in q):
+        raise UsageError(f"--queries {args.queries}: grid token indices must lie in 0 … {h * w - 1} ({h}×{w} grid)")
+    return q if q is not None else [0, (h // 2) * w + w // 2, h * w - 1]
+
+
+def _run_figures(args, out: Path, layers) -> list[str]:
+    from structinit.adapters import find_attention_layers, infer_layout
+    from structinit.analysis import comparison_figure, overlay_figure
+    from structinit.harness.errors import user_input
+    from structinit.harness.runs import load_run, models_of
+    from structinit.schemes.records import get_record
+
+    with user_input("run"):
+        run = load_run(args.run)
+    cfg = run.config
+    images, raw = _images(args.dataset or cfg.dataset, args.data_dir or cfg.data_dir, args.images)
+    with user_input("run"):
+        initial, trained = models_of(run, tuple(images.shape[1:]), _num_classes(run))
+    layers = _resolve_layers(initial, layers)
+    layout = infer_layout(initial)
+    found = find_attention_layers(initial)
+    records = [get_record(found[i][1].module, "impulse") for i in layers]
+    offsets = [r["offsets"] for r in records] if all(records) else None
+    lines = [TABLE_HEAD]
+    maps = {}
+    for label, tag, model in (("at init", "init", initial), ("trained", "trained", trained)):
+        model_maps, shown = _maps(model, layers, images, layout)
+        for layer, m in zip(layers, model_maps):
+            maps[f"{label}, layer {layer}"] = m
+        metrics = _metrics(model, images, layers, offsets=offsets)
+        lines += [_summary_line(label, layer, metrics, r) for r, layer in enumerate(layers)]
+        overlay_figure(raw[0], model_maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
+                       title=f"{run.label}, {label}, layer {layers[0]}")
+    ordered = {k: maps[k] for layer in layers for k in (f"at init, layer {layer}", f"trained, layer {layer}")}
+    comparison_figure(ordered, shown, path=out / "before_after.png",
+                      title=f"{run.label} ({cfg.model}): attention at init and after training, first test image")
+    return lines
+
+
+def _num_classes(run) -> int:
+    weights = Path(run.path) / "model.safetensors"
+    from structinit.harness.checkpoint import load_weights
+
+    tensors, _ = load_weights(weights)
+    head = tensors.get("head.weight")
+    if head is None:
+        raise ValueError(f"{weights}: no head.weight, so the number of classes is unknown")
+    return int(head.shape[0])
+
+
+def run(args: argparse.Namespace) -> int:
+    from structinit.harness.errors import user_input
+    from structinit.harness.runfolder import check_out_dir
+
+    name = args.model or Path(args.run).resolve().name
+    out = Path(args.out or f"runs/attention-{name}")
+    with user_input("out_dir"):
+        check_out_dir(out)
+    layers = _ints(args.layers, "--layers")
+    if args.run:
+        out.mkdir(parents=True, exist_ok=True)
+        lines = _run_figures(args, out, layers)
+    else:
+        images, raw = _images(args.dataset, args.data_dir, args.images)
+        out.mkdir(parents=True, exist_ok=True)
+        lines = _model_figures(args, out, images, raw, layers)
+    table = "\n".join(lines)
+    (out / "attention.md").write_text(table + "\n")
+    (out / "attention.json").write_text(json.dumps({"args": vars(args), "table": lines}, indent=1, default=str))
+    print(table)
+    print(f"→ {out}/ ({', '.join(sorted(p.name for p in out.glob('*.png')))})")
+    return 0

@@ -1,0 +1,71 @@
+"""`structinit attention`: the figures and table it writes for inits and for a run before and
+after training, and its one-line errors (exit 2)."""
+
+import pytest
+
+from structinit.harness.cli import main
+from structinit.harness.recipes import recipe
+from structinit.harness.train import train
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("att") / "impulse" / "seed0"
+    train(recipe("digits", out_dir=str(out), epochs=1, train_size=128, init="impulse"), progress=False)
+    return out
+
+
+def test_inits_on_real_images(tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["attention", "--model", "vit_cpu_patch2_8", "--init", "impulse,mimetic", "--dataset", "digits",
+                 "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.glob("*.png"))
+    assert names == ["comparison.png", "maps_impulse.png", "maps_mimetic.png", "overlay_impulse.png",
+                     "overlay_mimetic.png"]
+    table = (out / "attention.md").read_text()
+    assert table.count("| impulse |") == 3 and table.count("| mimetic |") == 3  # layers 0, 2, 3 of 4
+    assert "| impulse | 0 | 1.000 |" in capsys.readouterr().out
+
+
+def test_position_only_without_a_dataset(tmp_path):
+    out = tmp_path / "pos"
+    assert main(["attention", "--model", "vit_cpu_patch2_8", "--init", "impulse", "--layers", "0,-1",
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["maps_impulse.png"]
+    rows = [r for r in (out / "attention.md").read_text().splitlines() if r.startswith("| impulse")]
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "3"]  # -1 is the last of 4 layers
+    assert all("| 1.000 |" in r for r in rows)
+
+
+def test_a_run_before_and_after_training(trained_run, tmp_path):
+    out = tmp_path / "ba"
+    assert main(["attention", "--run", str(trained_run), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["before_after.png", "overlay_init.png",
+                                                          "overlay_trained.png"]
+    table = (out / "attention.md").read_text()
+    assert table.count("| at init |") == 3 and table.count("| trained |") == 3
+    assert "| at init | 0 | 1.000 |" in table  # the rebuilt init is the impulse the run started from
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--run", "{tmp}"], r"{tmp} has no result.json: it is not a finished run"),
+    (["--model", "vit_cpu_patch2_8", "--layers", "9"], r"--layers: layers contains 9, but the model has 4"),
+    (["--model", "vit_cpu_patch2_8", "--layers", "x"], r"--layers 'x': expected comma-separated integers"),
+    (["--model", "vit_cpu_patch2_8", "--dataset", "digits", "--queries", "99"],
+     r"--queries 99: grid token indices must lie in 0 … 15"),
+    (["--model", "vit_cpu_patch2_8", "--init", "impulse:nope=1"], r"--init: .*unknown option\(s\) nope"),
+    (["--model", "vit_cpu_patch2_8", "--out", "{file}"], r"--out .* is a file, not a folder"),
+])
+def test_errors_are_one_line_with_exit_2(tmp_path, capsys, argv, message):
+    import re
+
+    (tmp_path / "f").write_text("x")
+    argv = [a.format(tmp=tmp_path, file=tmp_path / "f") for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "o")]
+    assert main(["attention", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("structinit attention: error: ")
+    assert re.search(message.replace("{tmp}", re.escape(str(tmp_path))), err), err
