@@ -33,6 +33,7 @@ from structinit.analysis import (
     attention_figure,
     attention_maps,
     attention_metrics,
+    cka_figure,
     cka_matrix,
     comparison_figure,
     curves_figure,
@@ -128,7 +129,7 @@ __all__ = [
     "attention_metrics", "mean_attention_distance", "attention_entropy", "local_attention_mass",
     "cka_matrix", "linear_cka", "MinibatchCKA", "unbiased_hsic",
     # figures (matplotlib, from the harness extra)
-    "attention_figure", "comparison_figure", "overlay_figure", "curves_figure",
+    "attention_figure", "comparison_figure", "overlay_figure", "curves_figure", "cka_figure",
     # training harness (imported on first use)
     "TrainConfig", "train", "recipe", "RECIPES", "compare",
     "ArrayDataset", "load_dataset", "stratified_subset", "holdout_split", "Augment",

@@ -6,7 +6,7 @@ from structinit.analysis.capture import attention_maps, check_all_called, layer_
 from structinit.analysis.cka import MinibatchCKA, cka_matrix, linear_cka, unbiased_hsic
 from structinit.analysis.curves import curves_figure
 from structinit.analysis.fidelity import FidelitySummary, fidelity_summary, impulse_fidelity
-from structinit.analysis.figures import attention_figure, comparison_figure, overlay_figure
+from structinit.analysis.figures import attention_figure, cka_figure, comparison_figure, overlay_figure
 from structinit.analysis.metrics import (
     attention_entropy,
     attention_metrics,
@@ -15,6 +15,6 @@ from structinit.analysis.metrics import (
 )
 
 __all__ = ["FidelitySummary", "MinibatchCKA", "attention_entropy", "attention_figure", "attention_maps",
-           "attention_metrics", "comparison_figure", "curves_figure", "overlay_figure",
+           "attention_metrics", "cka_figure", "comparison_figure", "curves_figure", "overlay_figure",
            "check_all_called", "cka_matrix", "fidelity_summary", "impulse_fidelity", "layer_input", "linear_cka",
            "local_attention_mass", "mean_attention_distance", "run_with_hooks", "unbiased_hsic"]

@@ -184,3 +184,27 @@ def overlay_figure(image: torch.Tensor, probs: torch.Tensor, layout: TokenLayout
     if title:
         fig.suptitle(title, fontsize=9)
     return _save(fig, path)
+
+
+def cka_figure(matrix: torch.Tensor, *, label_a: str, label_b: str, title: str = "", path=None):
+    """Heat map of a (layers of A × layers of B) CKA matrix (:func:`structinit.cka_matrix`):
+    rows are A's layers, columns B's, colour 0 … 1 with each value written in its cell."""
+    if matrix.ndim != 2 or min(matrix.shape) == 0:
+        raise ValueError(f"matrix has shape {tuple(matrix.shape)}; expected (layers of A, layers of B)")
+    plt = _pyplot()
+    m = matrix.detach().double().cpu()
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * m.shape[1], 0.8 + 0.6 * m.shape[0]), dpi=110)
+    image = ax.imshow(m.numpy(), cmap="magma", vmin=0.0, vmax=1.0)
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            value = float(m[i, j])
+            ax.text(j, i, "–" if value != value else f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value != value or value < 0.6 else "black")
+    ax.set_xticks(range(m.shape[1]))
+    ax.set_yticks(range(m.shape[0]))
+    ax.set_xlabel(f"{label_b}: layer (input of its attention)")
+    ax.set_ylabel(f"{label_a}: layer")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="linear CKA")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return _save(fig, path)

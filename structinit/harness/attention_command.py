@@ -52,20 +52,9 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
     """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-    import torch
+    from structinit.harness.runs import test_images
 
-    from structinit.harness.errors import user_input
-
-    if dataset is None:
-        return None, None
-    from structinit.data import load_dataset
-
-    with user_input("dataset"):
-        test = load_dataset(dataset, data_dir, "test")
-    raw = test.images[:n].float() / 255
-    mean = torch.tensor(test.mean).view(1, -1, 1, 1)
-    std = torch.tensor(test.std).view(1, -1, 1, 1)
-    return (raw - mean) / std, raw
+    return (None, None) if dataset is None else test_images(dataset, data_dir, n)
 
 
 def _position_maps(model, chosen, layout):
@@ -200,7 +189,7 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     cfg = run.config
     images, raw = _images(args.dataset or cfg.dataset, args.data_dir or cfg.data_dir, args.images)
     with user_input("run"):
-        initial, trained = models_of(run, tuple(images.shape[1:]), _num_classes(run))
+        initial, trained = models_of(run, tuple(images.shape[1:]), run.num_classes)
     layers = _resolve_layers(initial, layers)
     layout = infer_layout(initial)
     found = find_attention_layers(initial)
@@ -220,17 +209,6 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     comparison_figure(ordered, shown, path=out / "before_after.png",
                       title=f"{run.label} ({cfg.model}): attention at init and after training, first test image")
     return lines
-
-
-def _num_classes(run) -> int:
-    weights = Path(run.path) / "model.safetensors"
-    from structinit.harness.checkpoint import load_weights
-
-    tensors, _ = load_weights(weights)
-    head = tensors.get("head.weight")
-    if head is None:
-        raise ValueError(f"{weights}: no head.weight, so the number of classes is unknown")
-    return int(head.shape[0])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from structinit.models import list_models
 # stay inside run() so that `structinit --help` stays fast.
 MODULE_COMMANDS = [
     "structinit.harness.attention_command",
+    "structinit.harness.cka_command",
 ]
 
 # TrainConfig fields that have a flag of their own, with the flag's type.

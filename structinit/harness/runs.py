@@ -37,6 +37,16 @@ class FinishedRun:
         return TrainConfig(**config)
 
     @property
+    def num_classes(self) -> int:
+        """Classes of the run's model, read from the head of its final weights."""
+        weights = self.path / WEIGHTS
+        tensors, _ = load_weights(weights)
+        head = tensors.get("head.weight")
+        if head is None:
+            raise ValueError(f"{weights}: no head.weight, so the number of classes is unknown")
+        return int(head.shape[0])
+
+    @property
     def label(self) -> str:
         """``<init>[:options] seed <k>``, as a comparison names it."""
         cfg = self.result["config"]
@@ -110,3 +120,19 @@ def load_trained_weights(model: nn.Module, path: Path) -> None:
         raise ValueError(f"{path}: holds weights of another architecture than {type(model).__name__} "
                          f"({'; '.join(parts)}); pass the run folder the weights came from")
     model.load_state_dict(tensors)
+
+
+def test_images(dataset: str, data_dir: str | None, n: int):
+    """(normalised, in [0, 1]) of the first ``n`` test images of ``dataset``, normalised with
+    the dataset's channel statistics as training does."""
+    import torch
+
+    from structinit.data import load_dataset
+    from structinit.harness.errors import user_input
+
+    with user_input("dataset"):
+        test = load_dataset(dataset, data_dir, "test")
+    raw = test.images[:n].float() / 255
+    mean = torch.tensor(test.mean).view(1, -1, 1, 1)
+    std = torch.tensor(test.std).view(1, -1, 1, 1)
+    return (raw - mean) / std, raw

@@ -1,0 +1,54 @@
+"""`structinit cka` between two finished runs, and the CKA heat map."""
+
+import json
+
+import pytest
+import torch
+
+import structinit
+from structinit.harness.cli import main
+from structinit.harness.recipes import recipe
+from structinit.harness.train import train
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cka")
+    out = []
+    for init in ("impulse", "pytorch"):
+        path = root / init / "seed0"
+        train(recipe("digits", out_dir=str(path), epochs=1, train_size=128, init=init), progress=False)
+        out.append(path)
+    return out
+
+
+def test_cka_between_runs_and_of_a_run_with_itself(two_runs, tmp_path, capsys):
+    a, b = two_runs
+    assert main(["cka", str(a), str(b), "--images", "64", "--batch-size", "16", "--out", str(tmp_path / "ab")]) == 0
+    saved = json.loads((tmp_path / "ab" / "cka.json").read_text())
+    matrix = torch.tensor(saved["matrix"])
+    assert matrix.shape == (4, 4) and saved["labels"] == ["impulse seed 0", "pytorch seed 0"]
+    assert bool(((matrix > -0.1) & (matrix <= 1 + 1e-9)).all())
+    assert (tmp_path / "ab" / "cka.png").stat().st_size > 0
+    assert "linear CKA after training" in capsys.readouterr().out
+    assert main(["cka", str(a), str(a), "--images", "64", "--batch-size", "16", "--out", str(tmp_path / "aa")]) == 0
+    same = torch.tensor(json.loads((tmp_path / "aa" / "cka.json").read_text())["matrix"])
+    torch.testing.assert_close(torch.diagonal(same), torch.ones(4, dtype=same.dtype))
+
+
+def test_cka_errors_are_one_line(two_runs, tmp_path, capsys):
+    assert main(["cka", str(two_runs[0]), str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "has no result.json" in capsys.readouterr().err
+    assert main(["cka", *map(str, two_runs), "--batch-size", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "batch" in err
+
+
+def test_cka_figure_writes_values_and_rejects_bad_shapes(tmp_path):
+    fig = structinit.cka_figure(torch.tensor([[1.0, 0.5], [0.25, float("nan")]]), label_a="A", label_b="B",
+                                path=tmp_path / "c.png")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1.00", "0.50", "0.25", "–"]
+    with pytest.raises(ValueError, match=r"matrix has shape \(3,\)"):
+        structinit.cka_figure(torch.ones(3), label_a="A", label_b="B")
