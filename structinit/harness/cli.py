@@ -3,6 +3,10 @@
     structinit train   --recipe cpu-cifar --data-dir DIR --init impulse [--resume]
     structinit compare --recipe digits --inits pytorch,timm,mimetic,impulse --seeds 3
     structinit demo    (init fidelity of every scheme)
+    structinit attention --model vit_cpu_patch4_32 --init impulse,mimetic  |  --run RUN_DIR
+    structinit cka RUN_A RUN_B
+    structinit ablate kernel --recipe cpu-cifar --data-dir DIR [--train]
+    structinit report COMPARE_OR_ABLATE_DIR
 
 An error in what you typed (a flag's value, the data, --out, a checkpoint of another run) is
 one line on stderr, ``structinit <command>: error: …``, naming the flag and the fix, with exit
@@ -28,6 +32,8 @@ from structinit.models import list_models
 MODULE_COMMANDS = [
     "structinit.harness.attention_command",
     "structinit.harness.cka_command",
+    "structinit.harness.ablate",
+    "structinit.harness.report",
 ]
 
 # TrainConfig fields that have a flag of their own, with the flag's type.
@@ -141,7 +147,7 @@ def _compare(args: argparse.Namespace) -> int:
     cfg = _config(args)
     out = args.out or f"runs/compare-{args.recipe}"
     summary = compare(cfg, inits, seeds, out, progress=not args.no_progress, wait=args.wait)
-    print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png")
+    print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png, report.html")
     return 0
 
 

@@ -3,7 +3,7 @@
 Runs go one after another into ``out_dir/<init label>/seed<k>``; a finished run is not
 redone and a half-finished one resumes from its checkpoint, so an interrupted comparison
 continues where it stopped. The summary is a mean ± std table, an accuracy-vs-epoch plot
-(PNG) and a JSON file.
+(PNG), a JSON file and a self-contained HTML page (``report.html``, :mod:`structinit.harness.report`).
 
 Each run folder is locked while it trains (:func:`~structinit.harness.runfolder.lock_run`). A
 comparison that reaches a run another process is training stops there with
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from structinit.schemes.registry import get_scheme
 from structinit.utils.optional_imports import require
 
 __all__ = ["check_specs", "compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric",
-           "split_init_specs", "summarise"]
+           "spec_label", "split_init_specs", "summarise"]
 
 
 def primary_metric(final: dict[str, float]) -> str:
@@ -41,12 +42,16 @@ def primary_metric(final: dict[str, float]) -> str:
     raise ValueError(f"no evaluation accuracy in {sorted(final)}")
 
 
+def spec_label(spec: str) -> str:
+    """The folder an init spec's runs go in: ``impulse:pe_scale=2`` → ``impulse_pe_scale-2``."""
+    return spec.replace(":", "_").replace(",", "_").replace("=", "-")
+
+
 def _run_config(base: TrainConfig, spec: str, name: str, options: dict[str, Any], seed: int,
                 out: Path) -> TrainConfig:
     """The configuration of one run of the comparison (also the one its spec is checked with)."""
-    label = spec.replace(":", "_").replace(",", "_").replace("=", "-")
     return dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
-                               init_seed=None, out_dir=str(out / label / f"seed{seed}"))
+                               init_seed=None, out_dir=str(out / spec_label(spec) / f"seed{seed}"))
 
 
 def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
@@ -98,7 +103,20 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
     plot_curves(runs, out / "accuracy.png")
+    _write_report(out)
     return summary
+
+
+def _write_report(out: Path) -> None:
+    """``out/report.html``; the comparison succeeds without it, with a one-line warning."""
+    from structinit.harness.report import REPORT, write_report
+
+    try:
+        write_report(out)
+    except Exception as err:  # a page to read the results by: failing to draw it must not fail the comparison
+        lines = str(err).strip().splitlines()
+        print(f"warning: {out / REPORT} not written ({type(err).__name__}: {lines[0] if lines else 'no message'})",
+              file=sys.stderr, flush=True)
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict[str, Any]:

@@ -1,0 +1,405 @@
+"""``structinit ablate NAME``: one reviewer question, answered at CPU scale.
+
+    structinit ablate kernel --recipe cpu-cifar --data-dir ../shared/datasets
+    structinit ablate solvers --recipe digits --seeds 3
+    structinit ablate sharpness --recipe digits --train --set epochs=10
+
+Every variant of the ablation (``structinit.harness.ablations``: pseudo, kernel, heads,
+offsets, sharing, sharpness, pe-scale, solvers) is built as a training run would build it
+(same recipe, model and init seed) and measured at init: impulse fidelity (mean attention mass
+on each head's target and argmax hit rate, layer 1 and mean over layers) with the
+position-only pseudo input LayerNorm(PE) and with the first ``--images`` test images of the
+recipe's dataset, the init's wall time, and at layer 1 the mean attention distance and the mass
+inside the variant's k×k neighbourhood. With ``--train`` every variant is also trained with
+the recipe (``structinit compare`` into ``<out>/runs``: finished runs are reused, interrupted
+ones resume) and its accuracy added. The gd solver fits ``--steps`` steps instead of the
+published 10,000; its time is also given scaled to 10,000 steps.
+
+Writes ``ablation.md`` (the command line, then the table), ``ablation.json`` (rows, settings,
+versions) and ``ablation.png`` into ``--out`` (default ``runs/ablate-<name>-<recipe>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from structinit.harness.ablations import ABLATIONS, PUBLISHED_GD_STEPS, Variant, variants
+from structinit.harness.errors import input_parameter, user_input
+
+__all__ = ["COMMAND", "HELP", "ablate", "add_arguments", "format_markdown", "format_table", "plot_ablation", "run"]
+
+COMMAND = "ablate"
+HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init, init time, optionally accuracy"
+DEFAULT_STEPS = 1000  # gd steps: well under a second a fit on vit_cpu_patch4_32 (2 cores); published: 10,000
+
+# (JSON key, column head) of the numbers measured per variant and seed, in table order.
+METRICS = (("pe_mass_l1", "PE mass L1"), ("pe_hit_l1", "PE hit L1"), ("pe_mass_mean", "PE mass mean"),
+           ("pe_hit_mean", "PE hit mean"), ("real_mass_l1", "real mass L1"), ("real_hit_l1", "real hit L1"),
+           ("real_mass_mean", "real mass mean"), ("real_hit_mean", "real hit mean"),
+           ("distance_l1", "distance L1 (patches)"), ("local_mass_l1", "k×k mass L1"))
+# What the figure shows, real images: (key, legend).
+FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean over layers"),
+               ("real_mass_l1", "mass, layer 1"), ("real_mass_mean", "mass, mean over layers"))
+# TrainConfig fields the command sets itself (--set must not).
+_OWNED = {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from structinit.harness.recipes import RECIPES
+
+    p.add_argument("name", choices=list(ABLATIONS), metavar="NAME",
+                   help=f"the ablation: {', '.join(ABLATIONS)}")
+    p.add_argument("--recipe", default="cpu-cifar", choices=sorted(RECIPES), help="base settings (default cpu-cifar)")
+    p.add_argument("--data-dir", dest="data_dir", default=None, help="where the recipe's dataset is")
+    p.add_argument("--download", action="store_true", help="fetch the dataset if missing")
+    p.add_argument("--model", default=None, help="another model than the recipe's")
+    p.add_argument("--seeds", default="1", help="a count (3 → seeds 0,1,2) or a list (0,4,7); default 1")
+    p.add_argument("--images", type=int, default=256, help="test images fidelity is measured on (default 256)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                   help=f"gd fit steps (default {DEFAULT_STEPS}; published: {PUBLISHED_GD_STEPS})")
+    p.add_argument("--repeats", type=int, default=3, help="timed inits per variant, the median is shown (default 3)")
+    p.add_argument("--train", action="store_true", help="also train every variant and report its accuracy")
+    p.add_argument("--epochs", type=int, default=None, help="with --train: epochs (default the recipe's)")
+    p.add_argument("--train-size", dest="train_size", type=int, default=None, help="with --train: training images")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other TrainConfig field, e.g. --set model_kwargs={'patch_size':1} (repeatable)")
+    p.add_argument("--out", default=None, help="output folder (default runs/ablate-<name>-<recipe>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.add_argument("--wait", action="store_true", help="with --train: wait for a run another process is training")
+
+
+def run(args: argparse.Namespace) -> int:
+    from structinit.harness.cli import _seeds
+    from structinit.harness.cli_errors import check_set_item
+
+    overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
+    if args.download:
+        overrides["download"] = True
+    for item in args.set:
+        key, value = check_set_item(item, _OWNED)
+        overrides[key] = value
+    result = ablate(args.name, recipe=args.recipe, data_dir=args.data_dir, seeds=_seeds(args.seeds),
+                    images=args.images, train=args.train, out=args.out, steps=args.steps, repeats=args.repeats,
+                    progress=not args.no_progress, wait=args.wait, **overrides)
+    out = result["settings"]["out"]
+    print(format_table(result["rows"]) + f"\n→ {out}/ablation.md, ablation.json, ablation.png")
+    return 0
+
+
+def _count(name: str, value: Any, flag: str) -> int:
+    from structinit.utils import is_int
+
+    with user_input(name):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{name}={value!r} ({flag}): expected a positive whole number")
+    return int(value)
+
+
+def _seed_list(seeds: int | list[int]) -> list[int]:
+    from structinit.utils import is_int
+
+    listed = isinstance(seeds, (list, tuple)) and seeds and all(is_int(s) for s in seeds)
+    with user_input("seeds"):
+        if not listed and not (is_int(seeds) and seeds >= 1):
+            raise ValueError(f"seeds={seeds!r} (--seeds): expected a count ≥ 1 or a non-empty list of ints")
+    return [int(s) for s in seeds] if listed else list(range(int(seeds)))
+
+
+def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any]) -> str:
+    """The ``structinit ablate`` command that reproduces these settings."""
+    from structinit.harness.specs import parse_literal
+
+    s = settings
+    seeds = str(len(s["seeds"])) if s["seeds"] == list(range(len(s["seeds"]))) else ",".join(map(str, s["seeds"]))
+    parts = ["structinit", "ablate", name, "--recipe", s["recipe"]]
+    if s["data_dir"] is not None:
+        parts += ["--data-dir", str(s["data_dir"])]
+    parts += ["--seeds", seeds, "--images", str(s["images_requested"]), "--steps", str(s["steps"]),
+              "--repeats", str(s["repeats"]), *(["--train"] if s["train"] else []), "--out", str(s["out"])]
+    for key, value in sorted(overrides.items()):
+        text = value if isinstance(value, str) and parse_literal(value) == value else repr(value)
+        if '"' not in text:  # {"patch_size": 1} reads better in a shell than {'patch_size': 1}
+            text = text.replace("'", '"')
+        parts += ["--set", f"{key}={text}"]
+    return shlex.join(parts)
+
+
+def _test_images(cfg, n: int):
+    """The first ``n`` test images of ``cfg.dataset``, normalised as training normalises
+    (the training split's per-channel statistics), and the split's class count."""
+    import torch
+
+    from structinit.data import load_dataset
+
+    with user_input("dataset"):
+        test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
+    x = test.images[:n].float() / 255
+    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in (test.mean, test.std))
+    return (x - mean) / std, test.num_classes
+
+
+def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
+    """The TrainConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
+    from structinit.harness.compare import _run_config
+    from structinit.harness.specs import parse_init_spec
+
+    with user_input("init"):
+        name, options = parse_init_spec(variant.spec)
+    return _run_config(_variant_base(base, variant), variant.spec, name, options, seed, runs_dir / variant.key)
+
+
+def _variant_base(base, variant: Variant):
+    """The recipe with the variant's model keyword arguments."""
+    return dataclasses.replace(base, model_kwargs={**base.model_kwargs, **variant.model_kwargs})
+
+
+def _check_variant(ablation: str, variant: Variant, cfg, shape, classes) -> None:
+    """Plan the variant on its model (gd with 0 steps: the options, not the fit), so that a
+    variant the model cannot take fails before anything is measured."""
+    from structinit.harness.build import plan_model
+
+    options = {**cfg.init_options, **({"steps": 0} if cfg.init_options.get("solver") == "gd" else {})}
+    try:
+        plan_model(dataclasses.replace(cfg, init_options=options), shape, classes)
+    except (TypeError, ValueError) as err:
+        if input_parameter(err) != "init":  # the model itself, not this variant: the same for every variant
+            raise
+        with user_input("model"):
+            model = cfg.model + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "")
+            raise ValueError(f"ablation {ablation!r}, variant {variant.label!r} ({variant.spec}) does not fit model "
+                             f"{model}: {err}; choose another model (--model) or its size (--set model_kwargs=…)"
+                             ) from err
+
+
+def _timed_init(cfg, shape, classes):
+    """The variant's model at init exactly as its run builds it, and the seconds the init
+    took on the freshly constructed model (construction not counted)."""
+    from structinit.harness.build import plan_model
+    from structinit.schemes.registry import plan_init
+
+    model, _ = plan_model(dataclasses.replace(cfg, init="pytorch", init_options={}), shape, classes)  # not applied
+    seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
+    start = time.perf_counter()
+    with user_input("init"):
+        plan_init(model, cfg.init, seed=seed, **cfg.init_options).commit()
+    return model, time.perf_counter() - start
+
+
+def _measure(cfg, shape, classes, images, repeats: int) -> tuple[dict[str, float], list[float]]:
+    """Fidelity and attention metrics of one variant and seed, and its init times."""
+    from structinit.analysis import attention_metrics, fidelity_summary, impulse_fidelity
+
+    model, seconds = None, []
+    for _ in range(repeats):
+        model, s = _timed_init(cfg, shape, classes)
+        seconds.append(s)
+    pe = fidelity_summary(impulse_fidelity(model))
+    real = fidelity_summary(impulse_fidelity(model, images))
+    att = attention_metrics(model, images, layers=[0], kernel_size=cfg.init_options.get("kernel_size", 3))
+    values = {"pe_mass_l1": pe.mass_first, "pe_hit_l1": pe.hit_first, "pe_mass_mean": pe.mass_mean,
+              "pe_hit_mean": pe.hit_mean, "real_mass_l1": real.mass_first, "real_hit_l1": real.hit_first,
+              "real_mass_mean": real.mass_mean, "real_hit_mean": real.hit_mean,
+              "distance_l1": att["distance"][0].nanmean().item(),
+              "local_mass_l1": att["local_mass"][0].nanmean().item()}
+    return values, seconds
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "per_seed": values}
+
+
+def _row(variant: Variant, per_seed: list[dict[str, float]], seconds: list[float], steps: int) -> dict[str, Any]:
+    from structinit.harness.specs import parse_init_spec
+
+    gd = parse_init_spec(variant.spec)[1].get("solver") == "gd"
+    init_s = statistics.median(seconds)
+    return {"label": variant.label, "spec": variant.spec, "model_kwargs": variant.model_kwargs, "key": variant.key,
+            "metrics": {key: _stats([m[key] for m in per_seed]) for key, _ in METRICS},
+            "init_s": init_s, "init_s_all": seconds, "gd_steps": steps if gd else None,
+            "init_s_published_steps": init_s / steps * PUBLISHED_GD_STEPS if gd and steps else None,
+            "accuracy": None}
+
+
+def _fmt(stat: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
+    text = f"{scale * stat['mean']:.{digits}f}"
+    return text + (f" ± {scale * stat['std']:.{digits}f}" if len(stat["per_seed"]) > 1 else "")
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of an ablation's rows (an accuracy column once trained)."""
+    trained = any(r["accuracy"] for r in rows)
+    heads = ["variant", "init spec", "init (s)", *(h for _, h in METRICS), *(["accuracy (%)"] if trained else [])]
+    lines = ["| " + " | ".join(heads) + " |", "|---|---|" + "---:|" * (len(heads) - 2)]
+    for r in rows:
+        secs = f"{r['init_s']:.3f}"
+        if r["init_s_published_steps"] is not None:
+            secs += f" (≈ {r['init_s_published_steps']:.1f} at {PUBLISHED_GD_STEPS:,} steps)"
+        cells = [r["label"], f"`{r['spec']}`" + (f" {r['model_kwargs']}" if r["model_kwargs"] else ""), secs,
+                 *(_fmt(r["metrics"][key]) for key, _ in METRICS)]
+        if trained:
+            cells.append(_fmt(r["accuracy"], scale=100, digits=2) if r["accuracy"] else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    """``ablation.md``: the command line, what was measured, the table."""
+    s = result["settings"]
+    gd = any(r["gd_steps"] for r in result["rows"])
+    kwargs = f" {s['config']['model_kwargs']}" if s["config"]["model_kwargs"] else ""
+    spread = " (mean ± std over seeds)" if len(s["seeds"]) > 1 else ""
+    notes = [f"Recipe `{s['recipe']}`, model `{s['config']['model']}`{kwargs}, seeds "
+             f"{', '.join(map(str, s['seeds']))}{spread}.",
+             "Fidelity at init: mean attention mass on each head's target and argmax hit rate, at layer 1 (L1) and "
+             "averaged over layers; PE: the position-only pseudo input LayerNorm(PE) in every layer; real: the first "
+             f"{s['images']} test images of `{s['config']['dataset']}`, normalised as in training. Distance and k×k "
+             "mass: mean attention distance and the mass inside the variant's k×k neighbourhood at layer 1, real "
+             f"images. Init (s): median wall time of the init over {s['repeats']} repeat(s), 1 for gd."]
+    if gd:
+        notes.append(f"gd fits {s['steps']} steps here (published: {PUBLISHED_GD_STEPS:,}); its time at "
+                     f"{PUBLISHED_GD_STEPS:,} steps is the measured time per step × {PUBLISHED_GD_STEPS:,}.")
+    if any(r["accuracy"] for r in result["rows"]):
+        metric = next(r["accuracy"]["metric"] for r in result["rows"] if r["accuracy"])
+        notes.append(f"Accuracy: `{metric}` after training with the recipe (runs in `{s['out']}/runs`).")
+    return (f"# Ablation `{s['ablation']}`: {s['title']}\n\n```\n{s['command']}\n```\n\n{s['question']}\n\n"
+            + "\n".join(notes) + "\n\n" + format_table(result["rows"]))
+
+
+def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
+    """Grouped bars of the real-image fidelity per variant (± std over seeds), and the
+    accuracy per variant when trained."""
+    from structinit.harness.checkpoint import atomic_write_bytes
+    from structinit.utils.optional_imports import require
+
+    require("matplotlib", "the ablation figure").use("Agg")
+    plt = require("matplotlib.pyplot", "the ablation figure")
+    rows, s = result["rows"], result["settings"]
+    trained = [r for r in rows if r["accuracy"]]
+    width = max(5.0, 1.1 * len(rows) + 2)
+    fig, axes = plt.subplots(1, 2 if trained else 1, figsize=(width * (2 if trained else 1), 4.2), dpi=110,
+                             squeeze=False)
+    ax, x = axes[0][0], list(range(len(rows)))
+    bar = 0.8 / len(FIGURE_BARS)
+    for j, (key, legend) in enumerate(FIGURE_BARS):
+        offset = (j - (len(FIGURE_BARS) - 1) / 2) * bar
+        ax.bar([i + offset for i in x], [r["metrics"][key]["mean"] for r in rows], bar, label=legend,
+               yerr=[r["metrics"][key]["std"] for r in rows] if len(s["seeds"]) > 1 else None, capsize=2)
+    ax.set_xticks(x, [r["label"] for r in rows], rotation=20, ha="right", fontsize=8)
+    ax.set_xlabel("variant")
+    ax.set_ylabel(f"fidelity at init ({s['images']} test images)")
+    ax.set_ylim(0, 1.05)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    if trained:
+        acc = axes[0][1]
+        means = [100 * r["accuracy"]["mean"] for r in trained]
+        spread = [100 * r["accuracy"]["std"] for r in trained] if len(s["seeds"]) > 1 else None
+        acc.bar(range(len(trained)), means, 0.6, yerr=spread, capsize=3)
+        acc.set_xticks(range(len(trained)), [r["label"] for r in trained], rotation=20, ha="right", fontsize=8)
+        acc.set_xlabel("variant")
+        acc.set_ylabel(f"{trained[0]['accuracy']['metric']} (%)")
+        acc.set_ylim(max(0.0, min(means) - 10), min(100.0, max(means) + 5))
+        acc.grid(axis="y", alpha=0.3)
+    kwargs = f" {s['config']['model_kwargs']}" if s["config"]["model_kwargs"] else ""
+    seeds = f", mean ± std over {len(s['seeds'])} seeds" if len(s["seeds"]) > 1 else ""
+    fig.suptitle(f"ablation {s['ablation']}: {s['title']} ({s['recipe']}, {s['config']['model']}{kwargs}{seeds})",
+                 fontsize=9)
+    fig.tight_layout()
+    atomic_write_bytes(Path(path), lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+
+
+def _versions() -> dict[str, str]:
+    import platform
+
+    import numpy
+    import torch
+
+    import structinit
+
+    return {"structinit": structinit.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
+    from structinit.harness.checkpoint import atomic_write_bytes, write_json
+
+    write_json(out / "ablation.json", result)
+    atomic_write_bytes(out / "ablation.md", lambda f: f.write(format_markdown(result).encode()))
+    plot_ablation(result, out / "ablation.png")
+
+
+def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None = None, seeds: int | list[int] = 1,
+           images: int = 256, train: bool = False, out: str | Path | None = None, steps: int = DEFAULT_STEPS,
+           progress: bool = False, repeats: int = 3, wait: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Run the ablation ``name`` (see :data:`~structinit.harness.ablations.ABLATIONS`) and
+    write ``ablation.md``, ``ablation.json`` and ``ablation.png`` into ``out`` (default
+    ``runs/ablate-<name>-<recipe>``). Returns what ``ablation.json`` holds: ``rows`` (one per
+    variant: ``metrics`` {key: mean, std, per_seed}, ``init_s``, ``accuracy`` or None),
+    ``settings`` and ``versions``.
+
+    ``recipe`` and ``overrides`` (TrainConfig fields: ``model``, ``model_kwargs``, ``epochs``,
+    ``train_size`` …) give the model every variant is built on and, with ``train=True``, the
+    training; ``seeds`` is a count or a list; ``images`` the test images fidelity is measured
+    on; ``steps`` the gd fit length; ``repeats`` the timed inits (median; gd once).
+    ``out`` and the data are checked, and every variant planned on its model, before anything
+    is measured; training reuses finished runs and resumes interrupted ones (:func:`compare`).
+    """
+    from structinit.harness.build import check_data
+    from structinit.harness.compare import compare
+    from structinit.harness.recipes import recipe as make_recipe
+    from structinit.harness.runfolder import check_out_dir
+
+    ablation_variants = variants(name, _count("steps", steps, "--steps"))
+    seed_list, n_images = _seed_list(seeds), _count("images", images, "--images")
+    repeats = _count("repeats", repeats, "--repeats")
+    with user_input("set"):
+        owned = sorted(set(overrides) & set(_OWNED))
+        if owned:
+            raise TypeError(f"ablate sets {', '.join(owned)} itself (the variants, the seeds and out); "
+                            "do not pass them as training options")
+        cfg = make_recipe(recipe, **({"data_dir": str(data_dir)} if data_dir is not None else {}), **overrides)
+    out = Path(out if out is not None else f"runs/ablate-{name}-{recipe}")
+    with user_input("out_dir"):
+        check_out_dir(out)
+    check_data(cfg)
+    x, classes = _test_images(cfg, n_images)
+    shape, runs_dir = tuple(x.shape[1:]), out / "runs"
+    configs = {v.key: [_variant_config(cfg, v, seed, runs_dir) for seed in seed_list] for v in ablation_variants}
+    for v in ablation_variants:
+        _check_variant(name, v, configs[v.key][0], shape, classes)
+
+    settings = {"ablation": name, "title": ABLATIONS[name].title, "question": ABLATIONS[name].question,
+                "recipe": recipe, "data_dir": None if data_dir is None else str(data_dir), "config": cfg.to_dict(),
+                "seeds": seed_list, "images_requested": n_images, "images": int(x.shape[0]), "steps": steps,
+                "published_gd_steps": PUBLISHED_GD_STEPS, "repeats": repeats, "train": bool(train), "out": str(out)}
+    settings["command"] = command_line(name, settings, overrides)
+    result = {"settings": settings, "versions": _versions(), "rows": []}
+    for v in ablation_variants:
+        per_seed, seconds = [], []
+        for i, vcfg in enumerate(configs[v.key]):
+            once = i > 0 or vcfg.init_options.get("solver") == "gd"
+            values, secs = _measure(vcfg, shape, classes, x, 1 if once else repeats)
+            per_seed.append(values)
+            seconds += secs
+        result["rows"].append(_row(v, per_seed, seconds, steps))
+        if progress:
+            m = result["rows"][-1]["metrics"]
+            print(f"[ablate {name}] {v.label}: init {result['rows'][-1]['init_s']:.3f} s, real hit L1 "
+                  f"{m['real_hit_l1']['mean']:.3f}, mean {m['real_hit_mean']['mean']:.3f}", file=sys.stderr, flush=True)
+    _write(result, out)
+    if train:
+        for v, row in zip(ablation_variants, result["rows"]):
+            summary = compare(_variant_base(cfg, v), [v.spec], seed_list, runs_dir / v.key, progress=progress,
+                              wait=wait)[v.spec]
+            row["accuracy"] = {"metric": summary["metric"], **_stats(summary["accs"]), "seeds": summary["seeds"]}
+        _write(result, out)
+    return result

@@ -1,0 +1,316 @@
+"""The building blocks of ``structinit report``'s page: escaped text, tables, figures embedded
+as PNG data URIs, a small Markdown reader (headings, tables, lists, paragraphs) and the page
+itself with its inline style and script. The page loads nothing: no external CSS, script,
+font or image, so it reads the same offline, in a mail attachment or years later.
+
+Every piece of text that comes from data (init specs, config values, file contents) goes
+through :func:`esc`; the functions here return HTML strings that are safe to concatenate.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+__all__ = ["config_html", "esc", "figure", "figure_png", "json_html", "markdown", "note", "page", "png_data_uri",
+           "split_config", "table", "versions_html"]
+
+CSS = """
+:root { --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0b5cad;
+        --note: #fff8c5; --note-line: #d4a72c; }
+* { box-sizing: border-box; }
+body { margin: 0; color: var(--ink); background: #fff; line-height: 1.5;
+       font: 15px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main { max-width: 1080px; margin: 0 auto; padding: 28px 32px 48px; }
+h1 { font-size: 1.75em; margin: 0 0 4px; line-height: 1.25; }
+.subtitle { color: var(--muted); margin: 0 0 18px; }
+h2 { font-size: 1.3em; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 1.08em; margin: 22px 0 8px; }
+p { margin: 8px 0; max-width: 78ch; }
+.intro { font-size: 1.03em; background: var(--soft); border-left: 4px solid var(--accent);
+         padding: 12px 16px; max-width: none; }
+nav.toc { margin: 14px 0 0; color: var(--muted); font-size: 0.95em; }
+nav.toc a { color: var(--accent); text-decoration: none; margin-right: 14px; white-space: nowrap; }
+nav.toc a:hover { text-decoration: underline; }
+table { border-collapse: collapse; margin: 10px 0 6px; font-size: 0.95em; }
+th, td { border: 1px solid var(--line); padding: 5px 10px; text-align: left; vertical-align: top; }
+th { background: var(--soft); font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tbody tr:nth-child(even) td { background: #fbfcfd; }
+tr.best td { font-weight: 600; background: #eef6ff; }
+.scroll { overflow-x: auto; max-width: 100%; }
+figure { margin: 14px 0 22px; }
+figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
+figcaption, .caption { color: var(--muted); font-size: 0.92em; margin-top: 6px; max-width: 90ch; }
+code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.9em;
+       background: var(--soft); padding: 1px 4px; border-radius: 3px; }
+pre { background: var(--soft); border: 1px solid var(--line); padding: 10px; font-size: 0.85em;
+      white-space: pre-wrap; overflow-wrap: anywhere; }
+.note { background: var(--note); border: 1px solid var(--note-line); border-radius: 4px; padding: 8px 12px;
+        margin: 10px 0; max-width: 90ch; }
+footer { margin-top: 40px; padding-top: 10px; border-top: 1px solid var(--line); color: var(--muted);
+         font-size: 0.88em; }
+"""
+
+# Counts the images the browser decoded (naturalWidth > 0) once everything has loaded: the
+# browser test reads it back from the DOM next to the data-images-total the page was written with.
+SCRIPT = """
+window.addEventListener("load", function () {
+  var images = document.images, decoded = 0;
+  for (var i = 0; i < images.length; i++) {
+    if (images[i].complete && images[i].naturalWidth > 0) { decoded++; }
+  }
+  document.body.dataset.imagesDecoded = String(decoded);
+});
+"""
+
+
+def esc(value: object) -> str:
+    """``value`` as text, HTML-escaped (quotes too: safe inside attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def figure_png(fig) -> bytes:
+    """A matplotlib Figure rendered to PNG bytes in memory (and closed)."""
+    from structinit.utils.optional_imports import require
+
+    plt = require("matplotlib.pyplot", "the report's figures")
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buffer.getvalue()
+
+
+def figure(png: bytes, alt: str, caption_html: str) -> str:
+    """An embedded PNG with its caption (``caption_html`` is HTML: escape its text first)."""
+    return (f'<figure><img src="{png_data_uri(png)}" alt="{esc(alt)}">'
+            f"<figcaption>{caption_html}</figcaption></figure>")
+
+
+def note(text: str) -> str:
+    """A visible remark in the page (something skipped, and why)."""
+    return f'<p class="note">{esc(text)}</p>'
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Iterable[int] = (),
+          row_classes: Sequence[str] | None = None, raw: bool = False) -> str:
+    """An HTML table. Headers and cells are escaped unless ``raw`` (they are already HTML); the
+    columns in ``numeric`` are right-aligned."""
+    numeric = set(numeric)
+    cell = (lambda v: str(v)) if raw else esc
+
+    def attrs(i: int) -> str:
+        return ' class="num"' if i in numeric else ""
+
+    head = "".join(f"<th{attrs(i)}>{cell(h)}</th>" for i, h in enumerate(headers))
+    body = []
+    for r, row in enumerate(rows):
+        cls = row_classes[r] if row_classes and row_classes[r] else ""
+        tr = f'<tr class="{esc(cls)}">' if cls else "<tr>"
+        body.append(tr + "".join(f"<td{attrs(i)}>{cell(v)}</td>" for i, v in enumerate(row)) + "</tr>")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+_BULLET = re.compile(r"^\s*[-*] ")
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown's `code` and **bold** turned into tags."""
+    out = esc(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _md_table(lines: list[str]) -> str:
+    header, rows = _cells(lines[0]), [_cells(ln) for ln in lines[1:]]
+    numeric: set[int] = set()
+    if rows and all(re.fullmatch(r":?-+:?", c) for c in rows[0]):
+        numeric = {i for i, c in enumerate(rows[0]) if c.endswith(":") and not c.startswith(":")}
+        rows = rows[1:]
+    width = len(header)
+    rows = [(r + [""] * width)[:width] for r in rows]
+    return table([_inline(h) for h in header], [[_inline(c) for c in r] for r in rows], numeric, raw=True)
+
+
+def markdown(text: str) -> str:
+    """A small, safe subset of Markdown as HTML: ``#`` headings (shown one level below the
+    page's sections), ``|`` tables, ``-``/``*`` lists, fenced code blocks and paragraphs; `code`
+    and **bold** inline. Everything else is escaped text: nothing in ``text`` becomes markup."""
+    blocks, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        kind = _kind(line)
+        if not line.strip():
+            i += 1
+        elif kind == "fence":
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```")), len(lines))
+            blocks.append(f"<pre><code>{esc(chr(10).join(lines[i + 1:end]))}</code></pre>")
+            i = end + 1
+        elif kind == "heading":
+            level = min(len(line) - len(line.lstrip("#")) + 2, 6)
+            blocks.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+            i += 1
+        else:
+            group = []
+            while i < len(lines) and lines[i].strip() and _kind(lines[i]) == kind:
+                group.append(lines[i])
+                i += 1
+            if kind == "table":
+                blocks.append(_md_table(group))
+            elif kind == "list":
+                blocks.append("<ul>" + "".join(f"<li>{_inline(_BULLET.sub('', g))}</li>" for g in group) + "</ul>")
+            else:
+                blocks.append(f"<p>{_inline(' '.join(g.strip() for g in group))}</p>")
+    return "\n".join(blocks)
+
+
+def _kind(line: str) -> str:
+    if line.lstrip().startswith("```"):
+        return "fence"
+    if line.lstrip().startswith("|"):
+        return "table"
+    if _BULLET.match(line):
+        return "list"
+    return "heading" if line.startswith("#") else "para"
+
+
+def page(title: str, subtitle: str, intro_html: str, sections: Sequence[tuple[str, str, str]],
+         footer_html: str) -> str:
+    """The whole self-contained page: a title, an introduction, a table of contents and the
+    ``sections`` (anchor, heading, body HTML); ``<body data-images-total>`` counts its images."""
+    toc = "".join(f'<a href="#{esc(a)}">{esc(h)}</a>' for a, h, _ in sections)
+    body = "".join(f'<section id="{esc(a)}"><h2>{esc(h)}</h2>{b}</section>' for a, h, b in sections)
+    main = (f"<main><header><h1>{esc(title)}</h1><p class=\"subtitle\">{esc(subtitle)}</p>"
+            f'<p class="intro">{intro_html}</p><nav class="toc">On this page: {toc}</nav></header>'
+            f"{body}<footer>{footer_html}</footer></main>")
+    total = main.count("<img ")
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n"
+            f'<body data-images-total="{total}">\n{main}\n<script>{SCRIPT}</script>\n</body>\n</html>\n')
+
+
+# ----------------------------------------------------------------------------- sections from runs
+# Settings each run has for itself: shown with the seeds, not in the configuration.
+PER_RUN = ("out_dir", "seed")
+# What each training setting means, for a reader who does not know TrainConfig.
+MEANING = {
+    "model": "the Vision Transformer trained", "model_kwargs": "extra arguments of the model",
+    "init": "the attention initialisation scheme", "init_options": "the scheme's options ({} = its defaults)",
+    "dataset": "the images and labels", "data_dir": "where the dataset's files are read from",
+    "download": "fetch the dataset if missing", "train_size": "training images used (class-balanced; None = all)",
+    "holdout": "training images set aside to measure accuracy (0 = use the test split)",
+    "holdout_mode": "which images are set aside", "test_prefix": "also score the first N test images",
+    "epochs": "passes over the training images", "batch_size": "images per optimisation step",
+    "lr": "peak learning rate (AdamW; warm-up, then cosine decay)", "min_lr": "learning rate at the end",
+    "warmup_epochs": "epochs of learning-rate warm-up", "warmup_lr": "learning rate at the start of warm-up",
+    "weight_decay": "AdamW weight decay", "eps": "AdamW epsilon", "betas": "AdamW betas",
+    "label_smoothing": "label smoothing of the loss", "grad_clip": "gradient norm clipped to this (None = off)",
+    "augment": "data augmentation", "precision": "arithmetic precision", "compile": "torch.compile the model",
+    "ema_decay": "decay of an exponential moving average of the weights (None = off)",
+    "eval_every": "evaluate every N epochs", "init_seed": "seed of the model and init (None = the run's seed)",
+}
+
+
+def _show(value) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """(settings every run shares: field → value, the others: init → field → value) of the
+    runs' TrainConfigs; the init and its options are always per init when there are several,
+    and ``out_dir`` and ``seed`` are per run (left out)."""
+    per_group = {}
+    for name, group in groups.items():
+        values: dict[str, list[str]] = {}
+        for r in group:
+            for key, value in r.result["config"].items():
+                if key not in PER_RUN:
+                    values.setdefault(key, []).append(_show(value))
+        per_group[name] = {k: " / ".join(dict.fromkeys(v)) for k, v in values.items()}
+    keys = sorted(dict.fromkeys(k for g in per_group.values() for k in g), key=_field_order)
+    shared = {}
+    for key in keys:
+        found = {g.get(key, "–") for g in per_group.values()}
+        if len(found) == 1 and not (key in ("init", "init_options") and len(groups) > 1):
+            shared[key] = found.pop()
+    differing = {name: {k: g.get(k, "–") for k in keys if k not in shared} for name, g in per_group.items()}
+    return shared, differing
+
+
+def _field_order(key: str) -> tuple[int, str]:
+    """TrainConfig's own order (model and init first, output last); unknown keys after it."""
+    from structinit.harness.train import TrainConfig
+
+    order = [f.name for f in dataclasses.fields(TrainConfig)]
+    return (order.index(key), "") if key in order else (len(order), key)
+
+
+def config_html(groups) -> str:
+    shared, differing = split_config(groups)
+    html = ('<p class="caption">The training settings (structinit.TrainConfig fields, as each run\'s result.json '
+            "records them). Settings shared by every run:</p>")
+    html += table(["setting", "value", "meaning"], [[k, v, MEANING.get(k, "")] for k, v in shared.items()])
+    columns = list(next(iter(differing.values()))) if differing else []
+    if columns:
+        html += '<h3>Settings that differ between inits</h3>'
+        html += table(["compared as", *columns], [[name, *row.values()] for name, row in differing.items()])
+    return html
+
+
+def versions_html(groups) -> str:
+    rows = [[name, ", ".join(str(r.result["seed"]) for r in g), str(len(g))] for name, g in groups.items()]
+    html = table(["init", "seeds", "runs"], rows, numeric=(2,))
+    html += ('<p class="caption">A seed fixes the model\'s construction, the init\'s random draws, the order of '
+             "the training images and the augmentation: the same seed gives the same run again.</p>")
+    versions = {}
+    for name, group in groups.items():
+        for r in group:
+            v = r.result.get("versions", {})
+            key = tuple(str(v.get(k, "–")) for k in ("python", "torch", "structinit", "platform"))
+            versions.setdefault(key, []).append(f"{name} seed {r.result['seed']}")
+    rows = [[*key, "all runs" if len(versions) == 1 else ", ".join(who)] for key, who in versions.items()]
+    return html + "<h3>Software</h3>" + table(["python", "torch", "structinit", "platform", "runs"], rows)
+
+
+def json_html(data: dict, name: str, folded: Sequence[str] = (), limit: int = 80) -> str:
+    """The entries of a JSON object (nested objects flattened to dotted keys, lists of objects
+    counted, objects named in ``folded`` only in the full text) as a table of at most ``limit``
+    rows, and all of it folded away below."""
+    rows: list[list[str]] = []
+
+    def walk(prefix: str, value) -> None:
+        if prefix.rpartition(".")[2] in folded and isinstance(value, dict):
+            rows.append([prefix, f"{len(value)} entries (see all of {name} below)"])
+        elif isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        elif isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+            rows.append([prefix, f"{len(value)} entries (see all of {name} below)"])
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            rows.append([prefix, text if len(text) <= 300 else text[:300] + " …"])
+
+    walk("", data)
+    dump = json.dumps(data, indent=2, default=str)
+    html = table(["entry", "value"], rows[:limit])
+    if len(rows) > limit:
+        html += note(f"{len(rows) - limit} more entries are only in the full {name} below.")
+    return html + (f"<details><summary>All of {esc(name)} ({len(dump):,} characters)</summary>"
+                   f"<pre>{esc(dump[:50_000])}</pre></details>")
