@@ -141,25 +141,12 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
-    """Mean evaluation accuracy per epoch for every init (shaded: min–max over seeds)."""
+    """Held-out (or test) accuracy and loss per epoch for every init, the mean over seeds with a
+    ±1 std band (:func:`structinit.curves_figure`), written atomically to ``path``."""
     require("matplotlib", "the accuracy plot").use("Agg")  # render to a file; there may be no display
     plt = require("matplotlib.pyplot", "the accuracy plot")
+    from structinit.analysis.curves import curves_figure
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for spec, results in runs.items():
-        metric = primary_metric(results[0]["final"])
-        curves = [[(r["epoch"], r[metric]) for r in res["history"] if metric in r] for res in results]
-        epochs = [e for e, _ in curves[0]]
-        values = [[100 * v for _, v in c] for c in curves]
-        mean = [statistics.fmean(col) for col in zip(*values)]
-        line, = ax.plot(epochs, mean, label=spec)
-        if len(values) > 1:
-            ax.fill_between(epochs, [min(c) for c in zip(*values)], [max(c) for c in zip(*values)],
-                            color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
+    fig = curves_figure(runs, title="mean over seeds, band ±1 std")
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
     plt.close(fig)
