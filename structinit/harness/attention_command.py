@@ -119,12 +119,13 @@ def _summary_line(label: str, layer: int, metrics: dict, row: int) -> str:
         values = [v for v in metrics[key][row] if v == v]  # NaN-free
         return f"{sum(values) / len(values):.3f}" if values else "–"
 
-    cols = [mean(k) if k in metrics else "–" for k in ("hit", "mass", "distance", "entropy", "local_mass")]
+    cols = [mean(k) if k in metrics else "–" for k in ("hit", "mass", "distance", "distance_px", "entropy",
+                                                         "local_mass")]
     return f"| {label} | {layer} | " + " | ".join(cols) + " |"
 
 
-TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches) | entropy (nats) | 3×3 mass |\n"
-              "|---|---:|---:|---:|---:|---:|---:|")
+TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches) | distance (pixels) | entropy (nats) "
+              "| 3×3 mass |\n|---|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
