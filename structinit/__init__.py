@@ -20,6 +20,7 @@ from structinit.adapters import (
     SeparateQKVAdapter,
     TokenLayout,
     find_attention_layers,
+    find_depthwise_convs,
     find_position_embedding,
     infer_layout,
     register_adapter,
@@ -62,7 +63,7 @@ from structinit.functional import (
     sincos_2d,
     target_index,
 )
-from structinit.models import VisionTransformer, create_model, list_models, register_model
+from structinit.models import ConvMixer, VisionTransformer, create_model, list_models, register_model
 from structinit.schemes import (
     Plan,
     get_record,
@@ -80,6 +81,15 @@ from structinit.schemes import (
     trunc_normal_init_,
     xavier_fused_init_,
     xavier_init_,
+)
+from structinit.schemes.conv_filters import (
+    conv_box_init_,
+    conv_gaussian_init_,
+    conv_impulse_init_,
+    conv_random_init_,
+    conv_softmax_init_,
+    covariance_init_,
+    covariance_transfer_init_,
 )
 
 __version__ = "0.1.0"
@@ -114,15 +124,18 @@ __all__ = [
     # per-scheme functions
     "impulse_init_", "mimetic_init_", "pytorch_init_", "timm_init_", "jax_init_",
     "xavier_init_", "xavier_fused_init_", "trunc_normal_init_", "kaiming_uniform_init_",
+    "conv_impulse_init_", "conv_box_init_", "conv_gaussian_init_", "conv_random_init_", "conv_softmax_init_",
+    "covariance_init_", "covariance_transfer_init_",
     # tensor-level helpers for your own layers
     "impulse_matrix", "target_index", "kernel_offsets", "enumerated_offsets", "random_offsets",
     "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "IMPULSE_SOLVERS",
     "mimetic_factors", "mimetic_qk", "mimetic_vo", "sincos_2d", "attention_probs",
     # models
-    "VisionTransformer", "create_model", "list_models", "register_model",
+    "VisionTransformer", "ConvMixer", "create_model", "list_models", "register_model",
     # adapters and layout
     "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
-    "register_adapter", "unregister_adapter", "find_attention_layers", "TokenLayout", "infer_layout",
+    "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "TokenLayout",
+    "infer_layout",
     "find_position_embedding", "register_position_finder", "unregister_position_finder", "Discovery",
     # diagnostics
     "attention_maps", "impulse_fidelity", "fidelity_summary",

@@ -21,7 +21,7 @@ def records(model):
 
 
 def bits(t):
-    return t.contiguous().view(torch.uint8) if t.is_floating_point() else t
+    return t.clone(memory_format=torch.contiguous_format).view(torch.uint8) if t.is_floating_point() else t
 
 
 def assert_untouched(model, snap):

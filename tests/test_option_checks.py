@@ -74,6 +74,28 @@ BAD = {
     },
 }
 
+NUM_FILTERS = [0, -1, 1.5, True, "2"]
+NORM = ["l2", 3, None]
+CONV_COMMON = {"frozen": FLAG, **SEEDED}
+# conv scheme (target 'conv', on a ConvMixer) → option → bad values
+CONV_BAD = {
+    "impulse": {"num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},
+    "box": {"taps": [0, 10, 1.5, True, "3", None], "num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},
+    "gaussian": {"sigma": POSITIVE, "num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},
+    "random": {"num_filters": NUM_FILTERS, **CONV_COMMON},
+    "softmax": {"std": [-1.0, "1", True, None, NAN, INF], **CONV_COMMON},
+    "covariance": {"sigma0": POSITIVE, "v_sigma": ["x", True, None, NAN, INF, -5.0], "trace": POSITIVE,
+                   **CONV_COMMON},
+    "covariance_transfer": {"source": [None, 3, "missing.safetensors", {"w": torch.ones(3)}],
+                            "trace": [0, -1.0, "1", True, NAN, INF], "resize": FLAG, **CONV_COMMON},
+}
+
+
+def conv_small():
+    """ConvMixer-8/2, k3 p2, contiguous weights (see tests/test_conv_filters.py: tiny)."""
+    return structinit.create_model("convmixer_256_8", dim=8, depth=2, kernel_size=3, channels_last=False)
+
+
 # impulse solver → option → bad values
 SOLVER_BAD = {
     "analytic": {
@@ -144,10 +166,42 @@ def _options(fn) -> set[str]:
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+def _conv_cases():
+    for scheme, options in CONV_BAD.items():
+        for option, values in options.items():
+            for i, value in enumerate(values):
+                yield pytest.param(scheme, option, value, id=f"conv-{scheme}-{option}-{i}")
+
+
+@pytest.mark.parametrize("scheme, option, value", list(_conv_cases()))
+def test_bad_conv_value_is_rejected_naming_the_option(scheme, option, value):
+    extra = {"source": conv_small()} if scheme == "covariance_transfer" else {}
+    _rejected(conv_small(), lambda m: structinit.init_(m, scheme, **{"seed": 0, **extra, option: value}), option)
+
+
+@pytest.mark.parametrize("scheme", sorted(CONV_BAD))
+def test_unknown_conv_option_lists_the_valid_ones(scheme):
+    from structinit.schemes.registry import get_scheme
+
+    for fn in (lambda m, **kw: structinit.init_(m, scheme, **kw), get_scheme(scheme, target="conv")):
+        msg = check_rejected(conv_small(), lambda m, fn=fn: fn(m, foo=1, seed=0), OptionError,
+                             r"unknown option\(s\) foo")
+        assert all(name in msg for name in CONV_BAD[scheme]), msg
+
+
+def _conv_entry(name):
+    from structinit.schemes.registry import scheme_entries
+
+    return next(e for e in scheme_entries(name) if e.target == "conv")
+
+
 def test_every_option_of_every_built_in_scheme_and_solver_has_bad_values():
-    assert set(BAD) == set(structinit.schemes())
-    for name in structinit.schemes():
+    assert set(BAD) == set(structinit.schemes("model")) | set(structinit.schemes("attention"))
+    for name in BAD:
         assert set(BAD[name]) == _options(SCHEMES.get(name).plan), name
+    assert set(CONV_BAD) == set(structinit.schemes("conv"))
+    for name in CONV_BAD:
+        assert set(CONV_BAD[name]) == _options(_conv_entry(name).plan), name
     assert set(SOLVER_BAD) == set(IMPULSE_SOLVERS.names())
     for name, cls in IMPULSE_SOLVERS.items():
         assert set(SOLVER_BAD[name]) == set(inspect.signature(cls).parameters), name
@@ -177,7 +231,7 @@ def test_unknown_option_lists_the_valid_ones(scheme, call):
 
 
 def test_direct_functions_and_planners_are_the_registered_ones():
-    for scheme in structinit.schemes():
+    for scheme in BAD:
         assert SCHEMES.get(scheme).init is getattr(structinit, f"{scheme}_init_")
     from structinit.schemes import plan_mimetic
 
@@ -198,7 +252,7 @@ def test_options_are_keyword_only(scheme):
 
 
 def test_non_module_is_rejected_by_every_entry_point():
-    for scheme in structinit.schemes():
+    for scheme in BAD:
         for call in CALLS.values():
             with pytest.raises(TypeError, match=r"nn\.Module.*dict"):
                 call(scheme)({}, seed=0)

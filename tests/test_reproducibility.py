@@ -15,9 +15,13 @@ PARTIAL = {"impulse", "mimetic"}
 FAST_GD = dict(steps=20, lr=1e-2)
 
 
+# The ViT's schemes; the depthwise-conv ones are reproducible on a ConvMixer in test_conv_filters.py.
+VIT_SCHEMES = structinit.schemes("model") + structinit.schemes("attention")
+
+
 def variants():
     out = []
-    for name in structinit.schemes():
+    for name in VIT_SCHEMES:
         if name == "impulse":
             out += [("impulse", dict(solver="analytic")), ("impulse", dict(solver="closed_form")),
                     ("impulse", dict(solver="gd", **FAST_GD)),
@@ -63,8 +67,9 @@ def differs(a: dict, b: dict) -> bool:
 
 def test_every_registered_scheme_is_covered():
     assert {"impulse", "mimetic", "pytorch", "timm", "jax", "xavier", "xavier_fused", "trunc_normal",
-            "kaiming_uniform"} <= set(structinit.schemes())
-    assert {name for name, _ in VARIANTS} == set(structinit.schemes())
+            "kaiming_uniform"} <= set(VIT_SCHEMES)
+    assert {name for name, _ in VARIANTS} == set(VIT_SCHEMES)
+    assert set(structinit.schemes()) == set(VIT_SCHEMES) | set(structinit.schemes("conv"))
 
 
 def test_constructors_differ():

@@ -10,6 +10,7 @@ from structinit.adapters.attention import (
     SeparateQKVAdapter,
     is_self_attention,
 )
+from structinit.adapters.conv import find_depthwise_convs, is_depthwise
 from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout, position_embedding_name
 from structinit.adapters.position import (
     POSITION_FINDERS,
@@ -33,5 +34,6 @@ __all__ = [
     "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
     "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
-    "infer_layout", "is_self_attention", "register_adapter", "select_layers", "unregister_adapter",
+    "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise",
+    "register_adapter", "select_layers", "unregister_adapter",
 ]  # fmt: skip

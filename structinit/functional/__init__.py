@@ -4,6 +4,18 @@ closed form, gradient descent) and their registry, and mimetic factors. Every ra
 takes ``generator=``. Nothing here knows about ``nn.Module``."""
 
 from structinit.functional.attention import attention_probs, layer_norm_tokens
+from structinit.functional.conv_filters import (
+    box_filters,
+    depth_sigma,
+    estimate_covariance,
+    gaussian_filters,
+    gaussian_kronecker_covariance,
+    impulse_filters,
+    random_filters,
+    relative_depth_map,
+    resize_covariance,
+    sample_filters,
+)
 from structinit.functional.impulse_analytic import (
     analytic_qk,
     axis_kernel,
@@ -44,4 +56,6 @@ __all__ = [
     "gd_qk", "impulse_matrix", "impulse_qk", "kernel_offsets", "layer_norm_tokens", "make_impulse_solver",
     "mimetic_factors", "mimetic_noise", "mimetic_qk", "mimetic_vo", "pinv_projector", "pseudo_input",
     "random_offsets", "ridge_readout", "sincos_2d", "sincos_frequencies", "target_index",
+    "box_filters", "depth_sigma", "estimate_covariance", "gaussian_filters", "gaussian_kronecker_covariance",
+    "impulse_filters", "random_filters", "relative_depth_map", "resize_covariance", "sample_filters",
 ]  # fmt: skip

@@ -2,7 +2,9 @@
 package registers every model."""
 
 from structinit.models.convit import GPSA, ConViT
+from structinit.models.convmixer import ConvMixer, ConvMixerBlock, convmixer_num_params
 from structinit.models.registry import MODELS, create_model, list_models, register_model
 from structinit.models.vit import VisionTransformer
 
-__all__ = ["GPSA", "MODELS", "ConViT", "VisionTransformer", "create_model", "list_models", "register_model"]
+__all__ = ["GPSA", "MODELS", "ConViT", "ConvMixer", "ConvMixerBlock", "VisionTransformer", "convmixer_num_params",
+           "create_model", "list_models", "register_model"]

@@ -5,6 +5,7 @@ Every scheme module is imported here, so the registry is complete whoever import
 """
 
 # The schemes register themselves on import.
+from structinit.schemes import conv_filters  # registers the depthwise-conv schemes
 from structinit.schemes.baselines import (
     jax_init_,
     kaiming_uniform_init_,
@@ -36,4 +37,5 @@ __all__ = [
     "jax_init_", "kaiming_uniform_init_", "mimetic_init_", "plan_impulse", "plan_init", "plan_mimetic",
     "pytorch_init_", "record_attr", "register_planner", "register_scheme", "schemes", "set_record",
     "timm_init_", "trunc_normal_init_", "xavier_fused_init_", "xavier_init_",
+    "conv_filters",
 ]  # fmt: skip

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from structinit.adapters import adapter_for, is_depthwise
 from structinit.schemes.plan import Plan
 from structinit.utils import OptionError, Registry, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
@@ -39,6 +40,10 @@ class Scheme:
 
 
 SCHEMES: Registry[Scheme] = Registry("scheme")
+# A name registered again for another target (e.g. 'impulse' for attention and for conv): the
+# first registration stays in SCHEMES (get_scheme(name), structinit.<name>_init_), the others
+# are kept here under '<target>:<name>'; init_/plan_init choose by the layers the model has.
+SCHEME_VARIANTS: Registry[Scheme] = Registry("scheme variant")
 
 
 def _check_seed(name: str, value: object) -> None:
@@ -177,29 +182,78 @@ def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, ta
     check_choice("target", target, TARGETS)
 
     def deco(f):
-        if name not in SCHEMES or SCHEMES.get(name).init is not f:  # registering f again is a no-op
+        if name in SCHEMES and SCHEMES.get(name).target != target:  # the same name for another target
+            key = f"{target}:{name}"
+            if key not in SCHEME_VARIANTS or SCHEME_VARIANTS.get(key).init is not f:
+                SCHEME_VARIANTS.register(key, Scheme(name, f, plan, target))
+        elif name not in SCHEMES or SCHEMES.get(name).init is not f:  # registering f again is a no-op
             SCHEMES.register(name, Scheme(name, f, plan, target))
         return f
 
     return deco(fn) if fn is not None else deco
 
 
-def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "model") -> Callable[..., nn.Module]:
+def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "model",
+                     function_name: str | None = None) -> Callable[..., nn.Module]:
     """Register a built-in scheme written as a planner; returns its in-place function
-    ``<name>_init_``. Both check their options first (:func:`check_call`)."""
-    return register_scheme(name, in_place(planner, f"{name}_init_"), target=target, plan=checked_planner(planner))
+    ``function_name`` (default ``<name>_init_``). Both check their options first (:func:`check_call`)."""
+    fn = in_place(planner, function_name or f"{name}_init_")
+    return register_scheme(name, fn, target=target, plan=checked_planner(planner))
+
+
+def scheme_entries(name: str) -> list[Scheme]:
+    """Every registration of ``name``: the first one, then those for other targets."""
+    first = SCHEMES.get(name)
+    return [first, *(e for e in SCHEME_VARIANTS.values() if e.name == name)]
 
 
 def schemes(target: str | None = None) -> list[str]:
     """Names accepted by :func:`init_` (those initialising ``target`` modules, if given)."""
     if target is not None:
         check_choice("target", target, TARGETS)
-    return [n for n in SCHEMES.names() if target is None or SCHEMES.get(n).target == target]
+    entries = [*SCHEMES.values(), *SCHEME_VARIANTS.values()]
+    return sorted({e.name for e in entries if target is None or e.target == target})
 
 
-def get_scheme(name: str) -> Callable[..., nn.Module]:
-    """The in-place function of scheme ``name``."""
-    return SCHEMES.get(name).init
+def get_scheme(name: str, target: str | None = None) -> Callable[..., nn.Module]:
+    """The in-place function of scheme ``name`` (for a name registered for several targets, the
+    one for ``target``; default the first registered)."""
+    entries = scheme_entries(name)
+    if target is None:
+        return entries[0].init
+    check_choice("target", target, [e.target for e in entries])
+    return next(e for e in entries if e.target == target).init
+
+
+_PRESENT: dict[str, Callable[[nn.Module], bool]] = {
+    "attention": lambda model: any(adapter_for(m) is not None for m in model.modules()),
+    "conv": lambda model: any(is_depthwise(m) for m in model.modules()),
+}
+
+
+def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, dict]:
+    """The registration of ``name`` that fits ``model``, and the options without ``target``.
+
+    A name registered once is that entry (``target`` is then an unknown option, as before).
+    For a name registered for several targets, ``target=`` picks one; otherwise the entry whose
+    layers the model has (attention layers → 'attention', depthwise convs → 'conv'); a model
+    with both needs ``target=``; a model with neither gets the first entry (and its error).
+    """
+    entries = scheme_entries(name)
+    if len(entries) == 1:
+        return entries[0], options
+    targets = [e.target for e in entries]
+    options = dict(options)
+    target = options.pop("target", None)
+    if target is not None:
+        check_choice("target", target, targets)
+        return next(e for e in entries if e.target == target), options
+    present = [e for e in entries if _PRESENT.get(e.target, lambda m: False)(model)]
+    if len(present) > 1:
+        raise OptionError(f"target=None: scheme {name!r} exists for targets {', '.join(targets)} and "
+                          f"{type(model).__name__} has layers of each ({', '.join(e.target for e in present)}); "
+                          f"pass target= one of {', '.join(repr(t) for t in targets)}")
+    return (present or entries)[0], options
 
 
 def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
@@ -212,7 +266,7 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    entry = SCHEMES.get(scheme)
+    entry, options = resolve_scheme(model, scheme, options)
     if entry.plan is not None:
         planner = _unchecked(entry.plan)
         check_call(planner, model, (), options, f"scheme {scheme!r}")
@@ -227,7 +281,9 @@ def init_(model: nn.Module, scheme: str, **options) -> nn.Module:
     """Initialise ``model`` in place with the scheme called ``scheme`` and return it.
 
     ``options`` go to the scheme's function (e.g. :func:`structinit.impulse_init_`); every
-    scheme takes ``generator=`` or ``seed=`` for bit-reproducible weights.
+    scheme takes ``generator=`` or ``seed=`` for bit-reproducible weights. A name registered
+    for several targets ('impulse': attention and conv) picks the one whose layers the model
+    has, or the one named by ``target=`` (:func:`resolve_scheme`).
 
     Examples:
         >>> model = structinit.create_model("vit_tiny_patch2_32")
