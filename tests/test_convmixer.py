@@ -130,3 +130,23 @@ def test_same_seed_same_weights(scheme):
     structinit.init_(b, scheme, generator=torch.Generator().manual_seed(5))
     for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), k
+
+
+def test_train_a_convmixer_with_frozen_impulse_filters(tmp_path):
+    """End to end through the harness: the run's init is the conv impulse scheme (dispatched by
+    module kind), the frozen filters leave training unchanged, and the run resumes as finished."""
+    from structinit.harness.checkpoint import load_weights
+    from structinit.harness.recipes import recipe
+    from structinit.harness.runs import load_run, models_of
+    from structinit.harness.train import train
+
+    cfg = recipe("digits", model="convmixer_cpu_128_6", model_kwargs={"dim": 16, "depth": 2}, epochs=1,
+                 train_size=128, init="impulse", init_options={"frozen": True}, out_dir=str(tmp_path / "run"))
+    result = train(cfg, progress=False)
+    assert 0.0 <= result["final"]["test_acc"] <= 1.0
+    initial, _ = models_of(load_run(tmp_path / "run"), (1, 8, 8), 10)
+    trained, _ = load_weights(tmp_path / "run" / "model.safetensors")
+    for i in range(2):
+        w = trained[f"blocks.{i}.dw.weight"]
+        assert torch.equal(w, initial.blocks[i].dw.weight.detach())  # frozen: not trained
+        assert ((w == 0) | (w == 1)).all() and (w.flatten(1).sum(1) == 1).all()  # one-hot impulses
