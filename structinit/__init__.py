@@ -46,6 +46,12 @@ from structinit.analysis import (
     overlay_figure,
     unbiased_hsic,
 )
+from structinit.analysis.certify import (
+    certified_accuracy,
+    empirical_lipschitz,
+    logit_margins,
+    multiclass_hinge_loss,
+)
 from structinit.functional import (
     IMPULSE_SOLVERS,
     analytic_qk,
@@ -63,7 +69,19 @@ from structinit.functional import (
     sincos_2d,
     target_index,
 )
-from structinit.models import ConvMixer, VisionTransformer, create_model, list_models, register_model
+from structinit.models import (
+    CayleyConv2d,
+    CayleyLinear,
+    ConvMixer,
+    GroupSort,
+    KWLarge,
+    LipschitzAvgPool,
+    SpaceToDepth,
+    VisionTransformer,
+    create_model,
+    list_models,
+    register_model,
+)
 from structinit.schemes import (
     Plan,
     get_record,
@@ -91,6 +109,7 @@ from structinit.schemes.conv_filters import (
     covariance_init_,
     covariance_transfer_init_,
 )
+from structinit.schemes.orthogonal import orthogonal_init_
 
 __version__ = "0.1.0"
 
@@ -125,13 +144,15 @@ __all__ = [
     "impulse_init_", "mimetic_init_", "pytorch_init_", "timm_init_", "jax_init_",
     "xavier_init_", "xavier_fused_init_", "trunc_normal_init_", "kaiming_uniform_init_",
     "conv_impulse_init_", "conv_box_init_", "conv_gaussian_init_", "conv_random_init_", "conv_softmax_init_",
-    "covariance_init_", "covariance_transfer_init_",
+    "covariance_init_", "covariance_transfer_init_", "orthogonal_init_",
     # tensor-level helpers for your own layers
     "impulse_matrix", "target_index", "kernel_offsets", "enumerated_offsets", "random_offsets",
     "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "IMPULSE_SOLVERS",
     "mimetic_factors", "mimetic_qk", "mimetic_vo", "sincos_2d", "attention_probs",
     # models
     "VisionTransformer", "ConvMixer", "create_model", "list_models", "register_model",
+    # orthogonal (1-Lipschitz) layers
+    "CayleyConv2d", "CayleyLinear", "GroupSort", "LipschitzAvgPool", "SpaceToDepth", "KWLarge",
     # adapters and layout
     "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
     "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "TokenLayout",
@@ -141,6 +162,7 @@ __all__ = [
     "attention_maps", "impulse_fidelity", "fidelity_summary",
     "attention_metrics", "mean_attention_distance", "attention_entropy", "local_attention_mass",
     "cka_matrix", "linear_cka", "MinibatchCKA", "unbiased_hsic",
+    "multiclass_hinge_loss", "logit_margins", "certified_accuracy", "empirical_lipschitz",
     # figures (matplotlib, from the harness extra)
     "attention_figure", "comparison_figure", "overlay_figure", "curves_figure", "cka_figure",
     # training harness (imported on first use)

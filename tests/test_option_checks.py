@@ -79,6 +79,8 @@ NORM = ["l2", 3, None]
 CONV_COMMON = {"frozen": FLAG, **SEEDED}
 # conv scheme (target 'conv', on a ConvMixer) → option → bad values
 CONV_BAD = {
+    "orthogonal": {"variant": ["qr", 3, None], "gain": POSITIVE, "std": POSITIVE, "n": [0, -1, 1.5, True, "3"],
+                   **CONV_COMMON},
     "impulse": {"num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},
     "box": {"taps": [0, 10, 1.5, True, "3", None], "num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},
     "gaussian": {"sigma": POSITIVE, "num_filters": NUM_FILTERS, "norm": NORM, **CONV_COMMON},

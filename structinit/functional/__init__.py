@@ -4,6 +4,15 @@ closed form, gradient descent) and their registry, and mimetic factors. Every ra
 takes ``generator=``. Nothing here knows about ``nn.Module``."""
 
 from structinit.functional.attention import attention_probs, layer_norm_tokens
+from structinit.functional.cayley_conv import (
+    cayley,
+    cayley_conv_matrices,
+    fft_circular_conv,
+    fft_conv_weight,
+    orthogonality_error,
+    semi_orthogonal_cayley,
+    space_to_depth,
+)
 from structinit.functional.conv_filters import (
     box_filters,
     depth_sigma,
@@ -36,6 +45,13 @@ from structinit.functional.impulse_solvers import (
     make_impulse_solver,
 )
 from structinit.functional.mimetic import NOISE, mimetic_factors, mimetic_noise, mimetic_qk, mimetic_vo
+from structinit.functional.orthogonal import (
+    cayley_kernel,
+    centre_tap,
+    conv_weight_from_fft,
+    delta_orthogonal_kernel,
+    orthogonal_matrix,
+)
 from structinit.functional.posembed import sincos_2d, sincos_frequencies
 from structinit.functional.pseudo_input import PSEUDO_INPUTS, pseudo_input
 from structinit.functional.targets import (
@@ -58,4 +74,7 @@ __all__ = [
     "random_offsets", "ridge_readout", "sincos_2d", "sincos_frequencies", "target_index",
     "box_filters", "depth_sigma", "estimate_covariance", "gaussian_filters", "gaussian_kronecker_covariance",
     "impulse_filters", "random_filters", "relative_depth_map", "resize_covariance", "sample_filters",
+    "cayley", "cayley_conv_matrices", "cayley_kernel", "centre_tap", "conv_weight_from_fft", "delta_orthogonal_kernel",
+    "fft_circular_conv", "fft_conv_weight", "orthogonal_matrix", "orthogonality_error", "semi_orthogonal_cayley",
+    "space_to_depth",
 ]  # fmt: skip

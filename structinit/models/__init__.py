@@ -3,8 +3,11 @@ package registers every model."""
 
 from structinit.models.convit import GPSA, ConViT
 from structinit.models.convmixer import ConvMixer, ConvMixerBlock, convmixer_num_params
+from structinit.models.kwlarge import KWLarge
+from structinit.models.layers_orthogonal import CayleyConv2d, CayleyLinear, GroupSort, LipschitzAvgPool, SpaceToDepth
 from structinit.models.registry import MODELS, create_model, list_models, register_model
 from structinit.models.vit import VisionTransformer
 
-__all__ = ["GPSA", "MODELS", "ConViT", "ConvMixer", "ConvMixerBlock", "VisionTransformer", "convmixer_num_params",
+__all__ = ["GPSA", "MODELS", "CayleyConv2d", "CayleyLinear", "ConViT", "ConvMixer", "ConvMixerBlock", "GroupSort",
+           "KWLarge", "LipschitzAvgPool", "SpaceToDepth", "VisionTransformer", "convmixer_num_params",
            "create_model", "list_models", "register_model"]
