@@ -59,6 +59,20 @@ def recorded_layout(model: nn.Module, chosen, grid=None, num_prefix_tokens=None)
     return layout
 
 
+def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+    """The papers' pseudo input X̃ = LayerNorm(PE), (1, N, D) float32, from the grid rows of the
+    model's position embedding (or ``pos_embed``); a clear error if there is none."""
+    pe = pos_embed if pos_embed is not None else grid_pos_embed(model, layout)
+    if pe is None:
+        raise ValueError(f"{NOT_FOUND}; pass pos_embed=<(N, D) tensor> or images")
+    check_finite("pos_embed", pe)
+    rows = pe.detach().reshape(-1, pe.shape[-1])
+    if rows.shape[0] != layout.num_patches:
+        raise ValueError(f"pos_embed has {rows.shape[0]} rows, but the layout has {layout.num_patches} grid "
+                         f"tokens ({layout.grid[0]}×{layout.grid[1]}); pass the (N, D) grid rows")
+    return layer_norm_tokens(rows[None]).float()
+
+
 @torch.no_grad()
 def impulse_fidelity(
     model: nn.Module,
@@ -114,15 +128,7 @@ def impulse_fidelity(
             counts[i, h] += on_target.numel()
 
     if images is None:
-        pe = pos_embed if pos_embed is not None else grid_pos_embed(model, layout)
-        if pe is None:
-            raise ValueError(f"{NOT_FOUND}; pass pos_embed=<(N, D) tensor> or images")
-        check_finite("pos_embed", pe)
-        rows = pe.detach().reshape(-1, pe.shape[-1])
-        if rows.shape[0] != layout.num_patches:
-            raise ValueError(f"pos_embed has {rows.shape[0]} rows, but the layout has {layout.num_patches} grid "
-                             f"tokens ({layout.grid[0]}×{layout.grid[1]}); pass the (N, D) grid rows")
-        x = layer_norm_tokens(rows[None]).float()
+        x = position_only_input(model, layout, pos_embed)
         for i in range(len(chosen)):
             reduce(i, x, real=False)
     else:

@@ -133,6 +133,13 @@ class ArrayDataset:
             raise TypeError(f"subset: index has dtype {index.dtype}, expected integer indices or a bool mask")
         return ArrayDataset(self.images[index], self.labels[index], list(self.classes), self.name, self.mean, self.std)
 
+    def normalised(self, n: int | None = None) -> torch.Tensor:
+        """The first ``n`` images (all by default) as float32 in training's normalisation:
+        (x / 255 − mean) / std per channel, shape (n, C, H, W)."""
+        x = self.images[:n].float() / 255
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in (self.mean, self.std))
+        return (x - mean) / std
+
     def class_counts(self) -> torch.Tensor:
         """int64 (num_classes,): how many images each class has."""
         return torch.bincount(self.labels, minlength=self.num_classes)

@@ -134,15 +134,12 @@ def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any])
 def _test_images(cfg, n: int):
     """The first ``n`` test images of ``cfg.dataset``, normalised as training normalises
     (the training split's per-channel statistics), and the split's class count."""
-    import torch
 
     from structinit.data import load_dataset
 
     with user_input("dataset"):
         test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
-    x = test.images[:n].float() / 255
-    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in (test.mean, test.std))
-    return (x - mean) / std, test.num_classes
+    return test.normalised(n), test.num_classes
 
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):

@@ -59,14 +59,9 @@ def _images(dataset: str | None, data_dir: str | None, n: int):
 
 def _position_maps(model, chosen, layout):
     """Per chosen layer, (heads, N, N) attention of the position-only input LayerNorm(PE)."""
-    from structinit.adapters import grid_pos_embed
-    from structinit.adapters.position import NOT_FOUND
-    from structinit.functional.attention import layer_norm_tokens
+    from structinit.analysis.fidelity import position_only_input
 
-    pe = grid_pos_embed(model, layout)
-    if pe is None:
-        raise ValueError(f"{NOT_FOUND}; give images (--dataset) to see its attention")
-    x = layer_norm_tokens(pe.detach().reshape(1, layout.num_patches, -1)).float()
+    x = position_only_input(model, layout)
     return [ad.attention_probs(x)[0] for _, ad in chosen]
 
 

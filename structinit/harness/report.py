@@ -277,15 +277,13 @@ def _eval_images(cfg, cache: dict):
 
 
 def _load_eval_images(cfg):
-    import torch
 
     from structinit.harness.build import load_data
 
     _, evals = load_data(dataclasses.replace(cfg, download=False, train_size=None))
     split, ds = next(iter(evals.items()))
     n = min(EVAL_IMAGES, len(ds))
-    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (ds.mean, ds.std))
-    return (ds.images[:n].float() / 255 - mean) / std, ds.num_classes, f"the first {n} {split} images of {ds.name}"
+    return ds.normalised(n), ds.num_classes, f"the first {n} {split} images of {ds.name}"
 
 
 def _first_layer_maps(run, images, num_classes):

@@ -125,14 +125,10 @@ def load_trained_weights(model: nn.Module, path: Path) -> None:
 def test_images(dataset: str, data_dir: str | None, n: int):
     """(normalised, in [0, 1]) of the first ``n`` test images of ``dataset``, normalised with
     the dataset's channel statistics as training does."""
-    import torch
 
     from structinit.data import load_dataset
     from structinit.harness.errors import user_input
 
     with user_input("dataset"):
         test = load_dataset(dataset, data_dir, "test")
-    raw = test.images[:n].float() / 255
-    mean = torch.tensor(test.mean).view(1, -1, 1, 1)
-    std = torch.tensor(test.std).view(1, -1, 1, 1)
-    return (raw - mean) / std, raw
+    return test.normalised(n), test.images[:n].float() / 255
