@@ -5,6 +5,7 @@ expected there."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def models_of(run: FinishedRun, image_shape: tuple[int, int, int], num_classes: 
     if recorded and init_fingerprint(initial) != recorded:
         raise ValueError(f"{run.path}: the init rebuilt from its config differs from the one it trained from (the "
                          "init's code or defaults changed since); its before/after comparison would be wrong")
-    trained, _ = plan_model(cfg, image_shape, num_classes)
+    trained = copy.deepcopy(initial)  # the same architecture, without solving the init again
     load_trained_weights(trained, run.path / WEIGHTS)
     return initial, trained
 
