@@ -3,6 +3,7 @@
     import structinit
     model = structinit.create_model("vit_tiny_patch2_32")
     structinit.init_(model, "impulse", seed=0)          # or "mimetic", "timm", "pytorch", …
+    structinit.init_(mamba, "mimetic", seed=0)          # a mambapy Mamba: the SSM mimetic init
     structinit.impulse_fidelity(model)                   # {'mass': (L×H), 'hit': (L×H)}
 
 Importing structinit loads the init API only (torch, numpy, scipy). The training harness,
@@ -22,6 +23,7 @@ from structinit.adapters import (
     find_attention_layers,
     find_depthwise_convs,
     find_position_embedding,
+    find_ssm_layers,
     infer_layout,
     register_adapter,
     register_position_finder,
@@ -84,6 +86,7 @@ from structinit.models import (
 )
 from structinit.schemes import (
     Plan,
+    default_init_,
     get_record,
     impulse_init_,
     init_,
@@ -95,6 +98,7 @@ from structinit.schemes import (
     register_scheme,
     schemes,
     set_record,
+    ssm_mimetic_init_,
     timm_init_,
     trunc_normal_init_,
     xavier_fused_init_,
@@ -144,7 +148,7 @@ __all__ = [
     "impulse_init_", "mimetic_init_", "pytorch_init_", "timm_init_", "jax_init_",
     "xavier_init_", "xavier_fused_init_", "trunc_normal_init_", "kaiming_uniform_init_",
     "conv_impulse_init_", "conv_box_init_", "conv_gaussian_init_", "conv_random_init_", "conv_softmax_init_",
-    "covariance_init_", "covariance_transfer_init_", "orthogonal_init_",
+    "covariance_init_", "covariance_transfer_init_", "orthogonal_init_", "ssm_mimetic_init_", "default_init_",
     # tensor-level helpers for your own layers
     "impulse_matrix", "target_index", "kernel_offsets", "enumerated_offsets", "random_offsets",
     "impulse_qk", "analytic_qk", "closed_form_qk", "gd_qk", "IMPULSE_SOLVERS",
@@ -155,7 +159,8 @@ __all__ = [
     "CayleyConv2d", "CayleyLinear", "GroupSort", "LipschitzAvgPool", "SpaceToDepth", "KWLarge",
     # adapters and layout
     "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
-    "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "TokenLayout",
+    "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "find_ssm_layers",
+    "TokenLayout",
     "infer_layout",
     "find_position_embedding", "register_position_finder", "unregister_position_finder", "Discovery",
     # diagnostics

@@ -152,7 +152,7 @@ def test_register_model_entry_point():
 
 
 # --------------------------------------------------------------------------- plans
-SCHEME_OPTIONS = {"impulse": {}, "mimetic": {}, "pytorch": {}, "timm": {}, "jax": {}, "xavier": {},
+SCHEME_OPTIONS = {"impulse": {}, "mimetic": {}, "default": {}, "pytorch": {}, "timm": {}, "jax": {}, "xavier": {},
                   "xavier_fused": {}, "trunc_normal": {"std": 0.05}, "kaiming_uniform": {"a": 0.0}}
 
 

@@ -220,3 +220,25 @@ def test_same_seed_gives_bit_identical_filters_and_leaves_the_global_rng(scheme)
         assert torch.equal(torch.random.get_rng_state(), before)
         weights.append([m.weight.detach().clone() for _, m in structinit.adapters.find_depthwise_convs(model)])
     assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+@pytest.mark.parametrize("k, sigma", [(3, 0.7), (5, 1.3), (7, 2.5)])
+def test_fit_kronecker_sigma_recovers_sigma_from_sampled_filters(k, sigma):
+    cov = cf.gaussian_kronecker_covariance(k, sigma)
+    exact, residual = cf.fit_kronecker_sigma(cov * 5.0)  # the fit ignores the total variance
+    assert abs(exact - sigma) / sigma < 0.01 and residual < 0.01
+    filters = cf.sample_filters(cov, 20000, generator=torch.Generator().manual_seed(0))
+    fitted, residual = cf.fit_kronecker_sigma(cf.estimate_covariance(filters))
+    assert abs(fitted - sigma) / sigma < 0.05 and residual < 0.1
+    # white filters are not of the family: a small σ is the nearest, with a large residual
+    white, residual = cf.fit_kronecker_sigma(torch.eye(k * k, dtype=torch.float64))
+    assert white < 0.3 and residual < 0.05  # G_σ→I as σ→0: identity is the family's limit
+
+
+def test_fit_depth_schedule_inverts_depth_sigma():
+    sigmas = [cf.depth_sigma(i, 6, 0.8, 1.7) for i in range(6)]
+    s0, v = cf.fit_depth_schedule(sigmas)
+    assert s0 == pytest.approx(0.8, abs=1e-9) and v == pytest.approx(1.7, abs=1e-9)
+    assert cf.fit_depth_schedule([2.0]) == (2.0, 0.0)
+    with pytest.raises(ValueError, match="sigmas"):
+        cf.fit_depth_schedule([1.0, -1.0])

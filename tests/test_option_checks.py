@@ -59,6 +59,7 @@ BAD = {
         "reserve": RESERVE,
         **SEEDED,
     },
+    "default": SEEDED,  # writes nothing, but checks its options like every scheme
     "pytorch": SEEDED, "timm": SEEDED, "jax": SEEDED, "xavier": SEEDED, "xavier_fused": SEEDED,
     "trunc_normal": {
         "std": POSITIVE,
@@ -91,6 +92,49 @@ CONV_BAD = {
     "covariance_transfer": {"source": [None, 3, "missing.safetensors", {"w": torch.ones(3)}],
                             "trace": [0, -1.0, "1", True, NAN, INF], "resize": FLAG, **CONV_COMMON},
 }
+
+
+# SSM scheme (target 'ssm', on a mambapy Mamba) → option → bad values
+SSM_BAD = {
+    "mimetic": {
+        "a_log": ["-8", True, None, NAN, -INF, 100.0, -100.0],
+        "delta": [*POSITIVE, 1e300],  # 1e300: softplus⁻¹ is inf in float32
+        "dt_weight_scale": [-0.1, "0", True, None, NAN, INF, 1e300],
+        "bc": FLAG, "conv_identity": FLAG,
+        "alpha": ANY_NUMBER[:-1], "beta": ANY_NUMBER[:-1],
+        "noise": ["laplace", 3, None],
+        "layers": [True, 3.0, "0", [5], [-3], [], ["0"], [0.5]],
+        **SEEDED,
+    },
+}
+
+
+def ssm_small():
+    mamba = pytest.importorskip("mambapy.mamba")
+    torch.manual_seed(0)
+    return mamba.Mamba(mamba.MambaConfig(d_model=8, n_layers=2, d_state=4))
+
+
+def _ssm_cases():
+    for scheme, options in SSM_BAD.items():
+        for option, values in options.items():
+            for i, value in enumerate(values):
+                yield pytest.param(scheme, option, value, id=f"ssm-{scheme}-{option}-{i}")
+
+
+@pytest.mark.parametrize("scheme, option, value", list(_ssm_cases()))
+def test_bad_ssm_value_is_rejected_naming_the_option(scheme, option, value):
+    _rejected(ssm_small(), lambda m: structinit.init_(m, scheme, **{"seed": 0, option: value}), option)
+
+
+@pytest.mark.parametrize("scheme", sorted(SSM_BAD))
+def test_unknown_ssm_option_lists_the_valid_ones(scheme):
+    from structinit.schemes.registry import get_scheme
+
+    for fn in (lambda m, **kw: structinit.init_(m, scheme, **kw), get_scheme(scheme, target="ssm")):
+        msg = check_rejected(ssm_small(), lambda m, fn=fn: fn(m, foo=1, seed=0), OptionError,
+                             r"unknown option\(s\) foo")
+        assert all(name in msg for name in SSM_BAD[scheme]), msg
 
 
 def conv_small():
@@ -198,12 +242,18 @@ def _conv_entry(name):
 
 
 def test_every_option_of_every_built_in_scheme_and_solver_has_bad_values():
+    from structinit.schemes.registry import scheme_entries
+
     assert set(BAD) == set(structinit.schemes("model")) | set(structinit.schemes("attention"))
     for name in BAD:
         assert set(BAD[name]) == _options(SCHEMES.get(name).plan), name
     assert set(CONV_BAD) == set(structinit.schemes("conv"))
     for name in CONV_BAD:
         assert set(CONV_BAD[name]) == _options(_conv_entry(name).plan), name
+    assert set(SSM_BAD) == set(structinit.schemes("ssm"))
+    for name in SSM_BAD:
+        entry = next(e for e in scheme_entries(name) if e.target == "ssm")
+        assert set(SSM_BAD[name]) == _options(entry.plan), name
     assert set(SOLVER_BAD) == set(IMPULSE_SOLVERS.names())
     for name, cls in IMPULSE_SOLVERS.items():
         assert set(SOLVER_BAD[name]) == set(inspect.signature(cls).parameters), name

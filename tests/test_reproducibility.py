@@ -16,7 +16,9 @@ FAST_GD = dict(steps=20, lr=1e-2)
 
 
 # The ViT's schemes; the depthwise-conv ones are reproducible on a ConvMixer in test_conv_filters.py.
-VIT_SCHEMES = structinit.schemes("model") + structinit.schemes("attention")
+# 'default' writes nothing (the constructor's init stays): nothing to reproduce, checked below.
+WRITES_NOTHING = {"default"}
+VIT_SCHEMES = [s for s in structinit.schemes("model") + structinit.schemes("attention") if s not in WRITES_NOTHING]
 
 
 def variants():
@@ -69,7 +71,19 @@ def test_every_registered_scheme_is_covered():
     assert {"impulse", "mimetic", "pytorch", "timm", "jax", "xavier", "xavier_fused", "trunc_normal",
             "kaiming_uniform"} <= set(VIT_SCHEMES)
     assert {name for name, _ in VARIANTS} == set(VIT_SCHEMES)
-    assert set(structinit.schemes()) == set(VIT_SCHEMES) | set(structinit.schemes("conv"))
+    assert set(structinit.schemes()) == set(VIT_SCHEMES) | WRITES_NOTHING | set(structinit.schemes("conv"))
+
+
+def test_default_writes_nothing_and_leaves_the_global_rng():
+    model = build(1)
+    before = state(model)
+    torch.manual_seed(99)
+    expected = torch.rand(4)
+    torch.manual_seed(99)
+    for opts in ({}, {"seed": 3}, {"generator": torch.Generator().manual_seed(0)}):
+        structinit.init_(model, "default", **opts)
+    assert torch.equal(torch.rand(4), expected)
+    assert_identical(state(model), before)
 
 
 def test_constructors_differ():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from run_helpers import wait_for_rows
 from structinit.harness.checkpoint import load_checkpoint, save_checkpoint
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
@@ -97,11 +98,7 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path):
     victim = tmp_path / "victim"
     proc = subprocess.Popen(_cli(victim, epochs), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    metrics = victim / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
-        time.sleep(0.02)
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = wait_for_rows(victim / "metrics.jsonl", 2)
     epoch_seconds = rows[1]["wall_s"] - rows[0]["wall_s"]
     time.sleep(0.5 * epoch_seconds)  # half-way through epoch 3
     proc.send_signal(signal.SIGKILL)

@@ -66,7 +66,7 @@ def test_recipes_are_complete_and_overridable():
     assert structinit.create_model(c16.model).patch_embed.grid_size == (16, 16)
     assert (c16.dataset, c16.train_size, c16.holdout, c16.holdout_mode) == (c8.dataset, c8.train_size, c8.holdout,
                                                                             c8.holdout_mode)
-    with pytest.raises(ValueError, match="unknown recipe 'nope'; valid names: cpu-cifar, cpu-cifar16, digits, paper"):
+    with pytest.raises(ValueError, match=r"unknown recipe .nope.; valid names: cpu-cifar, .*digits, paper"):
         recipe("nope")
     assert list(RECIPES)[:3] == ["paper-cifar", "cpu-cifar", "digits"] and "digits" in RECIPES
 

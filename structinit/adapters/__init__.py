@@ -1,7 +1,7 @@
 """Finding layers in a model and reading/writing their weights in one layout: attention
 adapters (fused qkv, separate q/k/v, ``nn.MultiheadAttention``, or your own), their registry,
-position-embedding finders and theirs, and the token layout (grid, prefix tokens,
-position-embedding rows)."""
+position-embedding finders and theirs, the token layout (grid, prefix tokens,
+position-embedding rows), and SSM (Mamba) layers and their adapters."""
 
 from structinit.adapters.attention import (
     AttentionAdapter,
@@ -28,6 +28,16 @@ from structinit.adapters.registry import (
     select_layers,
     unregister_adapter,
 )
+from structinit.adapters.ssm import (
+    SSM_ADAPTERS,
+    MambapyAdapter,
+    SSMAdapter,
+    find_ssm_layers,
+    is_ssm,
+    register_ssm_adapter,
+    ssm_adapter_for,
+    unregister_ssm_adapter,
+)
 
 __all__ = [
     "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
@@ -36,4 +46,6 @@ __all__ = [
     "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise",
     "register_adapter", "select_layers", "unregister_adapter",
+    "SSM_ADAPTERS", "SSMAdapter", "MambapyAdapter", "find_ssm_layers", "is_ssm", "register_ssm_adapter",
+    "ssm_adapter_for", "unregister_ssm_adapter",
 ]  # fmt: skip

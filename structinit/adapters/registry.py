@@ -48,6 +48,14 @@ def register_adapter(
     the built-in ones, most recently registered first; registering the same target again
     replaces its factory.
     """
+    match = target_matcher(target, factory, "AttentionAdapter")
+    ATTENTION_ADAPTERS.register(_target_name(target), AdapterEntry(match, factory), replace=True, first=True)
+
+
+def target_matcher(target, factory, adapter: str) -> Callable[[nn.Module], bool]:
+    """The predicate of a user ``target`` (a module class, matched with ``isinstance``, or a
+    predicate itself), after checking ``target`` and that ``factory`` (module → ``adapter``)
+    is callable; shared by every kind of adapter registry."""
     if isinstance(target, type):
         cls = target
         match = lambda m: isinstance(m, cls)
@@ -56,8 +64,8 @@ def register_adapter(
     else:
         raise TypeError(f"target={target!r}: expected an nn.Module subclass or a predicate")
     if not callable(factory):
-        raise TypeError(f"factory={factory!r}: expected a callable module → AttentionAdapter")
-    ATTENTION_ADAPTERS.register(_target_name(target), AdapterEntry(match, factory), replace=True, first=True)
+        raise TypeError(f"factory={factory!r}: expected a callable module → {adapter}")
+    return match
 
 
 def unregister_adapter(target) -> None:
@@ -67,7 +75,13 @@ def unregister_adapter(target) -> None:
 
 def adapter_for(module: nn.Module) -> AttentionAdapter | None:
     """The adapter of the first registered entry that matches ``module``, or None."""
-    for entry in ATTENTION_ADAPTERS.values():
+    return first_match(ATTENTION_ADAPTERS, module)
+
+
+def first_match(registry: Registry, module: object):
+    """``entry.factory(module)`` of the first entry of ``registry`` whose ``entry.match``
+    accepts ``module``, or None."""
+    for entry in registry.values():
         if entry.match(module):
             return entry.factory(module)
     return None

@@ -23,10 +23,16 @@ def eval_metric(history: list[dict], kind: str) -> str | None:
     return None
 
 
-def mean_std_curve(results: list[dict], key: str) -> tuple[list[int], list[float], list[float]]:
-    """(epochs, mean, std) of ``key`` over the seeds' histories, on the epochs every seed
-    evaluated (std 0 with one seed)."""
-    series = [{row["epoch"]: row[key] for row in r["history"] if key in row} for r in results]
+def x_key(history: list[dict]) -> str:
+    """The axis a history is drawn against: 'epoch' for image runs, 'step' for sequence-task
+    runs (whose rows have no epoch)."""
+    return "epoch" if all("epoch" in row for row in history) else "step"
+
+
+def mean_std_curve(results: list[dict], key: str, x: str = "epoch") -> tuple[list[int], list[float], list[float]]:
+    """(x values, mean, std) of ``key`` over the seeds' histories, on the ``x`` values (epochs,
+    or steps) every seed evaluated (std 0 with one seed)."""
+    series = [{row[x]: row[key] for row in r["history"] if key in row} for r in results]
     epochs = sorted(set.intersection(*(set(s) for s in series))) if series else []
     mean = [statistics.fmean(s[e] for s in series) for e in epochs]
     std = [statistics.stdev([s[e] for s in series]) if len(series) > 1 else 0.0 for e in epochs]
@@ -48,13 +54,14 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
             key = eval_metric(results[0]["history"], kind)
             if key is None:
                 continue
-            epochs, mean, std = mean_std_curve(results, key)
+            x = x_key(results[0]["history"])
+            epochs, mean, std = mean_std_curve(results, key, x)
             line, = ax.plot(epochs, [scale * m for m in mean], marker="o", markersize=3,
                             label=f"{init} (n={len(results)})")
             if len(results) > 1:
                 ax.fill_between(epochs, [scale * (m - s) for m, s in zip(mean, std)],
                                 [scale * (m + s) for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel(x_key(next(iter(runs.values()))[0]["history"]))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)

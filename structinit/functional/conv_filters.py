@@ -263,3 +263,45 @@ def relative_depth_map(source_depth: int, target_depth: int) -> list[int]:
     if dt == 1:
         return [0]
     return [math.floor(i * (ds - 1) / (dt - 1) + 0.5) for i in range(dt)]
+
+
+# --------------------------------------------------------------------------- calibration
+def fit_kronecker_sigma(cov: torch.Tensor, *, grid: torch.Tensor | None = None) -> tuple[float, float]:
+    """The σ whose trace-normalised G_σ ⊗ G_σ (:func:`gaussian_kronecker_covariance`) is
+    closest to the trace-normalised ``cov`` (k², k²) in Frobenius norm, and the relative
+    residual ‖Σ̂ − Σ_σ‖_F / ‖Σ̂‖_F of that fit (0 for a covariance of the family; near 1 for
+    one the family cannot describe). ``grid`` is the σ values searched (default 0.2 … 8,
+    log-spaced, 400 points). Used to calibrate the ``covariance`` scheme's defaults from the
+    filters of a trained model.
+
+    Examples:
+        >>> sigma, residual = fit_kronecker_sigma(gaussian_kronecker_covariance(5, 1.3))
+        >>> abs(sigma - 1.3) < 0.02, residual < 0.01
+        (True, True)
+    """
+    k = _check_cov(cov)
+    target = cov.double() / float(cov.double().trace())
+    sigmas = torch.logspace(math.log10(0.2), math.log10(8.0), 400, dtype=torch.float64) if grid is None else grid
+    errors = torch.stack([torch.linalg.matrix_norm(target - gaussian_kronecker_covariance(k, float(s), trace=1.0))
+                          for s in sigmas])
+    best = int(errors.argmin())
+    return float(sigmas[best]), float(errors[best] / torch.linalg.matrix_norm(target))
+
+
+def fit_depth_schedule(sigmas: list[float]) -> tuple[float, float]:
+    """(σ₀, v_σ) of the least-squares line σ_l ≈ σ₀ + v_σ · l/(D − 1) through per-layer σ's
+    (:func:`depth_sigma`'s schedule); one layer gives (σ, 0).
+
+    Examples:
+        >>> fit_depth_schedule([1.0, 1.25, 1.5])
+        (1.0, 0.5)
+    """
+    if not sigmas or not all(isinstance(s, (int, float)) and s > 0 for s in sigmas):
+        raise ValueError(f"sigmas: expected a non-empty list of positive numbers, got {sigmas!r}")
+    d = len(sigmas)
+    if d == 1:
+        return float(sigmas[0]), 0.0
+    t = torch.arange(d, dtype=torch.float64) / (d - 1)
+    design = torch.stack([torch.ones(d, dtype=torch.float64), t], 1)
+    coef = torch.linalg.lstsq(design, torch.tensor(sigmas, dtype=torch.float64)[:, None]).solution.flatten()
+    return round(float(coef[0]), 12), round(float(coef[1]), 12)

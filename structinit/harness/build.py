@@ -17,7 +17,7 @@ from structinit.schemes.plan import Plan
 if TYPE_CHECKING:
     from structinit.harness.train import TrainConfig
 
-__all__ = ["build_model", "check_data", "load_data", "load_train_split", "plan_model"]
+__all__ = ["build_model", "check_data", "construct_and_plan", "load_data", "load_train_split", "plan_model"]
 
 
 def check_data(cfg: TrainConfig) -> None:
@@ -83,11 +83,18 @@ def plan_model(cfg: TrainConfig, image_shape: tuple[int, int, int], num_classes:
     the plan, and :func:`~structinit.harness.compare.compare` plans every spec first, so that
     a bad init option fails before the first run instead of hours into a comparison.
     """
+    c, h, _ = image_shape
+    return construct_and_plan(cfg, {"num_classes": num_classes, "in_chans": c, "img_size": h})
+
+
+def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
+    """``cfg.model`` built with ``sizes`` (what the data decides) and ``cfg.model_kwargs``,
+    constructed under ``init_seed`` (construction draws from the global RNG, which is forked
+    and restored), and ``cfg.init`` planned on it; image and sequence runs share this."""
     from structinit.models import create_model
     from structinit.schemes.registry import plan_init
 
-    c, h, _ = image_shape
-    kwargs = {"num_classes": num_classes, "in_chans": c, "img_size": h, **cfg.model_kwargs}
+    kwargs = {**sizes, **cfg.model_kwargs}
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
     with torch.random.fork_rng(devices=[]), user_input("model"):  # construction draws from the global RNG
         torch.manual_seed(seed)

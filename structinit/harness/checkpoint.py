@@ -165,21 +165,44 @@ def init_fingerprint(model: nn.Module) -> str:
 RUN_STATE_KEYS = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
 
 
-def check_run_state(state: Any, path: Path) -> None:
+def check_run_state(state: Any, path: Path, keys: tuple[str, ...] = RUN_STATE_KEYS) -> None:
     """Refuse a readable file that is not the checkpoint of a training run (another torch.save'd
-    dict, say) before its missing entries surface as a KeyError halfway through resuming."""
-    missing = [k for k in RUN_STATE_KEYS if k not in state] if isinstance(state, dict) else list(RUN_STATE_KEYS)
+    dict, say) before its missing entries surface as a KeyError halfway through resuming;
+    ``keys``: the entries the run's checkpoint must have (default: an image run's)."""
+    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
     if missing:
         found = ", ".join(map(str, state)) if isinstance(state, dict) else f"a {type(state).__name__}"
         raise ValueError(f"{path}: not the checkpoint of a structinit run (no {', '.join(missing)}; found "
                          f"{found or 'nothing'}); delete it, or start the run in another out_dir (--out)")
 
 
-def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[str, ...] = RUN_STATE_KEYS,
+                 defaults: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` to continue from, or None if there is none yet. A run that
+    exists is refused (as an input error) unless ``resume``, if the file is not a run checkpoint
+    with ``keys`` (:func:`check_run_state`), or if it was written under another ``config``
+    (:func:`check_same_config`, with ``defaults`` for fields added since)."""
+    from structinit.harness.errors import user_input
+
+    if not path.exists():
+        return None
+    with user_input("resume"):
+        if not resume:
+            raise FileExistsError(f"{path} exists: pass resume=True (--resume) or choose another out_dir")
+        state = load_checkpoint(path)
+        check_run_state(state, path, keys)
+        check_same_config(state["config"], config, path, defaults)
+    return state
+
+
+def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path,
+                      defaults: dict[str, Any] | None = None) -> None:
     """Refuse to resume ``path`` (whose checkpoint holds ``saved``) under a different ``config``
-    (both ``TrainConfig.to_dict()``; ``out_dir`` may differ)."""
+    (both ``TrainConfig.to_dict()``; ``out_dir`` may differ). ``defaults``: the values of
+    fields added since ``saved`` was written (a checkpoint without the field ran with that
+    value, so it still resumes)."""
     now = {k: v for k, v in config.items() if k != "out_dir"}
-    old = {k: v for k, v in saved.items() if k != "out_dir"}
+    old = {**(defaults or {}), **{k: v for k, v in saved.items() if k != "out_dir"}}
     now["betas"], old["betas"] = list(now["betas"]), list(old.get("betas", []))  # a tuple comes back as a list
     diff = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
     if diff:

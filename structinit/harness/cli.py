@@ -1,7 +1,9 @@
 """Command line (``structinit …`` or ``python -m structinit …``), thin over the library:
 
     structinit train   --recipe cpu-cifar --data-dir DIR --init impulse [--resume]
+    structinit train   --recipe cpu-cifar-lipschitz --data-dir DIR --init pytorch   (--loss hinge --certify 36/255)
     structinit compare --recipe digits --inits pytorch,timm,mimetic,impulse --seeds 3
+    structinit compare --task copy:length=64 --model mamba_seq_2x64 --inits default,mimetic --seeds 5
     structinit demo    (init fidelity of every scheme)
     structinit attention --model vit_cpu_patch4_32 --init impulse,mimetic  |  --run RUN_DIR
     structinit cka RUN_A RUN_B
@@ -36,20 +38,46 @@ MODULE_COMMANDS = [
     "structinit.harness.report",
 ]
 
+
+
+def radius(text: str) -> float:
+    """A radius from the command line: a number (``0.1412``) or a fraction (``36/255``), read
+    without eval.
+
+    Examples:
+        >>> radius("36/255") == 36 / 255, radius("0.5")
+        (True, 0.5)
+    """
+    num, slash, den = text.partition("/")
+    try:
+        value = float(num) / float(den) if slash else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or a fraction such as 36/255") from None
+    return value
+
+
 # TrainConfig fields that have a flag of their own, with the flag's type.
 _TYPES = {"dataset": str, "data_dir": str, "model": str, "epochs": int, "batch_size": int, "lr": float,
-          "train_size": int, "precision": str, "ema_decay": float, "augment": str, "eval_every": int}
+          "train_size": int, "precision": str, "ema_decay": float, "augment": str, "eval_every": int,
+          "loss": str, "certify_eps": radius}
+_HELP = {"loss": "ce (default) or hinge: the multi-class hinge loss of certified training",
+         "certify_eps": "ℓ₂ radius in pixel space, e.g. 36/255: adds certified (and final PGD) accuracy"}
 # The fields each command sets itself: --set must not (its value would be silently replaced).
 _OWNED = {"train": {"out_dir": "--out", "init": "--init", "init_options": "--init", "seed": "--seed"},
           "compare": {"out_dir": "--out", "init": "--inits", "seed": "--seeds"}}
 
 
 def _add_training_flags(p: argparse.ArgumentParser) -> None:
-    from structinit.harness.recipes import RECIPES
+    from structinit.harness.recipes import RECIPES, SEQUENCE_RECIPES
 
-    p.add_argument("--recipe", default="digits", choices=sorted(RECIPES), help="base settings (default: digits)")
+    p.add_argument("--recipe", default=None, choices=sorted({*RECIPES, *SEQUENCE_RECIPES}),
+                   help="base settings (default: digits; seq-cpu with --task)")
     for name, typ in _TYPES.items():
-        p.add_argument(FIELD_FLAGS[name], dest=name, type=typ, default=None)
+        p.add_argument(FIELD_FLAGS[name], dest=name, type=typ, default=None, help=_HELP.get(name),
+                       metavar="EPS" if name == "certify_eps" else None)
+    p.add_argument("--task", default=None, metavar="SPEC",
+                   help="a sequence task instead of images: copy:length=64,vocab=16 or mqar:pairs=8,length=64")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps of a --task run")
     p.add_argument("--download", action="store_true", default=None, help="fetch the dataset if missing")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -107,7 +135,12 @@ def _command_modules():
 
 def _config(args: argparse.Namespace, **extra):
     from structinit.harness.recipes import recipe
+    from structinit.harness.sequence_cli import check_recipe_kind, sequence_config
 
+    if args.task is not None:
+        return sequence_config(args, _OWNED[args.command], **extra)
+    if args.steps is not None:
+        raise UsageError("--steps sets the budget of a --task run; image runs count --epochs")
     overrides = {name: getattr(args, name) for name in _TYPES if getattr(args, name) is not None}
     for flag in ("download", "compile"):
         if getattr(args, flag):
@@ -115,7 +148,7 @@ def _config(args: argparse.Namespace, **extra):
     for item in args.set:
         key, value = check_set_item(item, _OWNED[args.command])
         overrides[key] = value
-    return recipe(args.recipe, **{**overrides, **extra})
+    return recipe(check_recipe_kind(args), **{**overrides, **extra})
 
 
 def _seeds(text: str) -> list[int]:
@@ -130,8 +163,10 @@ def _train(args: argparse.Namespace) -> int:
 
     with user_input("init"):
         init, options = parse_init_spec(args.init)
-    out = args.out or f"runs/{args.recipe}-{args.init.replace(':', '_')}-seed{args.seed}"
+    out = args.out or f"runs/{_run_name(args)}-{args.init.replace(':', '_')}-seed{args.seed}"
     cfg = _config(args, init=init, init_options=options, seed=args.seed, out_dir=out)
+    if args.task is not None:
+        from structinit.harness.train_sequence import train_sequence as train
     result = train(cfg, resume=args.resume, progress=not args.no_progress, wait=args.wait)
     if os.environ.get("RANK", "0") == "0":
         print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
@@ -145,10 +180,19 @@ def _compare(args: argparse.Namespace) -> int:
         inits = split_init_specs(args.inits) + args.init
     seeds = _seeds(args.seeds)
     cfg = _config(args)
-    out = args.out or f"runs/compare-{args.recipe}"
+    out = args.out or f"runs/compare-{_run_name(args)}"
     summary = compare(cfg, inits, seeds, out, progress=not args.no_progress, wait=args.wait)
     print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png, report.html")
     return 0
+
+
+def _run_name(args: argparse.Namespace) -> str:
+    """The default folder name of a command's runs: the recipe, and the task spec if any."""
+    from structinit.harness.compare import spec_label
+    from structinit.harness.sequence_cli import check_recipe_kind
+
+    recipe = check_recipe_kind(args)
+    return recipe if args.task is None else f"{recipe}-{spec_label(args.task)}"
 
 
 def _demo(args: argparse.Namespace) -> int:

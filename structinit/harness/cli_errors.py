@@ -25,7 +25,8 @@ __all__ = ["FIELD_FLAGS", "UsageError", "check_set_item", "exit_code", "format_e
 FIELD_FLAGS = {"dataset": "--dataset", "data_dir": "--data-dir", "model": "--model", "epochs": "--epochs",
                "batch_size": "--batch-size", "lr": "--lr", "train_size": "--train-size", "precision": "--precision",
                "ema_decay": "--ema-decay", "augment": "--augment", "eval_every": "--eval-every",
-               "download": "--download", "compile": "--compile", "out_dir": "--out"}
+               "download": "--download", "compile": "--compile", "out_dir": "--out", "loss": "--loss",
+               "certify_eps": "--certify"}
 # Other parameters an error can concern (errors.user_input marks), as the command line spells them.
 _PARAMETER_FLAGS = {"init": "--init", "resume": "--resume", "seeds": "--seeds", "set": "--set", "run": "--run",
                     "layers": "--layers", "queries": "--queries"}
@@ -107,18 +108,18 @@ def _flag(parameter: str) -> str:
     return f"--set {parameter}" if parameter in _config_fields() else ""
 
 
-def check_set_item(item: str, owned: dict[str, str]) -> tuple[str, Any]:
+def check_set_item(item: str, owned: dict[str, str], config: type | None = None) -> tuple[str, Any]:
     """``--set KEY=VALUE`` as (field, value), the value read as a literal and checked against
-    the field's type; ``owned`` maps the fields the command sets itself to their flags. Fields
-    with a flag of their own are allowed: ``--set train_size=None`` says what ``--train-size``
-    cannot."""
+    the type of that field of ``config`` (default TrainConfig; SequenceConfig for ``--task``
+    runs); ``owned`` maps the fields the command sets itself to their flags. Fields with a flag
+    of their own are allowed: ``--set train_size=None`` says what ``--train-size`` cannot."""
     from structinit.harness.specs import parse_literal
 
     key, eq, text = item.partition("=")
     key = key.strip().replace("-", "_")
     if not eq or not key:
         raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set warmup_epochs=5")
-    hints = _config_fields()
+    hints = _config_fields() if config is None else typing.get_type_hints(config)
     if key not in hints:
         close = difflib.get_close_matches(key, hints, n=1)
         maybe = f" (did you mean {close[0]}?)" if close else ""

@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from structinit.harness.build import check_data, load_train_split, plan_model
 from structinit.harness.checkpoint import atomic_write_bytes, write_json
@@ -29,6 +29,9 @@ from structinit.harness.specs import parse_init_spec, split_init_specs
 from structinit.harness.train import TrainConfig, train
 from structinit.schemes.registry import get_scheme
 from structinit.utils.optional_imports import require
+
+if TYPE_CHECKING:
+    from structinit.harness.train_sequence import SequenceConfig
 
 __all__ = ["check_specs", "compare", "format_summary", "parse_init_spec", "plot_curves", "primary_metric",
            "spec_label", "split_init_specs", "summarise"]
@@ -47,14 +50,14 @@ def spec_label(spec: str) -> str:
     return spec.replace(":", "_").replace(",", "_").replace("=", "-")
 
 
-def _run_config(base: TrainConfig, spec: str, name: str, options: dict[str, Any], seed: int,
+def _run_config(base: TrainConfig | SequenceConfig, spec: str, name: str, options: dict[str, Any], seed: int,
                 out: Path) -> TrainConfig:
     """The configuration of one run of the comparison (also the one its spec is checked with)."""
     return dataclasses.replace(base, init=name, init_options={**base.init_options, **options}, seed=seed,
                                init_seed=None, out_dir=str(out / spec_label(spec) / f"seed{seed}"))
 
 
-def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
+def check_specs(base: TrainConfig | SequenceConfig, inits: list[str], seeds: list[int],
                 out_dir: str | Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """Parse every init spec and plan its init on the model its first run will build, writing
     nothing: a misspelt option or a bad value fails here, with a ``ValueError`` that names the
@@ -66,11 +69,18 @@ def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
         parsed = {spec: parse_init_spec(spec) for spec in inits}
         for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
             get_scheme(name)
-    train_ds = load_train_split(base)  # the model's size depends on the images' shape and the class count
+    if _is_sequence(base):  # the model's size depends on the task's vocabulary and length
+        from structinit.harness.train_sequence import make_task, plan_sequence_model
+
+        task = make_task(base)
+        plan = lambda cfg: plan_sequence_model(cfg, task)
+    else:  # … or on the images' shape and the class count
+        train_ds = load_train_split(base)
+        plan = lambda cfg: plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
     for spec, (name, options) in parsed.items():
         cfg = _run_config(base, spec, name, options, seeds[0], Path(out_dir))
         try:
-            plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
+            plan(cfg)
         except (TypeError, ValueError) as err:
             if input_parameter(err) != "init":  # the model, not this spec: the same for every spec
                 raise
@@ -79,7 +89,7 @@ def check_specs(base: TrainConfig, inits: list[str], seeds: list[int],
     return parsed
 
 
-def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
+def compare(base: TrainConfig | SequenceConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
             progress: bool = True, wait: bool = False) -> dict[str, Any]:
     """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict.
 
@@ -90,7 +100,11 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
     out = Path(out_dir)
     with user_input("out_dir"):
         check_out_dir(out)
-    check_data(base)
+    if _is_sequence(base):
+        from structinit.harness.train_sequence import train_sequence as run
+    else:
+        check_data(base)
+        run = train
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
@@ -98,13 +112,21 @@ def compare(base: TrainConfig, inits: list[str], seeds: list[int], out_dir: str 
             name, options = parsed[spec]
             cfg = _run_config(base, spec, name, options, seed, out)
             print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
-            runs[spec].append(train(cfg, resume=True, progress=progress, wait=wait))
+            runs[spec].append(run(cfg, resume=True, progress=progress, wait=wait))
     summary = summarise(runs)
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
     plot_curves(runs, out / "accuracy.png")
     _write_report(out)
     return summary
+
+
+def _is_sequence(base) -> bool:
+    """Whether ``base`` configures a sequence-task comparison (a
+    :class:`~structinit.harness.train_sequence.SequenceConfig`) rather than an image one."""
+    from structinit.harness.train_sequence import SequenceConfig
+
+    return isinstance(base, SequenceConfig)
 
 
 def _write_report(out: Path) -> None:
@@ -119,24 +141,46 @@ def _write_report(out: Path) -> None:
               file=sys.stderr, flush=True)
 
 
+# Robustness metrics of runs with certify_eps: (summary key, suffix of the split's metric, column title).
+_ROBUST = (("cert", "cert_acc", "certified % (mean ± std)"), ("pgd", "pgd_acc", "PGD % (mean ± std)"))
+
+
+def _mean_std(values: list[float]) -> dict[str, Any]:
+    return {"accs": values, "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
 def summarise(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per init spec: the primary metric's accuracies over seeds with mean and std, the seeds
+    and wall times; runs trained with ``certify_eps`` also get ``cert`` and ``pgd`` (the same
+    split's certified and PGD accuracy, when every seed has them)."""
     table = {}
     for spec, results in runs.items():
         metric = primary_metric(results[0]["final"])
         accs = [r["final"][metric] for r in results]
-        table[spec] = {"metric": metric, "accs": accs, "mean": statistics.fmean(accs),
-                       "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        table[spec] = {"metric": metric, **_mean_std(accs),
                        "seeds": [r["seed"] for r in results], "wall_s": [r["wall_s"] for r in results]}
+        split = metric.removesuffix("_acc")
+        for key, suffix, _ in _ROBUST:
+            values = [r["final"].get(f"{split}_{suffix}") for r in results]
+            if all(v is not None for v in values):
+                table[spec][key] = _mean_std(values)
     return table
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = ["| init | metric | accuracy % (mean ± std) | per seed | minutes per run |", "|---|---|---:|---|---:|"]
+    """The summary as a markdown table; certified and PGD columns appear when some run has them."""
+    robust = [(key, title) for key, _, title in _ROBUST if any(key in s for s in summary.values())]
+    extra_head = "".join(f" {title} |" for _, title in robust)
+    lines = [f"| init | metric | accuracy % (mean ± std) |{extra_head} per seed | minutes per run |",
+             "|---|---|---:|" + "---:|" * len(robust) + "---|---:|"]
     for spec, s in summary.items():
         per_seed = ", ".join(f"{100 * a:.2f}" for a in s["accs"])
         minutes = statistics.fmean(s["wall_s"]) / 60
-        lines.append(f"| {spec} | {s['metric']} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} | {per_seed} | "
-                     f"{minutes:.1f} |")
+        extra = "".join(f" {100 * s[key]['mean']:.2f} ± {100 * s[key]['std']:.2f} |" if key in s else " — |"
+                        for key, _ in robust)
+        lines.append(f"| {spec} | {s['metric']} | {100 * s['mean']:.2f} ± {100 * s['std']:.2f} |{extra} "
+                     f"{per_seed} | {minutes:.1f} |")
     return "\n".join(lines) + "\n"
 
 

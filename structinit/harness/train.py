@@ -29,16 +29,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from structinit.analysis.certify import logit_margins, multiclass_hinge_loss
 from structinit.harness.build import build_model, check_data, load_data
+from structinit.harness.certified import (
+    check_certified_options,
+    hinge_margin,
+    model_lipschitz,
+    pgd_accuracy,
+    pixel_cert_threshold,
+)
 from structinit.harness.checkpoint import (
     EMA_WEIGHTS,
     WEIGHTS,
     MetricsLog,
-    check_run_state,
-    check_same_config,
     check_same_init,
     init_fingerprint,
-    load_checkpoint,
+    resume_state,
     save_checkpoint,
     save_weights,
     write_json,
@@ -50,6 +56,8 @@ from structinit.utils import derived_generator
 from structinit.utils.optional_imports import require
 
 CHECKPOINT = "checkpoint.pt"
+# Fields added after runs were made: a checkpoint without one ran with this value and resumes.
+_ADDED_FIELDS = {"loss": "ce", "hinge_margin": None, "certify_eps": None}
 
 
 class NonFiniteLossError(RuntimeError):
@@ -80,7 +88,10 @@ class TrainConfig:
     weight_decay: float = 0.05
     eps: float = 1e-8
     betas: tuple[float, float] = (0.9, 0.999)
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1        # cross-entropy only (loss='ce')
+    loss: str = "ce"                    # 'ce' (cross-entropy) | 'hinge' (multi-class hinge, certified training)
+    hinge_margin: float | None = None   # loss='hinge': None → √2·certify_eps/min(std), else 0.5 (_hinge_margin)
+    certify_eps: float | None = None    # ℓ₂ radius in pixel space [0, 1]: adds <split>_cert_acc, _pgd_acc
     grad_clip: float | None = 1.0
     augment: str = "crop4,flip"
     precision: str = "auto"             # auto | fp32 | bf16 | fp16
@@ -155,11 +166,15 @@ class EMA:
 
 
 @torch.no_grad()
-def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -> tuple[float, float]:
-    """(accuracy, mean loss) over images[rank::world], reduced over ranks."""
+def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank,
+             cert_threshold: float | None = None):
+    """(accuracy, mean cross-entropy) over images[rank::world], reduced over ranks; with
+    ``cert_threshold`` also the certified accuracy, the fraction whose logit margin
+    f_y − max_{j≠y} f_j exceeds it (:func:`pixel_cert_threshold`): (accuracy, loss, certified)."""
     model.eval()
     correct = torch.zeros((), dtype=torch.float64, device=images.device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=images.device)
+    certified = torch.zeros((), dtype=torch.float64, device=images.device)
     idx = torch.arange(rank, len(images), world, device=images.device)
     for start in range(0, len(idx), batch_size):
         b = idx[start : start + batch_size]
@@ -168,11 +183,15 @@ def evaluate(model, images, labels, mean, std, batch_size, dtype, world, rank) -
             logits = model(x)
         loss_sum += F.cross_entropy(logits.float(), labels[b], reduction="sum").double()
         correct += (logits.argmax(-1) == labels[b]).sum().double()
-    totals = torch.stack([correct, loss_sum, torch.tensor(len(idx), dtype=torch.float64, device=images.device)])
+        if cert_threshold is not None:
+            certified += (logit_margins(logits.float(), labels[b]) > cert_threshold).sum().double()
+    totals = torch.stack([correct, loss_sum, certified,
+                          torch.tensor(len(idx), dtype=torch.float64, device=images.device)])
     if world > 1:
         dist.all_reduce(totals)
     model.train()
-    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
+    acc, loss = float(totals[0] / totals[3]), float(totals[1] / totals[3])
+    return (acc, loss) if cert_threshold is None else (acc, loss, float(totals[2] / totals[3]))
 
 
 # ----------------------------------------------------------------------------- setup
@@ -219,6 +238,7 @@ def _check_inputs(cfg: TrainConfig, device: torch.device, world: int):
         dtype = resolve_precision(cfg.precision, device)
     with user_input("augment"):
         augment = Augment.parse(cfg.augment)
+    check_certified_options(cfg)
     with user_input("init"):
         get_scheme(cfg.init)  # the options are checked on the model, once the data says its size
     with user_input("out_dir"):
@@ -232,14 +252,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, device: torch.device,
     world, rank, _ = _dist_env()
     out = Path(cfg.out_dir)
     ckpt_path, result_path = out / CHECKPOINT, out / "result.json"
-    state = None
-    if ckpt_path.exists():
-        with user_input("resume"):
-            if not resume:
-                raise FileExistsError(f"{ckpt_path} exists: pass resume=True (--resume) or choose another out_dir")
-            state = load_checkpoint(ckpt_path)
-            check_run_state(state, ckpt_path)
-            check_same_config(state["config"], cfg.to_dict(), ckpt_path)
+    state = resume_state(ckpt_path, resume, cfg.to_dict(), defaults=_ADDED_FIELDS)
 
     train_ds, evals = load_data(cfg)
     images, labels = train_ds.images.to(device), train_ds.labels.to(device)
@@ -279,6 +292,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, device: torch.device,
         if steps < 1:
             raise ValueError(f"{len(images)} training images make no full batch of {cfg.batch_size}; lower batch_size")
     total, warmup = steps * cfg.epochs, round(cfg.warmup_epochs * steps)
+    margin = hinge_margin(cfg, std)  # used with loss='hinge' only
     run_start = time.perf_counter()
     for epoch in range(start_epoch, cfg.epochs):
         order = torch.randperm(len(images), generator=derived_generator(cfg.seed, epoch)).to(device)
@@ -297,7 +311,10 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, device: torch.device,
             y = labels[idx]
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = net(x)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
+            if cfg.loss == "hinge":  # label_smoothing is a cross-entropy option: it plays no part here
+                loss = multiclass_hinge_loss(logits.float(), y, margin=margin)
+            else:
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.label_smoothing)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             if cfg.grad_clip:
@@ -330,7 +347,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, device: torch.device,
                "train_acc": float(totals[1]) / n_seen, "images_per_s": n_seen / seconds,
                "wall_s": wall_before + time.perf_counter() - run_start}
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            row |= _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank)
+            row |= _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank,
+                                 final=epoch + 1 == cfg.epochs)
         history = [*history, row]
         if rank == 0:
             save_checkpoint(ckpt_path, {
@@ -362,10 +380,24 @@ def export_weights(out: Path, model: nn.Module, ema: EMA | None, cfg: TrainConfi
         save_weights(out / EMA_WEIGHTS, ema.state, metadata)
 
 
-def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank) -> dict[str, float]:
+def _evaluate_all(model, ema, evals, mean, std, cfg, dtype, world, rank, final: bool = False) -> dict[str, float]:
+    """Accuracy and loss of every split; with ``certify_eps``, the certified accuracy at ε in
+    pixel space (models that declare a Lipschitz bound, :func:`model_lipschitz`) and, at the
+    final evaluation only, the ℓ₂ PGD accuracy at ε (:func:`pgd_accuracy`)."""
     row, batch = {}, 2 * cfg.batch_size
+    bound = model_lipschitz(model)
+    threshold = None
+    if cfg.certify_eps is not None and bound is not None:
+        # The model sees (x − mean)/std: its Lipschitz constant in pixel space is bound/min(std).
+        threshold = pixel_cert_threshold(cfg.certify_eps, bound, std)
     for name, (x, y) in evals.items():
-        row[f"{name}_acc"], row[f"{name}_loss"] = evaluate(model, x, y, mean, std, batch, dtype, world, rank)
+        values = evaluate(model, x, y, mean, std, batch, dtype, world, rank, cert_threshold=threshold)
+        row[f"{name}_acc"], row[f"{name}_loss"] = values[:2]
+        if threshold is not None:
+            row[f"{name}_cert_acc"] = values[2]
+        if final and cfg.certify_eps is not None:
+            row[f"{name}_pgd_acc"] = pgd_accuracy(model, x, y, mean, std, cfg.certify_eps, batch, world, rank,
+                                                  cfg.seed)
     if ema is not None:  # evaluate the averaged weights too, then put the live ones back
         live = {k: v.detach().clone() for k, v in model.state_dict().items()}
         model.load_state_dict(ema.state)

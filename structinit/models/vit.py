@@ -64,9 +64,13 @@ def head_shape(dim: int, num_heads: int) -> tuple[int, float]:
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+    """timm's multi-head self-attention (fused qkv); ``causal=True`` masks every key after
+    the query (``is_causal`` of ``F.scaled_dot_product_attention``), for sequence models."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, causal: bool = False):
         super().__init__()
         self.num_heads = num_heads
+        self.causal = causal
         self.head_dim, self.scale = head_shape(dim, num_heads)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.Identity()
@@ -83,7 +87,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=self.causal)
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(x.shape[0], -1, q.shape[1] * q.shape[3])))
 
 
@@ -102,10 +106,10 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, causal: bool = False):
         super().__init__()
         self.norm1 = LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias)
+        self.attn = Attention(dim, num_heads, qkv_bias, causal=causal)
         self.ls1 = nn.Identity()
         self.drop_path1 = nn.Identity()
         self.norm2 = LayerNorm(dim)

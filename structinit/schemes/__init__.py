@@ -7,6 +7,7 @@ Every scheme module is imported here, so the registry is complete whoever import
 # The schemes register themselves on import.
 from structinit.schemes import conv_filters  # registers the depthwise-conv schemes
 from structinit.schemes.baselines import (
+    default_init_,
     jax_init_,
     kaiming_uniform_init_,
     pytorch_init_,
@@ -31,11 +32,12 @@ from structinit.schemes.registry import (
     register_scheme,
     schemes,
 )
+from structinit.schemes.ssm_mimetic import plan_ssm_mimetic, ssm_mimetic_init_
 
 __all__ = [
     "SCHEMES", "TARGETS", "Plan", "Scheme", "get_record", "get_scheme", "impulse_init_", "in_place", "init_",
     "jax_init_", "kaiming_uniform_init_", "mimetic_init_", "plan_impulse", "plan_init", "plan_mimetic",
     "pytorch_init_", "record_attr", "register_planner", "register_scheme", "schemes", "set_record",
     "timm_init_", "trunc_normal_init_", "xavier_fused_init_", "xavier_init_",
-    "conv_filters",
+    "conv_filters", "default_init_", "plan_ssm_mimetic", "ssm_mimetic_init_",
 ]  # fmt: skip

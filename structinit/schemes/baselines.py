@@ -1,5 +1,6 @@
 """Baseline initialisations: PyTorch defaults, timm, JAX/ViT-original, Xavier variants, and
-parametrised truncated-normal / Kaiming-uniform. All write every Linear / Conv / norm weight
+parametrised truncated-normal / Kaiming-uniform, and 'default' (the constructor's own init,
+nothing written). All but 'default' write every Linear / Conv / norm weight
 of the model, plus the learned position embedding and prefix tokens wherever the model keeps
 them (timm's ``pos_embed`` / ``cls_token`` / ``reg_token``, Hugging Face's
 ``embeddings.position_embeddings`` / ``cls_token`` …); a fixed (``requires_grad=False``)
@@ -282,3 +283,25 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
 
 
 kaiming_uniform_init_ = register_planner("kaiming_uniform", plan_kaiming_uniform)
+
+
+@checked_planner
+def plan_default(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+    """Writes nothing: the model keeps the init its own constructor drew. In the harness that is
+    the constructor run under ``torch.manual_seed(init_seed)``, so the weights are those of the
+    model's published init as its code implements it (e.g. mambapy's Mamba: A_log = log(1…N),
+    dt bias = softplus⁻¹ of Δ log-uniform in [1e-3, 0.1], D = 1), reproducible from ``init_seed``.
+    'pytorch' is not that: it re-runs every module's ``reset_parameters`` and so replaces
+    mambapy's special dt bias with nn.Linear's default.
+
+    ``generator`` and ``seed`` are accepted (every scheme takes them) and checked, but nothing is
+    drawn, so they change nothing and the global RNG is not touched.
+
+    Examples:
+        >>> model = structinit.create_model("vit_micro_patch2_16")
+        >>> _ = structinit.init_(model, "default", seed=0)   # model unchanged
+    """
+    return Plan()
+
+
+default_init_ = register_planner("default", plan_default)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import adapter_for, is_depthwise
+from structinit.adapters import adapter_for, is_depthwise, is_ssm
 from structinit.schemes.plan import Plan
 from structinit.utils import OptionError, Registry, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
@@ -228,6 +228,7 @@ def get_scheme(name: str, target: str | None = None) -> Callable[..., nn.Module]
 _PRESENT: dict[str, Callable[[nn.Module], bool]] = {
     "attention": lambda model: any(adapter_for(m) is not None for m in model.modules()),
     "conv": lambda model: any(is_depthwise(m) for m in model.modules()),
+    "ssm": lambda model: any(is_ssm(m) for m in model.modules()),
 }
 
 
@@ -236,7 +237,8 @@ def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, 
 
     A name registered once is that entry (``target`` is then an unknown option, as before).
     For a name registered for several targets, ``target=`` picks one; otherwise the entry whose
-    layers the model has (attention layers → 'attention', depthwise convs → 'conv'); a model
+    layers the model has (attention layers → 'attention', depthwise convs → 'conv', SSM layers →
+    'ssm'); a model
     with both needs ``target=``; a model with neither gets the first entry (and its error).
     """
     entries = scheme_entries(name)

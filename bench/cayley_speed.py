@@ -1,0 +1,142 @@
+"""Speed of the Cayley orthogonal convolution against nn.Conv2d at the KWLarge layer sizes.
+
+For every conv of ``kwlarge_cpu`` (channels 16, 32) and ``kwlarge`` (32, 64) on 32×32 inputs,
+one markdown table with, side by side: the forward+backward time of a batch through
+``CayleyConv2d`` and through the plain circular-padded ``nn.Conv2d`` of the same shape
+(``structinit.models.kwlarge._plain_conv``) and their ratio; the eval-mode forward with the
+per-frequency matrices recomputed at every call and with them cached (what
+``CayleyConv2d`` does in eval mode); and the per-frequency Cayley solve of the layer's
+(n·(n/2+1)) stack of matrices by the three ways of writing it: ``inv`` (one batched inverse
+and two products, the library's), ``solve`` (two batched ``torch.linalg.solve``) and ``lu``
+(one ``lu_factor``, two ``lu_solve``). Each cell is the median of ``--repeats`` timings.
+
+    .venv/bin/python bench/cayley_speed.py              # batch 128, 2 threads
+    .venv/bin/python bench/cayley_speed.py --quick      # batch 32, 1 thread, a few repeats (a smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from structinit.functional import cayley_conv as fc
+from structinit.models.kwlarge import _plain_conv
+from structinit.models.layers_orthogonal import CayleyConv2d
+
+# (model, layer, c_in, c_out, k, n, stride) of the four convs of each KWLarge on 32×32
+MODELS = {"kwlarge_cpu": (16, 32), "kwlarge": (32, 64)}
+
+
+def layers(model: str) -> list[tuple[str, int, int, int, int, int]]:
+    c1, c2 = MODELS[model]
+    return [(f"conv1 3→{c1}", 3, c1, 3, 32, 1), (f"conv2 {c1}→{c1} s2", c1, c1, 4, 32, 2),
+            (f"conv3 {c1}→{c2}", c1, c2, 3, 16, 1), (f"conv4 {c2}→{c2} s2", c2, c2, 4, 16, 2)]
+
+
+def timed(fn, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of fn() over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cayley_variant(how: str):
+    """semi_orthogonal_cayley for c_out ≥ c_in written with ``how`` (inv | solve | lu)."""
+    def q(w: torch.Tensor) -> torch.Tensor:
+        c_out, c_in = w.shape[-2:]
+        if c_in > c_out:
+            return q(w.mT).mT
+        u, v = w[..., :c_in, :], w[..., c_in:, :]
+        eye = torch.eye(c_in, dtype=w.dtype, device=w.device)
+        a = u - u.mH + v.mH @ v
+        if how == "inv":
+            inv = torch.linalg.inv(eye + a)
+            return torch.cat([inv @ (eye - a), -2 * v @ inv], dim=-2)
+        if how == "solve":
+            return torch.cat([torch.linalg.solve(eye + a, eye - a),
+                              -2 * torch.linalg.solve(eye + a, v, left=False)], dim=-2)
+        lu, piv = torch.linalg.lu_factor(eye + a)
+        return torch.cat([torch.linalg.lu_solve(lu, piv, eye - a),
+                          -2 * torch.linalg.lu_solve(lu, piv, v, left=False)], dim=-2)
+    return q
+
+
+def measure(model: str, batch: int, repeats: int) -> list[dict]:
+    rows = []
+    for name, c_in, c_out, k, n, stride in layers(model):
+        torch.manual_seed(0)
+        cayley = CayleyConv2d(c_in, c_out, k, n=n, stride=stride)
+        plain = _plain_conv(c_in, c_out, k, n, stride)
+        x = torch.randn(batch, c_in, n, n, requires_grad=True)
+
+        def step(layer):
+            def run():
+                layer(x).square().mean().backward()
+            return run
+        row = {"layer": name, "train_cayley": timed(step(cayley), repeats), "train_plain": timed(step(plain), repeats)}
+        xe = x.detach()
+        cayley.train()
+        with torch.no_grad():
+            row["eval_nocache"] = timed(lambda: cayley(xe), repeats)  # train mode: Q recomputed each call
+            cayley.eval()
+            row["eval_cached"] = timed(lambda: cayley(xe), repeats)
+            row["eval_plain"] = timed(lambda: plain(xe), repeats)
+        n_conv = n // stride
+        w_hat = fc.fft_conv_weight(cayley.weight.detach(), n_conv)
+        ref = fc.semi_orthogonal_cayley(w_hat)
+        for how in ("inv", "solve", "lu"):
+            f = cayley_variant(how)
+            assert torch.allclose(f(w_hat), ref, atol=1e-4), how
+            w = w_hat.clone().requires_grad_(True)
+
+            def solve_step(f=f, w=w):
+                f(w).abs().sum().backward()
+            row[f"solve_{how}"] = timed(solve_step, repeats)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="kwlarge_cpu,kwlarge")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="batch 32, 1 thread, 3 repeats: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.batch, args.threads, args.repeats = 32, 1, 3
+    torch.set_num_threads(args.threads)
+    print(f"batch {args.batch}, {args.threads} thread(s), median of {args.repeats}; times in ms\n")
+    print("| model | layer | fwd+bwd Cayley | fwd+bwd Conv2d | ratio | eval fwd recomputed | eval fwd cached "
+          "| eval fwd Conv2d | cached ratio | Cayley solve fwd+bwd: inv | solve | lu |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    totals = {}
+    for model in args.models.split(","):
+        for r in measure(model, args.batch, args.repeats):
+            ms = {k: 1e3 * v for k, v in r.items() if k != "layer"}
+            for k, v in ms.items():
+                totals.setdefault(model, {}).setdefault(k, 0.0)
+                totals[model][k] += v
+            print(f"| {model} | {r['layer']} | {ms['train_cayley']:.2f} | {ms['train_plain']:.2f} | "
+                  f"{ms['train_cayley'] / ms['train_plain']:.1f}× | {ms['eval_nocache']:.2f} | "
+                  f"{ms['eval_cached']:.2f} | "
+                  f"{ms['eval_plain']:.2f} | {ms['eval_cached'] / ms['eval_plain']:.1f}× | {ms['solve_inv']:.2f} | "
+                  f"{ms['solve_solve']:.2f} | {ms['solve_lu']:.2f} |")
+    for model, t in totals.items():
+        print(f"\n{model}, all four convs: fwd+bwd {t['train_cayley'] / t['train_plain']:.1f}× Conv2d; eval forward "
+              f"{t['eval_nocache'] / t['eval_cached']:.1f}× faster cached ({t['eval_cached'] / t['eval_plain']:.1f}× "
+              f"Conv2d); Cayley solve inv {t['solve_inv']:.1f} ms, solve {t['solve_solve']:.1f} ms, "
+              f"lu {t['solve_lu']:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

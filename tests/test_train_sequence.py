@@ -1,0 +1,133 @@
+"""The sequence-task training path (harness/train_sequence.py), its compare and CLI: runs
+that learn, exact resume after a SIGKILL, checkpoints and metric files, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from run_helpers import wait_for_rows
+from structinit.harness.checkpoint import load_checkpoint
+from structinit.harness.cli import main
+from structinit.harness.compare import compare
+from structinit.harness.recipes import sequence_recipe
+from structinit.harness.train_sequence import SequenceConfig, param_groups, train_sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg(tmp_path, **kw) -> SequenceConfig:
+    base = dict(model="gpt_seq_2x64", task="copy", task_options={"length": 4, "vocab": 4}, steps=60,
+                batch_size=16, eval_every=20, heldout_size=64, warmup_steps=5, lr=3e-3, out_dir=str(tmp_path / "run"))
+    return sequence_recipe("seq-cpu", **{**base, **kw})
+
+
+def test_a_transformer_learns_to_copy_and_the_run_folder_is_complete(tmp_path):
+    result = train_sequence(cfg(tmp_path, init="mimetic", steps=120), progress=False)
+    assert result["final"]["holdout_acc"] > 0.9  # a 4-token copy is easy; chance is 1/4
+    assert 0 <= result["final"]["holdout_exact"] <= result["final"]["holdout_acc"]
+    assert [r["step"] for r in result["history"]] == [20, 40, 60, 80, 100, 120]
+    run = tmp_path / "run"
+    for name in ("checkpoint.pt", "metrics.jsonl", "metrics.csv", "model.safetensors", "result.json"):
+        assert (run / name).is_file(), name
+    assert json.loads((run / "result.json").read_text())["task_options"] == {"length": 4, "vocab": 4}
+    assert load_checkpoint(run / "checkpoint.pt")["finished"]
+
+
+def test_same_seed_gives_identical_runs_and_another_seed_differs(tmp_path):
+    a = train_sequence(cfg(tmp_path, out_dir=str(tmp_path / "a"), steps=20), progress=False)
+    b = train_sequence(cfg(tmp_path, out_dir=str(tmp_path / "b"), steps=20), progress=False)
+    c = train_sequence(cfg(tmp_path, out_dir=str(tmp_path / "c"), steps=20, seed=1), progress=False)
+    assert a["final"] == b["final"] and a["init_fingerprint"] == b["init_fingerprint"]
+    assert c["init_fingerprint"] != a["init_fingerprint"]
+
+
+def _cli(out: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "structinit", "train", "--task", "copy:length=6,vocab=6", "--model",
+            "gpt_seq_2x64", "--init", "mimetic", "--steps", str(steps), "--eval-every", "25", "--batch-size", "32",
+            "--set", "heldout_size=32", "--out", str(out), "--no-progress"]
+
+
+def test_killed_run_resumes_to_bit_identical_weights(tmp_path):
+    steps = 200
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = tmp_path / "reference"
+    subprocess.run(_cli(reference, steps), check=True, env=env, cwd=ROOT, capture_output=True)
+    victim = tmp_path / "victim"
+    proc = subprocess.Popen(_cli(victim, steps), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for_rows(victim / "metrics.jsonl", 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = load_checkpoint(victim / "checkpoint.pt")["step"]
+    assert killed_at < steps, "the process finished before it could be killed"
+    subprocess.run([*_cli(victim, steps), "--resume"], check=True, env=env, cwd=ROOT, capture_output=True)
+    done, ref = load_checkpoint(victim / "checkpoint.pt"), load_checkpoint(reference / "checkpoint.pt")
+    assert done["step"] == steps
+    assert all(torch.equal(done["model"][k], ref["model"][k]) for k in ref["model"])
+    lines = (victim / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(25, steps + 1, 25))
+
+
+def test_existing_run_needs_resume_and_the_same_config(tmp_path):
+    train_sequence(cfg(tmp_path, steps=20), progress=False)
+    with pytest.raises(FileExistsError, match="resume"):
+        train_sequence(cfg(tmp_path, steps=20), progress=False)
+    with pytest.raises(ValueError):
+        train_sequence(cfg(tmp_path, steps=20, task_options={"length": 5, "vocab": 4}), resume=True, progress=False)
+
+
+def test_no_weight_decay_on_a_log_d_and_position_embeddings():
+    pytest.importorskip("mambapy")
+    from structinit.models import create_model
+
+    model = create_model("mamba_seq_2x64", vocab_size=8)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    skipped = {names[id(p)] for p in no_decay["params"]}
+    assert {n for n in names.values() if n.endswith(("A_log", ".D"))} <= skipped
+    assert not any(names[id(p)].endswith(("A_log", ".D")) for p in decay["params"])
+    gpt = create_model("gpt_seq_2x64", vocab_size=8, max_len=16)
+    _, no_decay = param_groups(gpt, 0.1)
+    assert any(p is gpt.pos_embed for p in no_decay["params"])
+
+
+def test_compare_on_a_task_summarises_and_resumes(tmp_path):
+    base = cfg(tmp_path, steps=40)
+    summary = compare(base, ["default", "mimetic"], [0, 1], tmp_path / "cmp", progress=False)
+    assert set(summary) == {"default", "mimetic"} and summary["mimetic"]["metric"] == "holdout_acc"
+    for name in ("summary.md", "summary.json", "accuracy.png"):
+        assert (tmp_path / "cmp" / name).is_file(), name
+    stamp = (tmp_path / "cmp/mimetic/seed1/result.json").stat().st_mtime_ns
+    again = compare(base, ["default", "mimetic"], [0, 1], tmp_path / "cmp", progress=False)
+    assert again == summary and (tmp_path / "cmp/mimetic/seed1/result.json").stat().st_mtime_ns == stamp
+
+
+def test_compare_checks_every_spec_on_the_task_model_before_training(tmp_path):
+    with pytest.raises(ValueError, match="alpah"):
+        compare(cfg(tmp_path), ["default", "mimetic:alpah=1"], [0], tmp_path / "cmp", progress=False)
+    assert not (tmp_path / "cmp/default").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "copy:length=0"], "length"),
+    (["--task", "sort"], "sort"),
+    (["--task", "copy", "--dataset", "cifar10"], "--dataset does not apply"),
+    (["--task", "copy", "--recipe", "digits"], "an image recipe"),
+    (["--recipe", "seq-cpu"], "a sequence-task recipe"),
+    (["--steps", "5"], "--steps sets the budget of a --task run"),
+    (["--task", "copy", "--set", "epochs=3"], "no training option 'epochs'"),
+    (["--task", "copy", "--set", "task_options={}"], "is set by --task"),
+    (["--task", "copy", "--steps", "0"], "steps"),
+])
+def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys, argv, message):
+    assert main(["train", *argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("structinit train: error:") and message in err, err
