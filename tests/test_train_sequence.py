@@ -103,8 +103,11 @@ def test_compare_on_a_task_summarises_and_resumes(tmp_path):
     base = cfg(tmp_path, steps=40)
     summary = compare(base, ["default", "mimetic"], [0, 1], tmp_path / "cmp", progress=False)
     assert set(summary) == {"default", "mimetic"} and summary["mimetic"]["metric"] == "holdout_acc"
-    for name in ("summary.md", "summary.json", "accuracy.png"):
+    for name in ("summary.md", "summary.json", "accuracy.png", "report.html"):
         assert (tmp_path / "cmp" / name).is_file(), name
+    page = (tmp_path / "cmp/report.html").read_text()
+    assert "layers of a sequence model" in page and "on the task <code>copy" in page and "40 steps" in page
+    assert "Vision Transformer" not in page and "Attention maps" not in page
     stamp = (tmp_path / "cmp/mimetic/seed1/result.json").stat().st_mtime_ns
     again = compare(base, ["default", "mimetic"], [0, 1], tmp_path / "cmp", progress=False)
     assert again == summary and (tmp_path / "cmp/mimetic/seed1/result.json").stat().st_mtime_ns == stamp

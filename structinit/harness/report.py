@@ -145,24 +145,36 @@ def _compare_page(folder: Path, runs):
     metric, where = METRICS.get(summary[names[0]]["metric"], (summary[names[0]]["metric"], "evaluation images"))
     seeds = sorted({r.result["seed"] for g in groups.values() for r in g})
     what = ", ".join(f"<code>{esc(n)}</code>" for n in names)
-    recipe = (f"model <code>{esc(shared.get('model', 'several models'))}</code> on "
-              f"<code>{esc(shared.get('dataset', 'several datasets'))}</code>, "
-              f"{esc(_count(shared['epochs'], 'epoch') if 'epochs' in shared else 'several epoch counts')}")
+    sequence = all(r.is_sequence for g in groups.values() for r in g)
+    model = f"model <code>{esc(shared.get('model', 'several models'))}</code>"
+    if sequence:
+        metric, where = "held-out accuracy", "the task's fixed held-out sequences, scored on the answer tokens"
+        task = shared.get("task", "several tasks")
+        task += f" {shared['task_options']}" if shared.get("task_options", "{}") != "{}" else ""
+        recipe = (f"{model} on the task <code>{esc(task)}</code>, "
+                  f"{esc(_count(shared['steps'], 'step') if 'steps' in shared else 'several step budgets')}")
+        layers, progress, figures = "layers of a sequence model", "step by step", ""
+    else:
+        recipe = (f"{model} on <code>{esc(shared.get('dataset', 'several datasets'))}</code>, "
+                  f"{esc(_count(shared['epochs'], 'epoch') if 'epochs' in shared else 'several epoch counts')}")
+        layers, progress = "attention layers of a Vision Transformer", "epoch by epoch"
+        figures = ("; the attention figures show where the first attention layer looks at initialisation and after "
+                   "training")
     several = len(names) > 1
     intro = (f"This page {'compares' if several else 'reports'} {_count(len(names), 'way')} to initialise the "
-             f"attention layers of a Vision Transformer: {what}. Each was trained with the same recipe ({recipe}) "
+             f"{layers}: {what}. Each was trained with the same recipe ({recipe}) "
              f"from {_count(len(seeds), 'seed')} ({esc(', '.join(map(str, seeds)))}); only the initialisation "
              f"differs between the rows. Runs are judged on their {esc(metric)} ({esc(where)}). Start with the "
              "results table: higher is better, and a difference smaller than the ± (the standard deviation over "
-             "seeds) is within noise. The curves show how each init learned, epoch by epoch; the attention figures "
-             "show where the first attention layer looks at initialisation and after training.")
-    title = f"{'Attention initialisations compared' if several else 'Attention initialisation'}: {', '.join(names)}"
+             f"seeds) is within noise. The curves show how each init learned, {progress}{figures}.")
+    kind = "Sequence-model initialisation" if sequence else "Attention initialisation"
+    title = f"{kind}{'s compared' if several else ''}: {', '.join(names)}"
     subtitle = f"structinit compare folder {folder.resolve()}"
     left = note(f"Left out: {len(left_out)} other finished run(s) in this folder that summary.json does not "
                 f"list ({', '.join(left_out[:8])}{' …' if len(left_out) > 8 else ''}).") if left_out else ""
-    sections = [("results", "Results", _results_html(summary, metric) + left),
-                ("curves", "Training curves", _curves_html(groups)),
-                ("attention", "Attention maps", _attention_html(groups)),
+    sections = [("results", "Results", _results_html(summary, metric, "step" if sequence else "epoch") + left),
+                ("curves", "Training curves", _curves_html(groups, "step" if sequence else "epoch")),
+                *([] if sequence else [("attention", "Attention maps", _attention_html(groups))]),
                 ("configuration", "Configuration", config_html(groups)),
                 ("versions", "Versions and seeds", versions_html(groups))]
     return title, subtitle, intro, sections
@@ -177,7 +189,7 @@ def _minutes(seconds: float) -> str:
     return f"{minutes:.1f}" if minutes >= 1 else f"{minutes:.2f}" if minutes >= 0.01 else "< 0.01"
 
 
-def _results_html(summary: dict, metric: str) -> str:
+def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
     import statistics
 
     from structinit.harness.report_html import esc, note, table
@@ -192,7 +204,7 @@ def _results_html(summary: dict, metric: str) -> str:
         classes.append("best" if spec == best else "")
     html = table(["init", "metric", "accuracy % (mean ± std)", "per seed (%)", "seeds", "minutes per run"], rows,
                  numeric=(2, 4, 5), row_classes=classes)
-    html += (f'<p class="caption">One row per init: its {esc(metric)} after the last epoch, as the mean ± standard '
+    html += (f'<p class="caption">One row per init: its {esc(metric)} after the last {unit}, as the mean ± standard '
              "deviation over seeds and for each seed (in seed order; see Versions and seeds). "
              + ("The highlighted row has the highest mean. " if best else "")
              + "Minutes per run: training wall time, mean over seeds.</p>")
@@ -202,7 +214,7 @@ def _results_html(summary: dict, metric: str) -> str:
     return html
 
 
-def _curves_html(groups) -> str:
+def _curves_html(groups, unit: str = "epoch") -> str:
     from structinit.analysis.curves import curves_figure
     from structinit.harness.compare import primary_metric
     from structinit.harness.report_html import esc, figure, figure_png, note
@@ -216,8 +228,9 @@ def _curves_html(groups) -> str:
         png = figure_png(fig)
     except (ValueError, KeyError, TypeError) as err:
         return note(f"No training curves: {_first_line(err)}")
-    return figure(png, "accuracy and loss against epoch for every init",
-                  f"Left: accuracy on the evaluation images ({esc(metric)} here) after each epoch; right: the loss on "
+    return figure(png, f"accuracy and loss against {unit} for every init",
+                  f"Left: accuracy on the evaluation {'sequences' if unit == 'step' else 'images'} ({esc(metric)} "
+                  f"here) at each evaluation {unit}; right: the loss on "
                   "them (lower is better). Lines are the mean over seeds, shaded bands ±1 standard deviation; n is the "
                   "number of seeds.")
 

@@ -211,7 +211,7 @@ def page(title: str, subtitle: str, intro_html: str, sections: Sequence[tuple[st
 PER_RUN = ("out_dir", "seed")
 # What each training setting means, for a reader who does not know TrainConfig.
 MEANING = {
-    "model": "the Vision Transformer trained", "model_kwargs": "extra arguments of the model",
+    "model": "the model trained", "model_kwargs": "extra arguments of the model",
     "init": "the attention initialisation scheme", "init_options": "the scheme's options ({} = its defaults)",
     "dataset": "the images and labels", "data_dir": "where the dataset's files are read from",
     "download": "fetch the dataset if missing", "train_size": "training images used (class-balanced; None = all)",
@@ -225,6 +225,14 @@ MEANING = {
     "augment": "data augmentation", "precision": "arithmetic precision", "compile": "torch.compile the model",
     "ema_decay": "decay of an exponential moving average of the weights (None = off)",
     "eval_every": "evaluate every N epochs", "init_seed": "seed of the model and init (None = the run's seed)",
+}
+# The same for sequence-task runs (SequenceConfig), where they differ.
+SEQUENCE_MEANING = {
+    **MEANING, "task": "the synthetic sequence task", "task_options": "the task's options ({} = its defaults)",
+    "steps": "optimisation steps (a fresh batch each)", "batch_size": "sequences per optimisation step",
+    "warmup_steps": "steps of learning-rate warm-up", "eval_every": "evaluate (and checkpoint) every N steps",
+    "heldout_size": "held-out sequences, the same for every seed and init", "init": "the initialisation scheme",
+    "seed": "seed of the training stream",
 }
 
 
@@ -255,18 +263,22 @@ def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
 
 
 def _field_order(key: str) -> tuple[int, str]:
-    """TrainConfig's own order (model and init first, output last); unknown keys after it."""
+    """TrainConfig's own order (model and init first, output last), then SequenceConfig's own
+    fields; unknown keys after them."""
     from structinit.harness.train import TrainConfig
+    from structinit.harness.train_sequence import SequenceConfig
 
-    order = [f.name for f in dataclasses.fields(TrainConfig)]
+    order = list(dict.fromkeys(f.name for kind in (TrainConfig, SequenceConfig) for f in dataclasses.fields(kind)))
     return (order.index(key), "") if key in order else (len(order), key)
 
 
 def config_html(groups) -> str:
     shared, differing = split_config(groups)
-    html = ('<p class="caption">The training settings (structinit.TrainConfig fields, as each run\'s result.json '
+    sequence = all(r.is_sequence for g in groups.values() for r in g)
+    kind, meaning = ("SequenceConfig", SEQUENCE_MEANING) if sequence else ("TrainConfig", MEANING)
+    html = (f'<p class="caption">The training settings (structinit {kind} fields, as each run\'s result.json '
             "records them). Settings shared by every run:</p>")
-    html += table(["setting", "value", "meaning"], [[k, v, MEANING.get(k, "")] for k, v in shared.items()])
+    html += table(["setting", "value", "meaning"], [[k, v, meaning.get(k, "")] for k, v in shared.items()])
     columns = list(next(iter(differing.values()))) if differing else []
     if columns:
         html += '<h3>Settings that differ between inits</h3>'

@@ -28,14 +28,22 @@ class FinishedRun:
     result: dict[str, Any]
 
     @property
-    def config(self):
-        from structinit.harness.train import TrainConfig
+    def is_sequence(self) -> bool:
+        """Whether this is a sequence-task run (:mod:`structinit.harness.train_sequence`)."""
+        return self.result.get("kind") == "sequence"
 
-        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    @property
+    def config(self):
+        """The run's TrainConfig (SequenceConfig for a sequence-task run)."""
+        from structinit.harness.train import TrainConfig
+        from structinit.harness.train_sequence import SequenceConfig
+
+        kind = SequenceConfig if self.is_sequence else TrainConfig
+        fields = {f.name for f in dataclasses.fields(kind)}
         config = {k: v for k, v in self.result["config"].items() if k in fields}
         if isinstance(config.get("betas"), list):
             config["betas"] = tuple(config["betas"])
-        return TrainConfig(**config)
+        return kind(**config)
 
     @property
     def num_classes(self) -> int:
