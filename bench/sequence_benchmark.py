@@ -1,0 +1,181 @@
+"""Issue #13's benchmark: default vs mimetic init on Mamba and on a causal Transformer of
+matched size, on copying (three lengths) and multi-query associative recall (three
+(pairs, length) settings), the same step budget per setting (recipe ``seq-cpu``), 5 seeds.
+
+Every (setting, model) is a ``structinit compare`` folder under ``--out``; the seeds run
+outermost (all settings for seed 0, then seed 1, …) and finished runs are skipped, so a
+killed benchmark continues where it stopped and a partial one already has a full table for
+its first seeds. At the end it prints a markdown table (also ``--out``/benchmark.md) and
+draws two figures: held-out accuracy against sequence length (one line per model and init,
+band ±1 std over seeds) and accuracy against step at the longest setting of each task.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out /work/runs/seq --seeds 5 \\
+        --figures docs/figures
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_benchmark.py --quick --out /tmp/seqq   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from structinit.harness.compare import compare, spec_label
+from structinit.harness.recipes import sequence_recipe
+
+SETTINGS = {"copy": [dict(length=8, vocab=16), dict(length=16, vocab=16), dict(length=32, vocab=16)],
+            "mqar": [dict(pairs=4, length=32), dict(pairs=8, length=48), dict(pairs=8, length=64)]}
+QUICK = {"copy": [dict(length=4, vocab=8), dict(length=8, vocab=8)], "mqar": [dict(pairs=2, length=16)]}
+MODELS = ("mamba_seq_2x64", "gpt_seq_2x64")
+INITS = ("default", "mimetic")
+
+
+def task_spec(task: str, options: dict) -> str:
+    return f"{task}:" + ",".join(f"{k}={v}" for k, v in options.items())
+
+
+def folder(out: Path, task: str, options: dict, model: str) -> Path:
+    return out / spec_label(task_spec(task, options)) / model
+
+
+def run_all(out: Path, settings: dict, models, inits, seeds: int, overrides: dict, progress: bool) -> None:
+    for n in range(1, seeds + 1):  # seed-major over the whole benchmark
+        for task, options_list in settings.items():
+            for options in options_list:
+                for model in models:
+                    base = sequence_recipe("seq-cpu", model=model, task=task, task_options=options, **overrides)
+                    print(f"=== seed {n - 1}: {task_spec(task, options)} {model}", flush=True)
+                    compare(base, list(inits), list(range(n)), folder(out, task, options, model), progress=progress)
+
+
+def collect(out: Path, settings: dict, models, inits) -> list[dict]:
+    """One row per (task setting, model, init): the finished seeds' final held-out metrics."""
+    from structinit.data.sequence_tasks import make_task
+
+    rows = []
+    for task, options_list in settings.items():
+        for options in options_list:
+            for model in models:
+                for init in inits:
+                    results = [json.loads(p.read_text()) for p in
+                               sorted((folder(out, task, options, model) / spec_label(init)).glob("seed*/result.json"))]
+                    if not results:
+                        continue
+                    acc = [r["final"]["holdout_acc"] for r in results]
+                    exact = [r["final"]["holdout_exact"] for r in results]
+                    rows.append({"task": task, "options": options, "seq_len": make_task(task, **options).seq_len,
+                                 "model": model, "init": init, "acc": acc, "exact": exact,
+                                 "minutes": statistics.fmean(r["wall_s"] for r in results) / 60, "results": results})
+    return rows
+
+
+def _ms(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.fmean(values):.1f} ± {100 * sd:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| task | setting | seq len | model | init | token acc % | exact-match % | per seed (token %) | seeds "
+             "| min/run |", "|---|---|---:|---|---|---:|---:|---|---:|---:|"]
+    for r in rows:
+        setting = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+        lines.append(f"| {r['task']} | {setting} | {r['seq_len']} | {r['model']} | {r['init']} | {_ms(r['acc'])} | "
+                     f"{_ms(r['exact'])} | {', '.join(f'{100 * a:.0f}' for a in r['acc'])} | {len(r['acc'])} | "
+                     f"{r['minutes']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def style(model: str, init: str) -> dict:
+    """One colour per model family (Mamba blue, Transformer orange), darker and solid for mimetic."""
+    mamba, mimetic = model.startswith("mamba"), init.startswith("mimetic")
+    colour = ("#1f4e9c" if mamba else "#c0561b") if mimetic else ("#7fa6e0" if mamba else "#f0a36b")
+    return {"color": colour, "linestyle": "-" if mimetic else "--"} if init in INITS else {"linestyle": ":"}
+
+
+def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from structinit.analysis.curves import mean_std_curve
+
+    where.mkdir(parents=True, exist_ok=True)
+    tasks = [t for t in settings if any(r["task"] == t for r in rows)]
+    lines = sorted({(r["model"], r["init"]) for r in rows})
+    paths = []
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for model, init in lines:
+            pts = sorted((r["seq_len"], r["acc"]) for r in rows
+                         if (r["task"], r["model"], r["init"]) == (task, model, init))
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            mean = [100 * statistics.fmean(p[1]) for p in pts]
+            sd = [100 * (statistics.stdev(p[1]) if len(p[1]) > 1 else 0.0) for p in pts]
+            line, = ax.plot(x, mean, marker="o", label=f"{model} · {init} (n={min(len(p[1]) for p in pts)})",
+                            **style(model, init))
+            ax.fill_between(x, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
+                            color=line.get_color(), alpha=0.15)
+        ax.set(title=task, xlabel="sequence length (tokens)", ylabel="held-out token accuracy (%)", ylim=(0, 102))
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    paths.append(where / "sequence_accuracy_vs_length.png")
+    fig.savefig(paths[-1], bbox_inches="tight")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        longest = max(r["seq_len"] for r in rows if r["task"] == task)
+        for r in rows:
+            if r["task"] != task or r["seq_len"] != longest:
+                continue
+            steps, mean, sd = mean_std_curve(r["results"], "holdout_acc", "step")
+            line, = ax.plot(steps, [100 * m for m in mean], label=f"{r['model']} · {r['init']} (n={len(r['acc'])})",
+                            **style(r["model"], r["init"]))
+            ax.fill_between(steps, [100 * (m - s) for m, s in zip(mean, sd)], [100 * (m + s) for m, s in zip(mean, sd)],
+                            color=line.get_color(), alpha=0.15)
+        setting = ", ".join(f"{k}={v}" for k, v in next(r["options"] for r in rows if r["task"] == task
+                                                          and r["seq_len"] == longest).items())
+        ax.set(title=f"{task} ({setting})", xlabel="step", ylabel="held-out token accuracy (%)", ylim=(0, 102))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    paths.append(where / "sequence_accuracy_vs_step.png")
+    fig.savefig(paths[-1], bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/sequence-benchmark")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--tasks", default="copy,mqar")
+    parser.add_argument("--inits", default=";".join(INITS),
+                        help="init specs separated by ';' (e.g. 'default;mimetic;mimetic:conv_identity=False')")
+    parser.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings and 60 steps: a smoke test")
+    parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate what has finished")
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    settings = {t: (QUICK if args.quick else SETTINGS)[t] for t in args.tasks.split(",")}
+    models = args.models.split(",")
+    inits = [spec.strip() for spec in args.inits.split(";") if spec.strip()]
+    overrides = dict(steps=60, eval_every=20, heldout_size=64) if args.quick else {}
+    if not args.report_only:
+        run_all(out, settings, models, inits, args.seeds, overrides, args.progress)
+    rows = collect(out, settings, models, inits)
+    text = table(rows)
+    (out / "benchmark.md").write_text(text)
+    print(text)
+    for path in figures(rows, settings, Path(args.figures) if args.figures else out):
+        print(f"→ {path}")
+
+
+if __name__ == "__main__":
+    main()
