@@ -180,3 +180,24 @@ def test_baseline_schemes_on_causal_transformer(scheme):
     structinit.init_(model, scheme, seed=0)
     tokens = torch.randint(17, (2, 16), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(model(tokens)).all()
+
+
+def test_attention_maps_of_the_causal_transformer_are_causal_and_match_its_forward():
+    """structinit.attention_maps recomputes each layer's map from q/k: on a causal model it must
+    apply the mask the forward applies (and on a ViT none)."""
+    torch.manual_seed(0)
+    model = CausalTransformer(vocab_size=11, max_len=12, embed_dim=32, depth=2, num_heads=2).eval()
+    tokens = torch.randint(0, 11, (3, 12))
+    maps = structinit.attention_maps(model, tokens)
+    assert len(maps) == 2 and maps[0].shape == (3, 2, 12, 12)
+    for m in maps:
+        assert torch.equal(m.triu(1), torch.zeros_like(m))
+        assert torch.allclose(m.sum(-1), torch.ones(3, 2, 12), atol=1e-6)
+    # the map reproduces the block's attention output: softmax-weighted values, then proj
+    attn = model.blocks[0].attn
+    x = model.blocks[0].norm1(model.embedding(tokens) + model.pos_embed[:, :12])
+    _, _, v = attn._qkv(x)
+    out = attn.proj((maps[0] @ v).transpose(1, 2).reshape(3, 12, -1))
+    assert torch.allclose(out, attn(x), atol=1e-5)
+    vit = structinit.create_model("vit_micro_patch2_16")
+    assert float(structinit.attention_maps(vit, torch.randn(1, 3, 16, 16))[0].triu(1).sum()) > 0

@@ -93,9 +93,16 @@ class AttentionAdapter:
         return q, k
 
     def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
-        """softmax(q kᵀ · scale), shape (..., heads, T, T), for input tokens x (..., T, D)."""
+        """softmax(q kᵀ · scale), shape (..., heads, T, T), for input tokens x (..., T, D);
+        causal (keys after the query masked) when the module says so (:attr:`causal`)."""
         q, k = self.qk_features(x)
-        return attention_probs(q, k, self.scale)
+        return attention_probs(q, k, self.scale, causal=self.causal)
+
+    @property
+    def causal(self) -> bool:
+        """Whether the module masks future keys: a ``causal`` or ``is_causal`` attribute that is
+        True (structinit's causal :class:`~structinit.models.vit.Attention`, Hugging Face decoders)."""
+        return any(getattr(self.module, attr, None) is True for attr in ("causal", "is_causal"))
 
 
 def module_scale(module: nn.Module, head_dim: int) -> float:

@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    r"""Attention probabilities softmax(scale · q kᵀ) over the last axis.
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = False) -> torch.Tensor:
+    r"""Attention probabilities softmax(scale · q kᵀ) over the last axis; with ``causal``,
+    query i sees keys j ≤ i only (the mask of a decoder, aligned at the first token).
 
     Args:
         q: queries (..., T, r).
         k: keys (..., S, r).
         scale: the softmax scale the attention applies (usually r^−½).
+        causal: mask keys after the query (logit −∞).
 
     Returns:
         (..., T, S) probabilities; each row sums to one.
@@ -22,8 +24,15 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
         >>> q = k = torch.eye(3)
         >>> attention_probs(q, k, 10.0).argmax(-1)
         tensor([0, 1, 2])
+        >>> attention_probs(q, k, 10.0, causal=True)[0]
+        tensor([1., 0., 0.])
     """
-    return (q @ k.transpose(-2, -1) * scale).softmax(dim=-1)
+    logits = q @ k.transpose(-2, -1) * scale
+    if causal:
+        t, s = logits.shape[-2:]
+        future = torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    return logits.softmax(dim=-1)
 
 
 LN_EPS = 1e-6  # timm's ViT LayerNorm eps
