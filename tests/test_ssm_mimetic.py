@@ -325,3 +325,27 @@ def test_bc_is_refused_when_b_and_c_are_normalised_after_the_projection():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     structinit.init_(model, "mimetic", seed=0, bc=False)  # the rest of the init still applies
     assert float(model.layers[0].mixer.A_log.max()) == -8.0
+
+
+def test_hugging_face_mamba_gets_the_same_init():
+    """transformers' MambaMixer has mambapy's parameter names and x_proj layout: the mimetic
+    init finds every mixer, and the retention, Δ and conv identity hold there too; the model
+    still runs forward on CPU (transformers' pure-torch path)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MambaConfig(vocab_size=20, hidden_size=16, state_size=8, num_hidden_layers=2,
+                                      expand=2, conv_kernel=4, use_mambapy=False)
+    torch.manual_seed(0)
+    model = transformers.MambaModel(config).eval()
+    layers = find_ssm_layers(model)
+    assert [n for n, _ in layers] == ["layers.0.mixer", "layers.1.mixer"]
+    structinit.init_(model, "mimetic", seed=0)
+    for _, ad in layers:
+        assert float(ad.A_log.max()) == -8.0 and float(ad.A_log.min()) == -8.0
+        assert torch.allclose(F.softplus(ad.dt_bias.double()), torch.ones(ad.d_inner, dtype=torch.float64), atol=1e-6)
+        assert float(ad.dt_weight.abs().max()) == 0.0
+        taps = ad.conv_weight
+        assert torch.equal(taps[..., -1], torch.ones_like(taps[..., -1])) and float(taps[..., :-1].abs().max()) == 0
+        assert not torch.equal(ad.w_b, ad.w_c)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 20, (2, 9))).last_hidden_state
+    assert out.shape == (2, 9, 16) and torch.isfinite(out).all()

@@ -30,6 +30,7 @@ from structinit.adapters.registry import (
 )
 from structinit.adapters.ssm import (
     SSM_ADAPTERS,
+    HuggingFaceMambaAdapter,
     MambapyAdapter,
     SSMAdapter,
     find_ssm_layers,
@@ -46,6 +47,6 @@ __all__ = [
     "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise",
     "register_adapter", "select_layers", "unregister_adapter",
-    "SSM_ADAPTERS", "SSMAdapter", "MambapyAdapter", "find_ssm_layers", "is_ssm", "register_ssm_adapter",
-    "ssm_adapter_for", "unregister_ssm_adapter",
+    "SSM_ADAPTERS", "SSMAdapter", "HuggingFaceMambaAdapter", "MambapyAdapter", "find_ssm_layers", "is_ssm",
+    "register_ssm_adapter", "ssm_adapter_for", "unregister_ssm_adapter",
 ]  # fmt: skip

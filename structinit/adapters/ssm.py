@@ -109,15 +109,17 @@ class MambapyAdapter(SSMAdapter):
         torch.Size([16, 16])
     """
 
-    @staticmethod
-    def matches(module: object) -> bool:
-        cls = type(module)
-        return (isinstance(module, nn.Module) and cls.__name__ == "MambaBlock"
-                and cls.__module__.partition(".")[0] == "mambapy")
+    CLASS, PACKAGE = "MambaBlock", "mambapy"  # matched by name: the package is never imported here
+
+    @classmethod
+    def matches(cls, module: object) -> bool:
+        kind = type(module)
+        return (isinstance(module, nn.Module) and kind.__name__ == cls.CLASS
+                and kind.__module__.partition(".")[0] == cls.PACKAGE)
 
     def __init__(self, module: nn.Module):
         if not self.matches(module):
-            raise TypeError(f"MambapyAdapter needs a mambapy.mamba.MambaBlock, got {type(module).__name__}")
+            raise TypeError(f"{type(self).__name__} needs a {self.PACKAGE} {self.CLASS}, got {type(module).__name__}")
         self.module = module
         rows = self.dt_rank + 2 * self.d_state
         if module.x_proj.weight.shape != (rows, self.d_inner):
@@ -135,6 +137,14 @@ class MambapyAdapter(SSMAdapter):
     normalises_bc = property(lambda self: getattr(self.module, "B_layernorm", None) is not None)
 
 
+class HuggingFaceMambaAdapter(MambapyAdapter):
+    """Hugging Face ``transformers``' ``MambaMixer`` (``MambaModel``, ``MambaForCausalLM``):
+    the same parameter names and ``x_proj`` layout (dt, B, C rows) as mambapy, and the same
+    left-padded ``conv1d`` whose last tap is the current token."""
+
+    CLASS, PACKAGE = "MambaMixer", "transformers"
+
+
 @dataclass(frozen=True)
 class SSMAdapterEntry:
     """``match(module)`` says whether ``factory(module)`` can build an :class:`SSMAdapter` for it."""
@@ -144,7 +154,8 @@ class SSMAdapterEntry:
 
 
 SSM_ADAPTERS: Registry[SSMAdapterEntry] = Registry("SSM adapter")
-SSM_ADAPTERS.register("structinit.MambapyAdapter", SSMAdapterEntry(MambapyAdapter.matches, MambapyAdapter))
+for _cls in (MambapyAdapter, HuggingFaceMambaAdapter):
+    SSM_ADAPTERS.register(f"structinit.{_cls.__name__}", SSMAdapterEntry(_cls.matches, _cls))
 
 
 def register_ssm_adapter(target: type[nn.Module] | Callable[[nn.Module], bool],
@@ -185,8 +196,9 @@ def find_ssm_layers(model: nn.Module) -> list[tuple[str, SSMAdapter]]:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     found = [(n, ad) for n, m in model.named_modules() if (ad := ssm_adapter_for(m)) is not None]
     if not found:
-        raise ValueError(f"{type(model).__name__} has no SSM layer (looked for a mambapy.mamba.MambaBlock or a class "
-                         f"registered with register_ssm_adapter; adapters: {', '.join(SSM_ADAPTERS.names())}); the "
+        raise ValueError(f"{type(model).__name__} has no SSM layer (looked for a mambapy MambaBlock, a transformers "
+                         "MambaMixer or a class registered with register_ssm_adapter; adapters: "
+                         f"{', '.join(SSM_ADAPTERS.names())}); the "
                          "SSM schemes initialise Mamba-style selective state-space layers; for other models use an "
                          "attention, conv or model-wide scheme")
     return found
