@@ -151,10 +151,16 @@ def test_bc_diagonal_positive_at_default_state_size(mimetic_model):
         assert p.diag().mean() > 3 * off > 0
 
 
-def test_conv_is_identity(mimetic_model):
+def test_conv_is_identity_when_asked_and_left_as_built_by_default():
     x = torch.randn(3, 32, 20)
-    for block in blocks(mimetic_model):
+    for block in blocks(structinit.init_(mamba(), "mimetic", conv_identity=True, seed=0)):
         assert torch.equal(block.conv1d(x)[:, :, :20], x)
+    torch.manual_seed(0)
+    reference = mamba()
+    torch.manual_seed(0)
+    built = structinit.init_(mamba(), "mimetic", seed=0)
+    for a, b in zip(blocks(reference), blocks(built)):
+        assert torch.equal(a.conv1d.weight, b.conv1d.weight) and torch.equal(a.conv1d.bias, b.conv1d.bias)
 
 
 def test_switches_leave_parts_as_built():
@@ -219,12 +225,13 @@ def test_default_init_attends_far_less_than_mimetic():
 
 # --------------------------------------------------------------------------- reproducibility and dispatch
 def test_same_seed_identical_different_seed_differs():
-    a = written(structinit.init_(mamba(1), "mimetic", seed=7))
-    b = written(structinit.init_(mamba(2), "mimetic", seed=7))  # another constructor draw
+    every = dict(conv_identity=True)  # `written` covers every part the init can write
+    a = written(structinit.init_(mamba(1), "mimetic", seed=7, **every))
+    b = written(structinit.init_(mamba(2), "mimetic", seed=7, **every))  # another constructor draw
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    c = written(structinit.init_(mamba(1), "mimetic", seed=8))
+    c = written(structinit.init_(mamba(1), "mimetic", seed=8, **every))
     assert any(not torch.equal(a[k], c[k]) for k in a)
-    g = written(structinit.ssm_mimetic_init_(mamba(2), generator=torch.Generator().manual_seed(7)))
+    g = written(structinit.ssm_mimetic_init_(mamba(2), generator=torch.Generator().manual_seed(7), **every))
     assert all(torch.equal(a[k], g[k]) for k in a)
 
 
@@ -261,9 +268,9 @@ def test_property_small_shapes(d_model, d_state, expand, n_layers, seed):
     d_inner = d_model * expand
     if d_state > d_inner:
         check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=seed), ValueError, r"d_state=")
-        model = structinit.init_(model, "mimetic", bc=False, seed=seed)
+        model = structinit.init_(model, "mimetic", bc=False, conv_identity=True, seed=seed)
     else:
-        structinit.init_(model, "mimetic", seed=seed)
+        structinit.init_(model, "mimetic", conv_identity=True, seed=seed)
         _, _, m = mimetic_factors(d_inner, 0.7, 0.7, generator=torch.Generator().manual_seed(seed))
         ad = find_ssm_layers(model)[0][1]
         assert torch.allclose((ad.w_c.T @ ad.w_b).detach().double(), truncation(m, d_state), atol=1e-5)
@@ -338,7 +345,7 @@ def test_hugging_face_mamba_gets_the_same_init():
     model = transformers.MambaModel(config).eval()
     layers = find_ssm_layers(model)
     assert [n for n, _ in layers] == ["layers.0.mixer", "layers.1.mixer"]
-    structinit.init_(model, "mimetic", seed=0)
+    structinit.init_(model, "mimetic", conv_identity=True, seed=0)
     for _, ad in layers:
         assert float(ad.A_log.max()) == -8.0 and float(ad.A_log.min()) == -8.0
         assert torch.allclose(F.softplus(ad.dt_bias.double()), torch.ones(ad.d_inner, dtype=torch.float64), atol=1e-6)
