@@ -235,3 +235,11 @@ def test_compare_plans_every_spec_before_the_first_run(tmp_path, spec, message):
     with pytest.raises(ValueError, match=message):
         compare(base, ["pytorch", spec], [0, 1], tmp_path / "cmp", progress=False)
     assert not (tmp_path / "cmp").exists()  # no run folder was created
+
+
+def test_spec_labels_are_single_folder_names():
+    from structinit.harness.compare import spec_label
+
+    assert spec_label("impulse:pe_scale=2,layers=(0,1)") == "impulse_pe_scale-2_layers-(0_1)"
+    label = spec_label("covariance_transfer:source=runs/cm/pytorch/seed0/model.safetensors")
+    assert "/" not in label and label == "covariance_transfer_source-runs+cm+pytorch+seed0+model.safetensors"

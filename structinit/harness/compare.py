@@ -46,8 +46,10 @@ def primary_metric(final: dict[str, float]) -> str:
 
 
 def spec_label(spec: str) -> str:
-    """The folder an init spec's runs go in: ``impulse:pe_scale=2`` → ``impulse_pe_scale-2``."""
-    return spec.replace(":", "_").replace(",", "_").replace("=", "-")
+    """The folder an init spec's runs go in: ``impulse:pe_scale=2`` → ``impulse_pe_scale-2``;
+    a path in an option (``covariance_transfer:source=runs/a/model.safetensors``) stays one
+    folder name (``/`` → ``+``)."""
+    return spec.replace(":", "_").replace(",", "_").replace("=", "-").replace("/", "+").replace("\\", "+")
 
 
 def _run_config(base: TrainConfig | SequenceConfig, spec: str, name: str, options: dict[str, Any], seed: int,
