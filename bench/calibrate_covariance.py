@@ -7,7 +7,7 @@ separable Gaussian describes it. The per-layer σ_l, averaged over runs, give th
 schedule σ_l = σ₀ + v_σ · l/(D − 1) by least squares (``fit_depth_schedule``). The table also
 gives tr Σ̂_l / (1/3): the trained filters' total variance against PyTorch's default.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_covariance.py /work/runs/convmixer/pytorch
+    OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_covariance.py runs/cm/pytorch
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ its first seeds. At the end it prints a markdown table (also ``--out``/benchmark
 draws two figures: held-out accuracy against sequence length (one line per model and init,
 band ±1 std over seeds) and accuracy against step at the longest setting of each task.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out /work/runs/seq --seeds 5 \\
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 5 \\
         --figures docs/figures
     OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_benchmark.py --quick --out /tmp/seqq   # smoke test
 """

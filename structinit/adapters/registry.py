@@ -133,8 +133,9 @@ def _looks_like_attention(m: nn.Module) -> bool:
     return ("attention" in name or name.endswith("attn")) and has_weights
 
 
-def select_layers(found: list, layers: Iterable[int] | int | None) -> list:
-    """``found`` restricted to the indices in ``layers`` (negative indices allowed)."""
+def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "attention") -> list:
+    """``found`` restricted to the indices in ``layers`` (negative indices allowed); ``kind``
+    names the layers in the error ("attention", "SSM", …)."""
     if layers is None:
         return list(found)
     if is_int(layers):
@@ -143,7 +144,7 @@ def select_layers(found: list, layers: Iterable[int] | int | None) -> list:
     for i in layers:
         if not is_int(i) or not -len(found) <= i < len(found):
             raise ValueError(
-                f"layers contains {i!r}, but the model has {len(found)} attention layers "
+                f"layers contains {i!r}, but the model has {len(found)} {kind} layers "
                 f"(valid indices 0 … {len(found) - 1}, or negative from the end)"
             )
         out.append(found[i])

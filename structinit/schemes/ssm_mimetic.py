@@ -13,29 +13,18 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from structinit.adapters.registry import select_layers
 from structinit.adapters.ssm import SSMAdapter, find_ssm_layers
 from structinit.functional.mimetic import NOISE
 from structinit.functional.ssm import mimetic_bc, softplus_inverse
 from structinit.schemes import mimetic as _attention_mimetic  # noqa: F401  registers attention 'mimetic' first
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
-from structinit.utils import check_choice, check_number, is_int, make_generator
+from structinit.utils import check_choice, check_number, make_generator
 from structinit.utils.checks import check_bool
 
 # exp(a_log) must be a normal, finite float32 (A = −exp(A_log) is computed in float32 by mambapy).
 A_LOG_RANGE = (-87.0, 88.0)
-
-
-def _select(found: list, layers: Iterable[int] | int | None) -> list:
-    if layers is None:
-        return list(found)
-    out = []
-    for i in [layers] if is_int(layers) else layers:
-        if not is_int(i) or not -len(found) <= i < len(found):
-            raise ValueError(f"layers contains {i!r}, but the model has {len(found)} SSM layers "
-                             f"(valid indices 0 … {len(found) - 1}, or negative from the end)")
-        out.append(found[i])
-    return out
 
 
 def _check_rank(name: str, ad: SSMAdapter) -> None:
@@ -102,7 +91,7 @@ def plan_ssm_mimetic(
     check_number("beta", beta)
     check_choice("noise", noise, NOISE)
     check_bool("conv_identity", conv_identity)
-    chosen = _select(find_ssm_layers(model), layers)
+    chosen = select_layers(find_ssm_layers(model), layers, "SSM")
     if bc:
         for name, ad in chosen:
             _check_rank(name, ad)
