@@ -117,16 +117,18 @@ def evaluate_sequences(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
                        batch_size: int) -> dict[str, float]:
     """Held-out token accuracy (over scored positions), exact-match rate (every scored position
     of an example right) and mean loss per scored token."""
+    from structinit.data.sequence_tasks import sequence_accuracy
+
     model.eval()
     correct = scored = exact = loss_sum = 0.0
     for start in range(0, len(inputs), batch_size):
         x, y = inputs[start:start + batch_size], targets[start:start + batch_size]
         logits = model(x).float()
-        mask = y != -100
-        hit = (logits.argmax(-1) == y) & mask
-        correct += float(hit.sum())
-        scored += float(mask.sum())
-        exact += float((hit.sum(1) == mask.sum(1)).sum())
+        n_scored = float((y != -100).sum())
+        token_acc, sequence_acc = sequence_accuracy(logits, y)
+        correct += token_acc * n_scored
+        scored += n_scored
+        exact += sequence_acc * len(x)
         loss_sum += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"))
     model.train()
     return {"holdout_acc": correct / scored, "holdout_exact": exact / len(inputs), "holdout_loss": loss_sum / scored}
