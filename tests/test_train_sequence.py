@@ -134,3 +134,30 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys, argv, message):
     assert main(["train", *argv, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("structinit train: error:") and message in err, err
+
+
+def _sequence_benchmark():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "sequence_benchmark.py"
+    spec = importlib.util.spec_from_file_location("sequence_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_run_of_the_sequence_benchmark_has_a_valid_init_spec(tmp_path):
+    """The benchmark's grid is checked before hours of training: each (setting, model, init)
+    it will run plans its init on the model that run builds (an SSM-only option on the
+    Transformer once stopped it after the first Mamba setting)."""
+    from structinit.harness.compare import check_specs
+
+    bench = _sequence_benchmark()
+    assert "mimetic:conv_identity=True" not in bench.inits_of("gpt_seq_2x64", bench.INITS, bench.SSM_INITS)
+    assert "mimetic:conv_identity=True" in bench.inits_of("mamba_seq_2x64", bench.INITS, bench.SSM_INITS)
+    for task, settings in bench.SETTINGS.items():
+        for options in settings:
+            for model in bench.MODELS:
+                base = sequence_recipe("seq-cpu", model=model, task=task, task_options=options)
+                inits = bench.inits_of(model, bench.INITS, bench.SSM_INITS)
+                assert set(check_specs(base, inits, [0], tmp_path)) == set(inits)
