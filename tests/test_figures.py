@@ -94,7 +94,7 @@ def test_curves_figure_draws_accuracy_and_loss_with_bands(tmp_path):
     fig = structinit.curves_figure(runs, path=tmp_path / "curves.png")
     acc, loss = fig.axes[:2]
     assert acc.get_ylabel().startswith("held-out accuracy") and loss.get_ylabel() == "held-out loss"
-    assert [t.get_text() for t in acc.get_legend().get_texts()] == ["impulse (n=2)", "pytorch (n=1)"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["impulse (n=2)", "pytorch (n=1)"]  # below the panels
     assert acc.lines[0].get_ydata().tolist() == pytest.approx([15.0, 35.0])
     assert len(acc.collections) == 1  # a band for the init with two seeds only
     assert decoded_size(tmp_path / "curves.png") > 0

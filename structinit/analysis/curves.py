@@ -64,9 +64,12 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
         ax.set_xlabel(x_key(next(iter(runs.values()))[0]["history"]))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
     fig.suptitle(title or "mean over seeds, band ±1 std", fontsize=9)
     fig.tight_layout()
+    # Below both panels, not inside one: with many inits an in-axes legend hides the curves.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)) or 1,
+               fontsize=8, frameon=False)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, bbox_inches="tight")
