@@ -13,6 +13,13 @@ band ±1 std over seeds) and accuracy against step at the longest setting of eac
     OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 5 \\
         --figures docs/figures
     OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_benchmark.py --quick --out /tmp/seqq   # smoke test
+
+An ablation of the SSM scheme's parts and constants reuses the same folders (the default and
+mimetic runs are shared, not redone) on the longest setting of each task:
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 3 --settings 2 \
+        --models mamba_seq_2x64 --ssm-inits "mimetic:bc=False;mimetic:alpha=1.0,beta=0.3" \
+        --table ablation.md --figures runs/seq/ablation
 """
 
 from __future__ import annotations
@@ -174,6 +181,10 @@ def main() -> None:
                         help="init specs for every model, separated by ';'")
     parser.add_argument("--ssm-inits", default=";".join(SSM_INITS),
                         help="extra init specs for the Mamba models only (SSM-scheme options), separated by ';'")
+    parser.add_argument("--settings", default=None,
+                        help="indices into each task's settings, e.g. '2' for the longest only (an ablation; "
+                             "default: all)")
+    parser.add_argument("--table", default="benchmark.md", help="file name of the table, in --out")
     parser.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
     parser.add_argument("--quick", action="store_true", help="tiny settings and 60 steps: a smoke test")
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate what has finished")
@@ -181,6 +192,9 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     settings = {t: (QUICK if args.quick else SETTINGS)[t] for t in args.tasks.split(",")}
+    if args.settings is not None:
+        picks = [int(i) for i in args.settings.split(",")]
+        settings = {t: [options[i] for i in picks if i < len(options)] for t, options in settings.items()}
     models = args.models.split(",")
     inits = [spec.strip() for spec in args.inits.split(";") if spec.strip()]
     ssm_inits = [spec.strip() for spec in args.ssm_inits.split(";") if spec.strip()]
@@ -189,7 +203,7 @@ def main() -> None:
         run_all(out, settings, models, inits, ssm_inits, args.seeds, overrides, args.progress)
     rows = collect(out, settings, models, inits, ssm_inits)
     text = table(rows)
-    (out / "benchmark.md").write_text(text)
+    (out / args.table).write_text(text)
     print(text)
     for path in figures(rows, settings, Path(args.figures) if args.figures else out):
         print(f"→ {path}")
