@@ -18,10 +18,11 @@ standard errors, which three seeds cannot call either way.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from pathlib import Path
+
+from structinit.harness.runs import find_runs
 
 LEARNED = "pytorch"
 CLAIMS = (  # (claim, a, b, test on the difference of means a − b in points)
@@ -34,12 +35,8 @@ CLAIMS = (  # (claim, a, b, test on the difference of means a − b in points)
 def load_rows(folder: Path) -> dict[str, list[float]]:
     """Init spec → held-out accuracies (%) of its finished seeds, in seed order."""
     rows: dict[str, list[float]] = {}
-    for result in sorted(folder.glob("*/seed*/result.json")):
-        data = json.loads(result.read_text())
-        spec, options = data["config"]["init"], data["config"].get("init_options") or {}
-        if options:
-            spec += ":" + ",".join(f"{k}={v}" for k, v in options.items())
-        rows.setdefault(spec, []).append(100 * data["final"]["holdout_acc"])
+    for run in find_runs(folder):
+        rows.setdefault(run.spec, []).append(100 * run.result["final"]["holdout_acc"])
     return rows
 
 
@@ -82,9 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="the compare folder of the cpu-cifar-convmixer runs")
     args = ap.parse_args()
-    rows = load_rows(args.folder)
-    if not rows:
-        raise SystemExit(f"no finished runs (*/seed*/result.json) under {args.folder}")
+    rows = load_rows(args.folder)  # find_runs: a clear error if the folder holds no finished run
     print(table(rows), "", claims(rows), sep="\n")
 
 

@@ -102,7 +102,7 @@ def group_runs(runs, specs=()) -> dict[str, list]:
     by_label = {spec_label(spec): spec for spec in specs}
     groups: dict[str, list] = {spec: [] for spec in specs}
     for run in runs:
-        name = by_label.get(run.path.parent.name) or run.label.rsplit(" seed ", 1)[0]
+        name = by_label.get(run.path.parent.name) or run.spec
         groups.setdefault(name, []).append(run)
     return {name: sorted(g, key=lambda r: r.result["seed"]) for name, g in groups.items() if g}
 

@@ -56,11 +56,16 @@ class FinishedRun:
         return int(head.shape[0])
 
     @property
-    def label(self) -> str:
-        """``<init>[:options] seed <k>``, as a comparison names it."""
+    def spec(self) -> str:
+        """The init spec the run was trained with, ``<init>[:options]``, as a comparison names it."""
         cfg = self.result["config"]
         options = ",".join(f"{k}={v}" for k, v in cfg.get("init_options", {}).items())
-        return f"{cfg['init']}{':' + options if options else ''} seed {cfg['seed']}"
+        return f"{cfg['init']}{':' + options if options else ''}"
+
+    @property
+    def label(self) -> str:
+        """``<init>[:options] seed <k>``, as a comparison names it."""
+        return f"{self.spec} seed {self.result['config']['seed']}"
 
 
 def load_run(path: str | Path) -> FinishedRun:
