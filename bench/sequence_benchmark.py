@@ -17,8 +17,8 @@ band ±1 std over seeds) and accuracy against step at the longest setting of eac
 An ablation of the SSM scheme's parts and constants reuses the same folders (the default and
 mimetic runs are shared, not redone) on the longest setting of each task:
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 3 --settings 2 \
-        --models mamba_seq_2x64 --ssm-inits "mimetic:bc=False;mimetic:alpha=1.0,beta=0.3" \
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 3 --settings 2 \\
+        --models mamba_seq_2x64 --ssm-inits "mimetic:bc=False;mimetic:alpha=1.0,beta=0.3" \\
         --table ablation.md --figures runs/seq/ablation
 """
 

@@ -282,6 +282,22 @@ def test_property_small_shapes(d_model, d_state, expand, n_layers, seed):
     assert torch.isfinite(model(torch.randn(1, 9, d_model))).all()
 
 
+@pytest.mark.parametrize("off, kept", [
+    (dict(a_log=None), ("A_log",)),
+    (dict(delta=None), ("dt_weight", "dt_bias")),
+    (dict(bc=False), ("w_b", "w_c")),
+    (dict(a_log=None, delta=None), ("A_log", "dt_weight", "dt_bias")),
+])
+def test_each_part_switched_off_keeps_its_tensors_and_the_rest_is_unchanged(off, kept):
+    """An ablation spec like ``mimetic:a_log=None`` leaves exactly that part as built, and the
+    parts still on get the same values as in the full init (same seed)."""
+    built, full = written(mamba()), written(structinit.init_(mamba(), "mimetic", seed=4))
+    part = written(structinit.init_(mamba(), "mimetic", seed=4, **off))
+    for name, value in part.items():
+        expected = built[name] if name.rsplit(".", 1)[1] in kept else full[name]
+        assert torch.equal(value, expected), name
+
+
 # --------------------------------------------------------------------------- bad input
 def test_model_without_ssm_layers_is_rejected():
     seq = nn.Sequential(nn.Linear(4, 4), nn.Conv1d(4, 4, 3))
@@ -306,6 +322,9 @@ def test_state_larger_than_inner_width_is_rejected():
     (dict(beta=float("inf")), ValueError, r"beta=inf"),
     (dict(a_log=100.0), ValueError, r"a_log=100\.0: expected a number in \[-87\.0, 88\.0\]"),
     (dict(dt_weight_scale=-0.1), ValueError, r"dt_weight_scale=-0\.1"),
+    (dict(delta=None, dt_weight_scale=0.1), ValueError, r"dt_weight_scale=0\.1 with delta=None"),
+    (dict(a_log=None, delta=None, bc=False), ValueError, r"every part .* is switched off"),
+    (dict(a_log="-8"), OptionError, r"a_log='-8'"),
     (dict(bc="yes"), OptionError, r"bc='yes'"),
     (dict(conv_identity=1), OptionError, r"conv_identity=1"),
     (dict(noise="laplace"), ValueError, r"noise='laplace'"),
@@ -331,7 +350,7 @@ def test_bc_is_refused_when_b_and_c_are_normalised_after_the_projection():
         structinit.init_(model, "mimetic", seed=0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     structinit.init_(model, "mimetic", seed=0, bc=False)  # the rest of the init still applies
-    assert float(model.layers[0].mixer.A_log.max()) == -8.0
+    assert float(model.layers[0].mixer.A_log.detach().max()) == -8.0
 
 
 def test_hugging_face_mamba_gets_the_same_init():

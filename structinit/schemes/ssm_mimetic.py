@@ -42,8 +42,8 @@ def _check_rank(name: str, ad: SSMAdapter) -> None:
 def plan_ssm_mimetic(
     model: nn.Module,
     *,
-    a_log: float = -8.0,
-    delta: float = 1.0,
+    a_log: float | None = -8.0,
+    delta: float | None = 1.0,
     dt_weight_scale: float = 0.0,
     bc: bool = True,
     alpha: float = 0.7,
@@ -59,10 +59,12 @@ def plan_ssm_mimetic(
 
     * **No decay** ("A → I"): ``A_log`` ← ``a_log`` everywhere (default −8: |A| ≈ 3.4e-4, so
       with Δ = 1 a state keeps exp(−|A|·L) ≈ 0.98 of itself over 64 tokens, 0.92 over 256).
-      Must lie in [−87, 88] (exp(a_log) a finite, nonzero float32).
+      Must lie in [−87, 88] (exp(a_log) a finite, nonzero float32); ``None`` switches this
+      part off and keeps ``A_log`` as built (Mamba's A_n = −n).
     * **Step Δ ≈ ``delta``** (> 0, default 1): ``dt_proj.bias`` ← softplus⁻¹(Δ);
       ``dt_proj.weight`` ← 0 (``dt_weight_scale`` = 0, default) or U(±``dt_weight_scale``), so the
-      input-dependent part of Δ starts at or near zero but stays trainable.
+      input-dependent part of Δ starts at or near zero but stays trainable. ``delta=None``
+      switches this part off and keeps ``dt_proj`` as built (then ``dt_weight_scale`` must stay 0).
     * **B/C** (``bc``, default True): W_Cᵀ W_B = rank-N truncation of α Z + β I, W_C ≠ W_B
       (:func:`~structinit.functional.ssm.mimetic_bc`; a fresh Z per layer). **α = β = 0.7 is a
       lead, not a verified value**: it is the attention mimetic's W_q W_kᵀ setting; the paper's
@@ -83,29 +85,40 @@ def plan_ssm_mimetic(
         >>> model = Mamba(MambaConfig(d_model=16, n_layers=2))
         >>> _ = structinit.init_(model, "mimetic", seed=0)   # SSM layers, no attention: this scheme
     """
-    a_log = check_number("a_log", a_log, low=A_LOG_RANGE[0], high=A_LOG_RANGE[1])
-    delta = check_number("delta", delta, low=0, low_open=True)
+    if a_log is not None:
+        a_log = check_number("a_log", a_log, low=A_LOG_RANGE[0], high=A_LOG_RANGE[1])
+    if delta is not None:
+        delta = check_number("delta", delta, low=0, low_open=True)
     dt_weight_scale = check_number("dt_weight_scale", dt_weight_scale, low=0)
+    if delta is None and dt_weight_scale > 0:
+        raise ValueError(f"dt_weight_scale={dt_weight_scale} with delta=None: the Δ part is switched off, so "
+                         "dt_proj keeps its weights as built; pass a delta (e.g. 1.0) or leave dt_weight_scale at 0")
     check_bool("bc", bc)
     check_number("alpha", alpha)
     check_number("beta", beta)
     check_choice("noise", noise, NOISE)
     check_bool("conv_identity", conv_identity)
+    if a_log is None and delta is None and not bc and not conv_identity:
+        raise ValueError("a_log=None, delta=None, bc=False, conv_identity=False: every part of the SSM mimetic init "
+                         "is switched off, so it would write nothing; switch at least one on (e.g. a_log=-8.0)")
     chosen = select_layers(find_ssm_layers(model), layers, "SSM")
     if bc:
         for name, ad in chosen:
             _check_rank(name, ad)
-    dt_bias = softplus_inverse(delta)  # float64; a delta too large for the model's dtype is caught by the registry
+    # float64; a delta too large for the model's dtype is caught by the registry
+    dt_bias = None if delta is None else softplus_inverse(delta)
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
-        plan.add([(ad.A_log, torch.full_like(ad.A_log, a_log)),
-                  (ad.dt_bias, torch.full(ad.dt_bias.shape, float(dt_bias), dtype=torch.float64))])
-        if dt_weight_scale > 0:
-            w = (torch.rand(ad.dt_weight.shape, generator=gen, dtype=torch.float64) * 2 - 1) * dt_weight_scale
-        else:
-            w = torch.zeros_like(ad.dt_weight)
-        plan.add([(ad.dt_weight, w)])
+        if a_log is not None:
+            plan.add([(ad.A_log, torch.full_like(ad.A_log, a_log))])
+        if dt_bias is not None:
+            if dt_weight_scale > 0:
+                w = (torch.rand(ad.dt_weight.shape, generator=gen, dtype=torch.float64) * 2 - 1) * dt_weight_scale
+            else:
+                w = torch.zeros_like(ad.dt_weight)
+            plan.add([(ad.dt_bias, torch.full(ad.dt_bias.shape, float(dt_bias), dtype=torch.float64)),
+                      (ad.dt_weight, w)])
         if bc:
             w_b, w_c = mimetic_bc(ad.d_inner, ad.d_state, alpha, beta, noise=noise, generator=gen)
             plan.add([(ad.w_b, w_b), (ad.w_c, w_c)])
