@@ -14,12 +14,15 @@ band ±1 std over seeds) and accuracy against step at the longest setting of eac
         --figures docs/figures
     OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_benchmark.py --quick --out /tmp/seqq   # smoke test
 
-An ablation of the SSM scheme's parts and constants reuses the same folders (the default and
-mimetic runs are shared, not redone) on the longest setting of each task:
+``--ablation`` runs the ablation of the SSM scheme's parts and constants (:data:`ABLATION`)
+on Mamba at the longest setting of each task, 3 seeds, in the same folders (the default and
+mimetic runs are shared, not redone), table ``ablation.md``:
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 3 --settings 2 \\
-        --models mamba_seq_2x64 --ssm-inits "mimetic:bc=False;mimetic:alpha=1.0,beta=0.3" \\
-        --table ablation.md --figures runs/seq/ablation
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --ablation \\
+        --figures runs/seq/ablation
+
+It is the same as ``--seeds 3 --settings 2 --models mamba_seq_2x64 --ssm-inits "<ABLATION>"
+--table ablation.md``; any of those flags given explicitly wins.
 """
 
 from __future__ import annotations
@@ -41,10 +44,16 @@ SETTINGS = {"copy": [dict(length=8, vocab=16), dict(length=16, vocab=16), dict(l
 QUICK = {"copy": [dict(length=4, vocab=8), dict(length=8, vocab=8)], "mqar": [dict(pairs=2, length=16)]}
 MODELS = ("mamba_seq_2x64", "gpt_seq_2x64")
 # The mimetic row uses the scheme's defaults (the SSM scheme on Mamba, the attention scheme on
-# the Transformer). The SSM-only ablation row turns on the part the SSM defaults leave off; the
-# attention scheme has no such option, so it runs on the Mamba models only.
+# the Transformer). SSM-only specs (``--ssm-inits``) run on the Mamba models only: the attention
+# scheme has none of their options.
 INITS = ("default", "mimetic")
-SSM_INITS = ("mimetic:conv_identity=True",)
+SSM_INITS = ()
+# Each part of the SSM scheme switched off, the part its defaults leave off switched on, and
+# the B/C constants moved to either side of the attention lead α = β = 0.7.
+ABLATION = ("mimetic:conv_identity=True", "mimetic:bc=False", "mimetic:a_log=None,delta=None",
+            "mimetic:a_log=None", "mimetic:alpha=0.0,beta=1.0", "mimetic:alpha=1.0,beta=0.3")
+ABLATION_FLAGS = dict(seeds=3, settings="2", models="mamba_seq_2x64", ssm_inits=";".join(ABLATION),
+                      table="ablation.md")
 
 
 def inits_of(model: str, inits, ssm_inits) -> list[str]:
@@ -174,22 +183,29 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/sequence-benchmark")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--seeds", type=int, default=None, help="default 5 (3 with --ablation)")
+    parser.add_argument("--models", default=None, help=f"default {','.join(MODELS)}")
     parser.add_argument("--tasks", default="copy,mqar")
     parser.add_argument("--inits", default=";".join(INITS),
                         help="init specs for every model, separated by ';'")
-    parser.add_argument("--ssm-inits", default=";".join(SSM_INITS),
+    parser.add_argument("--ssm-inits", default=None,
                         help="extra init specs for the Mamba models only (SSM-scheme options), separated by ';'")
     parser.add_argument("--settings", default=None,
-                        help="indices into each task's settings, e.g. '2' for the longest only (an ablation; "
-                             "default: all)")
-    parser.add_argument("--table", default="benchmark.md", help="file name of the table, in --out")
+                        help="indices into each task's settings, e.g. '2' for the longest only (default: all)")
+    parser.add_argument("--table", default=None, help="file name of the table, in --out (default benchmark.md)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="the SSM-scheme ablation: " + " ".join(f"--{k.replace('_', '-')} {v!r}"
+                                                                     for k, v in ABLATION_FLAGS.items()))
     parser.add_argument("--figures", default=None, help="folder for the figures (default: --out)")
     parser.add_argument("--quick", action="store_true", help="tiny settings and 60 steps: a smoke test")
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate what has finished")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
+    preset = ABLATION_FLAGS if args.ablation else dict(seeds=5, models=",".join(MODELS), ssm_inits=";".join(SSM_INITS),
+                                                       table="benchmark.md")
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     out = Path(args.out)
     settings = {t: (QUICK if args.quick else SETTINGS)[t] for t in args.tasks.split(",")}
     if args.settings is not None:

@@ -368,7 +368,8 @@ def test_hugging_face_mamba_gets_the_same_init():
     for _, ad in layers:
         a_log = ad.A_log.detach()
         assert float(a_log.max()) == -8.0 and float(a_log.min()) == -8.0
-        assert torch.allclose(F.softplus(ad.dt_bias.detach().double()), torch.ones(ad.d_inner, dtype=torch.float64), atol=1e-6)
+        dt = F.softplus(ad.dt_bias.detach().double())
+        assert torch.allclose(dt, torch.ones(ad.d_inner, dtype=torch.float64), atol=1e-6)
         assert float(ad.dt_weight.detach().abs().max()) == 0.0
         taps = ad.conv_weight.detach()
         assert torch.equal(taps[..., -1], torch.ones_like(taps[..., -1])) and float(taps[..., :-1].abs().max()) == 0
