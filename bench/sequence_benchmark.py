@@ -97,7 +97,7 @@ def collect(out: Path, settings: dict, models, inits, ssm_inits) -> list[dict]:
                     exact = [r["final"]["holdout_exact"] for r in results]
                     rows.append({"task": task, "options": options, "seq_len": make_task(task, **options).seq_len,
                                  "model": model, "init": init, "acc": acc, "exact": exact,
-                                 "minutes": statistics.fmean(r["wall_s"] for r in results) / 60, "results": results})
+                                 "minutes": statistics.median(r["wall_s"] for r in results) / 60, "results": results})
     return rows
 
 
@@ -106,14 +106,21 @@ def _ms(values: list[float]) -> str:
     return f"{100 * statistics.fmean(values):.1f} ± {100 * sd:.1f}"
 
 
+# A seed "solves" a setting at this held-out token accuracy. MQAR outcomes are bimodal (a run
+# either escapes the plateau at the rate of guessing a value in context, or stays on it), so
+# the count of seeds that solve says more than a mean ± std over seeds.
+SOLVED = 0.9
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| task | setting | seq len | model | init | token acc % | exact-match % | per seed (token %) | seeds "
-             "| min/run |", "|---|---|---:|---|---|---:|---:|---|---:|---:|"]
+    lines = [f"| task | setting | seq len | model | init | token acc % | exact-match % | per seed (token %) "
+             f"| seeds ≥ {100 * SOLVED:.0f} % | median min/run |", "|---|---|---:|---|---|---:|---:|---|---:|---:|"]
     for r in rows:
         setting = ", ".join(f"{k}={v}" for k, v in r["options"].items())
+        solved = sum(a >= SOLVED for a in r["acc"])
         lines.append(f"| {r['task']} | {setting} | {r['seq_len']} | {r['model']} | {r['init']} | {_ms(r['acc'])} | "
-                     f"{_ms(r['exact'])} | {', '.join(f'{100 * a:.0f}' for a in r['acc'])} | {len(r['acc'])} | "
-                     f"{r['minutes']:.1f} |")
+                     f"{_ms(r['exact'])} | {', '.join(f'{100 * a:.0f}' for a in r['acc'])} | "
+                     f"{solved}/{len(r['acc'])} | {r['minutes']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

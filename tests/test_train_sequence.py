@@ -164,3 +164,15 @@ def test_every_run_of_the_sequence_benchmark_has_a_valid_init_spec(tmp_path):
                 ssm = bench.ABLATION if i == len(settings) - 1 else bench.SSM_INITS
                 inits = bench.inits_of(model, bench.INITS, ssm)
                 assert set(check_specs(base, inits, [0], tmp_path)) == set(inits)
+
+
+def test_sequence_benchmark_table_counts_the_seeds_that_solve_a_setting():
+    """MQAR runs are bimodal, so the table counts the seeds at ≥ 90 % next to mean ± std."""
+    bench = _sequence_benchmark()
+    row = {"task": "mqar", "options": {"pairs": 4, "length": 32}, "seq_len": 32, "model": "mamba_seq_2x64",
+           "init": "mimetic", "acc": [0.998, 0.389, 0.9], "exact": [0.99, 0.0, 0.5], "minutes": 1.5}
+    line = bench.table([row]).splitlines()[2]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:5] == ["mqar", "pairs=4, length=32", "32", "mamba_seq_2x64", "mimetic"]
+    assert cells[5] == "76.2 ± 32.7" and cells[7] == "100, 39, 90"
+    assert cells[8] == "2/3" and cells[9] == "1.5"
