@@ -131,17 +131,42 @@ def style(model: str, init: str) -> dict:
     return {"color": colour, "linestyle": "-" if mimetic else "--"} if init in INITS else {"linestyle": ":"}
 
 
+def _seeds(rows: list[dict]) -> dict[tuple[str, str], int]:
+    """The fewest finished seeds of each (model, init) over ``rows``: one legend entry across
+    panels, so one count."""
+    out: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (r["model"], r["init"])
+        out[key] = min(out.get(key, len(r["acc"])), len(r["acc"]))
+    return out
+
+
+def _legend_below(fig, axes) -> None:
+    """One legend for all panels, below them (in the axes it hid the MQAR curves)."""
+    handles, labels = {}, []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = h
+                labels.append(label)
+    fig.legend([handles[k] for k in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(labels), 2), fontsize=8, frameon=False)
+
+
 def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
+    """Accuracy against sequence length (mean line, min–max band over seeds, one dot per seed)
+    and against step at each task's longest setting (mean line, one thin line per seed). Bands
+    are min–max, not ±1 std: MQAR outcomes are bimodal, and ±std would leave [0, 100] and hide
+    that each seed either solved the setting or stayed at chance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from structinit.analysis.curves import mean_std_curve
-
     where.mkdir(parents=True, exist_ok=True)
     tasks = [t for t in settings if any(r["task"] == t for r in rows)]
     lines = sorted({(r["model"], r["init"]) for r in rows})
+    seeds = _seeds(rows)
     paths = []
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -151,36 +176,44 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
             if not pts:
                 continue
             x = [p[0] for p in pts]
-            mean = [100 * statistics.fmean(p[1]) for p in pts]
-            sd = [100 * (statistics.stdev(p[1]) if len(p[1]) > 1 else 0.0) for p in pts]
-            line, = ax.plot(x, mean, marker="o", label=f"{model} · {init} (n={min(len(p[1]) for p in pts)})",
-                            **style(model, init))
-            ax.fill_between(x, [m - s for m, s in zip(mean, sd)], [m + s for m, s in zip(mean, sd)],
-                            color=line.get_color(), alpha=0.15)
-        ax.set(title=task, xlabel="sequence length (tokens)", ylabel="held-out token accuracy (%)", ylim=(0, 102))
+            line, = ax.plot(x, [100 * statistics.fmean(p[1]) for p in pts], marker="o",
+                            label=f"{model} · {init} (n={seeds[model, init]})", **style(model, init))
+            colour = line.get_color()
+            ax.fill_between(x, [100 * min(p[1]) for p in pts], [100 * max(p[1]) for p in pts], color=colour, alpha=0.12)
+            ax.scatter([p[0] for p in pts for _ in p[1]], [100 * a for p in pts for a in p[1]], s=9, color=colour,
+                       alpha=0.45, linewidths=0)
+        lengths = sorted({r["seq_len"] for r in rows if r["task"] == task})
+        ax.set(title=task, xlabel="sequence length (tokens)", ylabel="held-out token accuracy (%)", ylim=(-2, 102))
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend_below(fig, axes[0])
     paths.append(where / "sequence_accuracy_vs_length.png")
     fig.savefig(paths[-1], bbox_inches="tight")
     plt.close(fig)
 
+    longest_rows = [r for r in rows if r["seq_len"] == max(q["seq_len"] for q in rows if q["task"] == r["task"])]
+    seeds = _seeds(longest_rows)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         longest = max(r["seq_len"] for r in rows if r["task"] == task)
         for r in rows:
             if r["task"] != task or r["seq_len"] != longest:
                 continue
-            steps, mean, sd = mean_std_curve(r["results"], "holdout_acc", "step")
-            line, = ax.plot(steps, [100 * m for m in mean], label=f"{r['model']} · {r['init']} (n={len(r['acc'])})",
+            curves = [{h["step"]: h["holdout_acc"] for h in res["history"] if "holdout_acc" in h}
+                      for res in r["results"]]
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            line, = ax.plot(steps, [100 * statistics.fmean(c[t] for c in curves) for t in steps], lw=2,
+                            label=f"{r['model']} · {r['init']} (n={seeds[r['model'], r['init']]})",
                             **style(r["model"], r["init"]))
-            ax.fill_between(steps, [100 * (m - s) for m, s in zip(mean, sd)], [100 * (m + s) for m, s in zip(mean, sd)],
-                            color=line.get_color(), alpha=0.15)
+            for c in curves:
+                ax.plot(steps, [100 * c[t] for t in steps], color=line.get_color(), lw=0.7, alpha=0.35)
         setting = ", ".join(f"{k}={v}" for k, v in next(r["options"] for r in rows if r["task"] == task
                                                           and r["seq_len"] == longest).items())
-        ax.set(title=f"{task} ({setting})", xlabel="step", ylabel="held-out token accuracy (%)", ylim=(0, 102))
+        ax.set(title=f"{task} ({setting})", xlabel="step", ylabel="held-out token accuracy (%)", ylim=(-2, 102))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    _legend_below(fig, axes[0])
     paths.append(where / "sequence_accuracy_vs_step.png")
     fig.savefig(paths[-1], bbox_inches="tight")
     plt.close(fig)
