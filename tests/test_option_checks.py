@@ -97,8 +97,9 @@ CONV_BAD = {
 # SSM scheme (target 'ssm', on a mambapy Mamba) → option → bad values
 SSM_BAD = {
     "mimetic": {
-        "a_log": ["-8", True, None, NAN, -INF, 100.0, -100.0],
-        "delta": [*POSITIVE, 1e300],  # 1e300: softplus⁻¹ is inf in float32
+        # None is valid for a_log and delta: it switches that part off
+        "a_log": ["-8", True, NAN, -INF, 100.0, -100.0],
+        "delta": [*(v for v in POSITIVE if v is not None), 1e300],  # 1e300: softplus⁻¹ is inf in float32
         "dt_weight_scale": [-0.1, "0", True, None, NAN, INF, 1e300],
         "bc": FLAG, "conv_identity": FLAG,
         "alpha": ANY_NUMBER[:-1], "beta": ANY_NUMBER[:-1],
