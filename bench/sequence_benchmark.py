@@ -1,14 +1,14 @@
-"""Issue #13's benchmark: default vs mimetic init (and mimetic with the conv identity, an
-ablation) on Mamba and on a causal Transformer of matched size, on copying (three lengths)
-and multi-query associative recall (three (pairs, length) settings), the same step budget
-per setting (recipe ``seq-cpu``), 5 seeds.
+"""Issue #13's benchmark: default vs mimetic init on Mamba and on a causal Transformer of
+matched size, on copying (three lengths) and multi-query associative recall (three (pairs,
+length) settings), the same step budget per setting (recipe ``seq-cpu``), 5 seeds.
 
 Every (setting, model) is a ``structinit compare`` folder under ``--out``; the seeds run
 outermost (all settings for seed 0, then seed 1, …) and finished runs are skipped, so a
 killed benchmark continues where it stopped and a partial one already has a full table for
 its first seeds. At the end it prints a markdown table (also ``--out``/benchmark.md) and
 draws two figures: held-out accuracy against sequence length (one line per model and init,
-band ±1 std over seeds) and accuracy against step at the longest setting of each task.
+a band from the worst to the best seed, one dot per seed) and accuracy against step at the
+longest setting of each task.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 5 \\
         --figures docs/figures
