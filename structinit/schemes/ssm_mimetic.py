@@ -66,15 +66,19 @@ def plan_ssm_mimetic(
       input-dependent part of Δ starts at or near zero but stays trainable. ``delta=None``
       switches this part off and keeps ``dt_proj`` as built (then ``dt_weight_scale`` must stay 0).
     * **B/C** (``bc``, default True): W_Cᵀ W_B = rank-N truncation of α Z + β I, W_C ≠ W_B
-      (:func:`~structinit.functional.ssm.mimetic_bc`; a fresh Z per layer). **α = β = 0.7 is a
-      lead, not a verified value**: it is the attention mimetic's W_q W_kᵀ setting; the paper's
-      constants were not published and the benchmark is to choose them. Needs d_state ≤ d_inner.
+      (:func:`~structinit.functional.ssm.mimetic_bc`; a fresh Z per layer). Needs d_state ≤ d_inner.
+      α = β = 0.7 is the attention mimetic's W_q W_kᵀ setting (the paper's constants were not
+      published). The benchmark's ablation (Mamba-2×64, 1,000 steps, 5 seeds) cannot tell it
+      from ``bc=False``, α = 0 or α = 1: copy length 32 gives 81.9 / 79.1 / 82.2 / 82.9 % and
+      MQAR 12 pairs 2 of 5 seeds solved for the first three (α = 1, β = 0.3: 0 of 3); the
+      effect comes from A and Δ. It stays on because no variant beat it, and α > 0 keeps
+      W_C ≠ W_B (α = 0 gives W_C = W_B = the first N channels).
     * **Conv ≈ identity** (``conv_identity``, default False): the depthwise ``conv1d`` passes
       the current token through: last tap 1, the other taps 0, bias 0. The paper reports it
       interacts differently with Mamba-1 and Mamba-2, hence the switch. Off by default because
-      it hurt in our first measurement (copy, length 16, Mamba-2×64, 1,000 steps, seed 0:
-      95.2 % held-out token accuracy without it, 59.8 % with it, 59.3 % for the default init);
-      the sequence benchmark (``bench/sequence_benchmark.py``) keeps both as rows.
+      it hurts in the benchmark's ablation (``bench/sequence_benchmark.py --ablation``,
+      Mamba-2×64, 1,000 steps, 3 seeds: copy length 32, 51.1 % held-out token accuracy with
+      it against 81.3 % without on the same seeds; MQAR 12 pairs, 1 of 3 seeds solved either way).
 
     Everything else keeps what it has: D (1 in mambapy), in/out projections, the dt rows of
     ``x_proj``, norms and embeddings. ``layers`` picks SSM layers by index (module order).
