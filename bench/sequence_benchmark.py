@@ -163,6 +163,8 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from structinit.analysis.curves import seed_curves
+
     where.mkdir(parents=True, exist_ok=True)
     tasks = [t for t in settings if any(r["task"] == t for r in rows)]
     lines = sorted({(r["model"], r["init"]) for r in rows})
@@ -197,20 +199,15 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
     seeds = _seeds(longest_rows)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        longest = max(r["seq_len"] for r in rows if r["task"] == task)
-        for r in rows:
-            if r["task"] != task or r["seq_len"] != longest:
-                continue
-            curves = [{h["step"]: h["holdout_acc"] for h in res["history"] if "holdout_acc" in h}
-                      for res in r["results"]]
-            steps = sorted(set.intersection(*(set(c) for c in curves)))
-            line, = ax.plot(steps, [100 * statistics.fmean(c[t] for c in curves) for t in steps], lw=2,
+        task_rows = [r for r in longest_rows if r["task"] == task]
+        for r in task_rows:
+            steps, curves = seed_curves(r["results"], "holdout_acc", "step")
+            line, = ax.plot(steps, [100 * statistics.fmean(v) for v in zip(*curves)], lw=2,
                             label=f"{r['model']} · {r['init']} (n={seeds[r['model'], r['init']]})",
                             **style(r["model"], r["init"]))
             for c in curves:
-                ax.plot(steps, [100 * c[t] for t in steps], color=line.get_color(), lw=0.7, alpha=0.35)
-        setting = ", ".join(f"{k}={v}" for k, v in next(r["options"] for r in rows if r["task"] == task
-                                                          and r["seq_len"] == longest).items())
+                ax.plot(steps, [100 * a for a in c], color=line.get_color(), lw=0.7, alpha=0.35)
+        setting = ", ".join(f"{k}={v}" for k, v in task_rows[0]["options"].items())
         ax.set(title=f"{task} ({setting})", xlabel="step", ylabel="held-out token accuracy (%)", ylim=(-2, 102))
         ax.grid(alpha=0.3)
     _legend_below(fig, axes[0])

@@ -29,14 +29,22 @@ def x_key(history: list[dict]) -> str:
     return "epoch" if all("epoch" in row for row in history) else "step"
 
 
+def seed_curves(results: list[dict], key: str, x: str = "epoch") -> tuple[list[int], list[list[float]]]:
+    """(x values, one list of ``key`` per seed) over the seeds' histories, on the ``x`` values
+    (epochs, or steps) every seed evaluated."""
+    series = [{row[x]: row[key] for row in r["history"] if key in row} for r in results]
+    xs = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    return xs, [[s[e] for e in xs] for s in series]
+
+
 def mean_std_curve(results: list[dict], key: str, x: str = "epoch") -> tuple[list[int], list[float], list[float]]:
     """(x values, mean, std) of ``key`` over the seeds' histories, on the ``x`` values (epochs,
     or steps) every seed evaluated (std 0 with one seed)."""
-    series = [{row[x]: row[key] for row in r["history"] if key in row} for r in results]
-    epochs = sorted(set.intersection(*(set(s) for s in series))) if series else []
-    mean = [statistics.fmean(s[e] for s in series) for e in epochs]
-    std = [statistics.stdev([s[e] for s in series]) if len(series) > 1 else 0.0 for e in epochs]
-    return epochs, mean, std
+    xs, curves = seed_curves(results, key, x)
+    at = list(zip(*curves))
+    mean = [statistics.fmean(v) for v in at]
+    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in at]
+    return xs, mean, std
 
 
 def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | Path | None = None):
