@@ -122,7 +122,7 @@ def mimetic_vit():
     torch.manual_seed(0)
     model = vit()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    structinit.init_(model, "mimetic", seed=0)
+    structinit.init_(model, "mimetic", noise="uniform", seed=0)  # the published noise, with its entry bounds
     return model, before
 
 
@@ -206,7 +206,7 @@ def test_model_full_rank_single_head_entries_bounded():
     """One head (r = D): Wq Wkᵀ = αZ + βI exactly, so every entry is within the noise bound."""
     d = 48
     model = vit(dim=d, heads=1, depth=1)
-    structinit.init_(model, "mimetic", alpha=0.7, beta=0.7, seed=4)
+    structinit.init_(model, "mimetic", alpha=0.7, beta=0.7, noise="uniform", seed=4)
     wq, _, wk, _ = structinit.find_attention_layers(model)[0][1].read_qk()
     p = wq[0].double() @ wk[0].double().T
     bound = 0.7 * math.sqrt(3 / d) + 1e-5
@@ -300,7 +300,7 @@ def test_property_model_level(dh, seed):
     r = dim // heads
     model = structinit.VisionTransformer(img_size=4, patch_size=2, embed_dim=dim, depth=1, num_heads=heads,
                                          num_classes=0, class_token=False, global_pool="avg")
-    structinit.init_(model, "mimetic", seed=seed)
+    structinit.init_(model, "mimetic", noise="uniform", seed=seed)
     attn = model.blocks[0].attn
     ad = structinit.find_attention_layers(model)[0][1]
     wq, bq, wk, bk = ad.read_qk()

@@ -1,9 +1,26 @@
 r"""Mimetic initialisation (Trockman & Kolter, 2023): the maths.
 
 Per head, W_q^h W_k^hᵀ = the best rank-r approximation of M = α Z + β I; per layer,
-W_v W_o = γ Z' − δ I exactly, where Z has i.i.d. entries of mean 0 and variance 1/D
-(uniform on ±√(3/D) by default, or normal). Factors come from the SVD M = U S Vᵀ:
-L = U S^{½}, R = S^{½} Vᵀ, so L R = M and L[:, :r] R[:r] is its rank-r truncation.
+W_v W_o = γ Z' − δ I exactly (its best rank-``inner`` approximation when the heads are
+narrower than D). Z is a D×D noise matrix of entry variance 1/D, drawn in one of two ways:
+
+- ``noise='uniform'`` / ``'normal'``: i.i.d. entries (uniform on ±√(3/D), or Gaussian), the
+  published recipe. The factors come from the SVD M = U S Vᵀ: L = U S^{½}, R = S^{½} Vᵀ, so
+  L R = M and L[:, :r] R[:r] is its rank-r truncation. One dense D×D SVD per head: O(D³).
+- ``noise='circular'``: Z = Q B Qᵀ, a random *normal* matrix. Q is Haar-random orthogonal and
+  B is block-diagonal with 2×2 blocks ρ·[[cos θ, −sin θ], [sin θ, cos θ]], i.e. eigenvalues
+  ρe^{±iθ} drawn uniformly on the disk of radius √2 (plus one real eigenvalue uniform on
+  ±√3 when D is odd), so that E‖Z‖²_F = D and the entries have mean 0 and variance 1/D as
+  with i.i.d. noise. Because M = Q (αB + βI) Qᵀ is normal, its SVD is known in closed form:
+  each block αμ + β = s·R(φ) has both singular values s = |αμ + β|, and the best rank-r
+  approximation keeps the blocks with the largest s. Only the r columns of Q those blocks use
+  are drawn (a D×r Gaussian, orthonormalised): O(D r²) per head instead of O(D³), with no
+  D×D matrix formed. The factors are balanced like the SVD ones: W_q = Q_r S^{½} and
+  W_k = Q_r Rᵀ S^{½}, so W_q ≠ W_k (R holds the blocks' rotations).
+
+The circular noise matches the i.i.d. noise in mean, entry variance and Frobenius energy, and
+its rank-r products have the same diagonal-dominant shape; it differs in that Z commutes with
+Zᵀ (its eigenvectors are orthogonal).
 """
 
 from __future__ import annotations
@@ -14,24 +31,145 @@ import torch
 
 from structinit.utils import check_number
 
-NOISE = ("uniform", "normal")
+NOISE = ("uniform", "normal", "circular")
+DENSE_NOISE = ("uniform", "normal")  # i.i.d. entries: Z is drawn as a dense matrix
 
 
 def mimetic_noise(dim: int, noise: str = "uniform", *, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Z (dim×dim), i.i.d. mean 0, variance 1/dim, float64."""
+    """Z (dim×dim), i.i.d. mean 0, variance 1/dim, float64 (``noise='uniform'`` or ``'normal'``;
+    the circular noise is never formed densely, see :func:`circular_factors`)."""
     if noise == "uniform":
         return (torch.rand(dim, dim, generator=generator, dtype=torch.float64) * 2 - 1) * math.sqrt(3.0 / dim)
     if noise == "normal":
         return torch.randn(dim, dim, generator=generator, dtype=torch.float64) / math.sqrt(dim)
-    raise ValueError(f"noise={noise!r}: valid names are {', '.join(NOISE)}")
+    raise ValueError(f"noise={noise!r}: valid names for a dense Z are {', '.join(DENSE_NOISE)}")
+
+
+def circular_factors(
+    dim: int, rank: int, alpha: float, beta: float, *, heads: int = 1, with_target: bool = False,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    r"""Balanced factors of the best rank-``rank`` approximation of M = α Z + β I for ``heads``
+    independent circular noise matrices Z (see the module docstring), without forming Z.
+
+    Returns L (heads, D, rank) and R (heads, rank, D), float64, with L[h] R[h] the truncation of
+    M_h, L = U S^{½} and R = S^{½} Vᵀ for an SVD U S Vᵀ of it. With ``with_target=True`` the
+    third value is the M_h themselves (heads, D, D), built from the same draws plus the rest of
+    Q (O(D³): for tests and diagnostics); otherwise None. Draw order: the spectra, then the
+    Gaussian columns of Q every head uses, then (only for the targets) the rest of Q, so the
+    factors are the same with or without targets.
+
+    When the rank boundary falls inside a 2×2 block (odd ``rank``, or the real eigenvalue of an
+    odd D among the kept ones), the truncation keeps one direction of that block: still a best
+    rank-``rank`` approximation, since both of its singular values are equal.
+
+    Examples:
+        >>> left, right, m = circular_factors(16, 4, 0.7, 0.7, with_target=True,
+        ...                                   generator=torch.Generator().manual_seed(0))
+        >>> left.shape, right.shape, m.shape
+        (torch.Size([1, 16, 4]), torch.Size([1, 4, 16]), torch.Size([1, 16, 16]))
+    """
+    check_number("alpha", alpha)
+    check_number("beta", beta)
+    pairs, odd = dim // 2, dim % 2
+    # Eigenvalues: ρ = √2·√u is uniform on the disk of radius √2 (E ρ² = 1); the real one of an
+    # odd D is uniform on ±√3 (variance 1).
+    rho = (2 * torch.rand(heads, pairs, generator=generator, dtype=torch.float64)).sqrt()
+    theta = torch.rand(heads, pairs, generator=generator, dtype=torch.float64) * math.pi
+    real = (torch.rand(heads, odd, generator=generator, dtype=torch.float64) * 2 - 1) * math.sqrt(3.0)
+    # Blocks of M: c = α μ + β, as magnitude s and angle φ; the real eigenvalue is a block of
+    # size 1 with φ ∈ {0, π} (its sign).
+    c = torch.polar(rho, theta) * alpha + beta
+    c_real = real * alpha + beta
+    size = torch.cat([torch.full((heads, pairs), 2), torch.ones(heads, odd, dtype=torch.long)], 1)
+    mag = torch.cat([c.abs(), c_real.abs()], 1)
+    phi = torch.cat([c.angle(), torch.where(c_real < 0, math.pi, 0.0)], 1)
+    # Largest blocks first (stable, so ties keep draw order); each block starts at the column
+    # after the blocks before it.
+    order = torch.sort(mag, dim=1, descending=True, stable=True).indices
+    size, mag, phi = size.gather(1, order), mag.gather(1, order), phi.gather(1, order)
+    start = size.cumsum(1) - size
+    cols = min(dim, rank + 1)  # a block cut by the rank boundary needs its second direction
+    # Full rank (rank = D): the product L R equals M however orthonormal Q is, so its D×D QR
+    # may run in float32 (twice as fast); a truncation needs Q orthonormal to float64 precision.
+    q = _haar_columns(heads, dim, cols, generator, float64=rank < dim)
+    kept = start < rank
+    # S^{½} per factor column, and R = (Q K)ᵀ where K (cols × rank) has two non-zeros per column:
+    # for a pair at columns (a, a+1), K's block is S^{½}·R(φ)ᵀ = √s [[cos φ, sin φ], [−sin φ, cos φ]];
+    # a real eigenvalue at column a has K[a, a] = sign(c)·√|c|.
+    h_idx, u_idx = kept.nonzero(as_tuple=True)
+    a, sq = start[h_idx, u_idx], mag[h_idx, u_idx].sqrt()
+    cos, sin = torch.cos(phi[h_idx, u_idx]) * sq, torch.sin(phi[h_idx, u_idx]) * sq
+    pair = size[h_idx, u_idx] == 2
+    second = pair & (a + 1 < rank)  # the pair's second column is kept too (not cut by the boundary)
+    root = torch.zeros(heads, rank, dtype=torch.float64)
+    root[h_idx, a] = sq
+    root[h_idx[second], a[second] + 1] = sq[second]
+    # Column j of Q K = Q[:, row0[j]]·k0[j] + Q[:, row1[j]]·k1[j] (k1 = 0 where there is no partner).
+    row0 = torch.zeros(heads, rank, dtype=torch.long)
+    row1 = torch.zeros(heads, rank, dtype=torch.long)
+    k0 = torch.zeros(heads, rank, dtype=torch.float64)
+    k1 = torch.zeros(heads, rank, dtype=torch.float64)
+    row0[h_idx, a], k0[h_idx, a] = a, cos
+    row1[h_idx[pair], a[pair]], k1[h_idx[pair], a[pair]] = a[pair] + 1, -sin[pair]
+    hs, a2 = h_idx[second], a[second]
+    row0[hs, a2 + 1], k0[hs, a2 + 1] = a2, sin[second]
+    row1[hs, a2 + 1], k1[hs, a2 + 1] = a2 + 1, cos[second]
+    pick = lambda rows: q.gather(2, rows[:, None, :].expand(heads, dim, rank))
+    left = q[..., :rank] * root[:, None, :]
+    right = (pick(row0) * k0[:, None, :] + pick(row1) * k1[:, None, :]).transpose(1, 2)
+    if not with_target:
+        return left, right, None
+    q = torch.cat([q, _haar_complement(q, generator)], 2)
+    blocks = torch.zeros(heads, dim, dim, dtype=torch.float64)
+    for h in range(heads):
+        for j in range(size.shape[1]):
+            at, s_, f = int(start[h, j]), float(mag[h, j]), float(phi[h, j])
+            if size[h, j] == 2:
+                blocks[h, at:at + 2, at:at + 2] = s_ * torch.tensor(
+                    [[math.cos(f), -math.sin(f)], [math.sin(f), math.cos(f)]], dtype=torch.float64)
+            else:
+                blocks[h, at, at] = s_ * math.cos(f)
+    return left, right, q @ blocks @ q.transpose(1, 2)
+
+
+def _haar_columns(heads: int, dim: int, cols: int, generator, float64: bool = True) -> torch.Tensor:
+    """(heads, dim, cols) float64: the first ``cols`` columns of Haar-random orthogonal matrices,
+    i.e. the Q of a Gaussian matrix's QR with R's diagonal made positive. The Gaussian draws are
+    float32 (five times faster than float64 on CPU, and as good a Gaussian for this);
+    ``float64=False`` also runs the QR in float32 (columns orthonormal to ~1e-6)."""
+    g = torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32)
+    if not float64:
+        q, r = torch.linalg.qr(g)
+        return (q * torch.sign(r.diagonal(dim1=1, dim2=2))[:, None, :]).double()
+    g = g.double()
+    if 4 * cols <= dim:  # tall: Cholesky QR, one BLAS-3 pass; cond(g) ≈ (√D+√c)/(√D−√c) ≤ 3 here
+        chol = torch.linalg.cholesky(g.transpose(1, 2) @ g)
+        return torch.linalg.solve_triangular(chol, g.transpose(1, 2), upper=False).transpose(1, 2)
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(r.diagonal(dim1=1, dim2=2))[:, None, :]
+
+
+def _haar_complement(q: torch.Tensor, generator) -> torch.Tensor:
+    """(heads, dim, dim − cols): orthonormal columns completing q (heads, dim, cols) to a
+    Haar-random orthogonal matrix (Gaussian columns, projected off q, orthonormalised)."""
+    heads, dim, cols = q.shape
+    g = torch.randn(heads, dim, dim - cols, generator=generator, dtype=torch.float32).double()
+    g = g - q @ (q.transpose(1, 2) @ g)
+    out, r = torch.linalg.qr(g)
+    return out * torch.sign(r.diagonal(dim1=1, dim2=2))[:, None, :]
 
 
 def mimetic_factors(
     dim: int, alpha: float, beta: float, *, noise: str = "uniform", generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(L, R, M): M = α Z + β I and its balanced factors L = U S^{½}, R = S^{½} Vᵀ (float64)."""
+    """(L, R, M): M = α Z + β I and its balanced factors L = U S^{½}, R = S^{½} Vᵀ (float64),
+    columns of L (rows of R) in decreasing singular value."""
     check_number("alpha", alpha)
     check_number("beta", beta)
+    if noise == "circular":
+        left, right, m = circular_factors(dim, dim, alpha, beta, with_target=True, generator=generator)
+        return left[0], right[0], m[0]
     m = alpha * mimetic_noise(dim, noise, generator=generator) + beta * torch.eye(dim, dtype=torch.float64)
     u, s, vh = torch.linalg.svd(m)
     return u * s.sqrt(), s.sqrt()[:, None] * vh, m
@@ -39,25 +177,37 @@ def mimetic_factors(
 
 def mimetic_qk(
     dim: int, num_heads: int, head_dim: int, *, alpha: float = 0.7, beta: float = 0.7,
-    noise: str = "uniform", generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    noise: str = "uniform", generator: torch.Generator | None = None, with_target: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Wq, Wk (heads, D, r) with Wq[h] Wk[h]ᵀ = rank-r truncation of M_h (a fresh M per head),
-    and the M_h themselves (heads, D, D)."""
+    and the M_h themselves (heads, D, D), or None with ``with_target=False`` (which spares
+    the circular noise its only O(D³) step).
+
+    Examples:
+        >>> wq, wk, m = mimetic_qk(64, 4, 16, noise="circular", generator=torch.Generator().manual_seed(0))
+        >>> torch.linalg.matrix_rank(wq[0] @ wk[0].T).item()
+        16
+    """
+    if noise == "circular":
+        left, right, m = circular_factors(dim, head_dim, alpha, beta, heads=num_heads, with_target=with_target,
+                                          generator=generator)
+        return left, right.transpose(1, 2), m
     wq, wk, ms = [], [], []
     for _ in range(num_heads):
         left, right, m = mimetic_factors(dim, alpha, beta, noise=noise, generator=generator)
         wq.append(left[:, :head_dim])
         wk.append(right[:head_dim].T)
         ms.append(m)
-    return torch.stack(wq), torch.stack(wk), torch.stack(ms)
+    return torch.stack(wq), torch.stack(wk), torch.stack(ms) if with_target else None
 
 
 def mimetic_vo(
     dim: int, inner: int, *, gamma: float = 0.4, delta: float = 0.4, noise: str = "uniform",
-    generator: torch.Generator | None = None, reference_layout: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Wv (D, inner), Wo (inner, D) and M (D×D) with Wv Wo = M = γ Z − δ I (its rank-``inner``
-    truncation when inner < D), so that x ↦ o(v(x)) is x ↦ x M.
+    generator: torch.Generator | None = None, reference_layout: bool = False, with_target: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Wv (D, inner), Wo (inner, D) and M (D×D) with Wv Wo = M = γZ − δI (its rank-``inner``
+    truncation when inner < D), so that x ↦ o(v(x)) is x ↦ x M. M is None with
+    ``with_target=False`` and a circular noise narrower than D (nothing else needs it).
 
     ``reference_layout=True`` reproduces the public ports, which store L and R in
     ``nn.Linear`` without transposing: the composite is then x (R L)ᵀ, not x M (same trace,
@@ -66,10 +216,16 @@ def mimetic_vo(
     """
     check_number("gamma", gamma)
     check_number("delta", delta)
-    left, right, m = mimetic_factors(dim, gamma, -delta, noise=noise, generator=generator)
-    left, right = left[:, :inner], right[:inner]
+    if reference_layout and inner != dim:
+        raise ValueError("reference_layout=True needs square value/output projections")
+    if noise == "circular":
+        left, right, m = circular_factors(dim, inner, gamma, -delta, with_target=with_target and inner < dim,
+                                          generator=generator)
+        left, right = left[0], right[0]
+        m = m[0] if m is not None else (left @ right if with_target else None)
+    else:
+        left, right, m = mimetic_factors(dim, gamma, -delta, noise=noise, generator=generator)
+        left, right = left[:, :inner], right[:inner]
     if reference_layout:
-        if inner != dim:
-            raise ValueError("reference_layout=True needs square value/output projections")
         return left.T.clone(), right.T.clone(), m
     return left, right, m
