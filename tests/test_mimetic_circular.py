@@ -1,5 +1,5 @@
 """The circular noise of the mimetic init: Z = Q B Qᵀ, a random normal matrix with Haar
-eigenvectors and eigenvalues uniform on the disk of radius √2. Its rank-r truncation is built
+eigenvectors and eigenvalues filling the disk of radius √2 evenly. Its rank-r truncation is built
 in closed form, never from a D×D SVD; these tests check it against the SVD of the M it stands
 for (Eckart–Young), and Z's properties (normal, entry variance 1/D, spectrum)."""
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import structinit
-from structinit.functional.mimetic import circular_factors
+from structinit.functional.mimetic import circular_factors, circular_spectrum
 
 
 def gen(seed):
@@ -59,14 +59,15 @@ def test_z_is_a_normal_matrix_with_a_disk_spectrum(dim):
     for h in range(3):
         torch.testing.assert_close(z[h] @ z[h].T, z[h].T @ z[h], atol=1e-10, rtol=0)
         eig = torch.linalg.eigvals(z[h])
-        assert eig.abs().max().item() <= math.sqrt(3) + 1e-9  # √2 for the pairs, √3 for a real one
+        assert eig.abs().max().item() <= math.sqrt(2) + 1e-9
+        assert abs(z[h].trace().item()) <= 1 + 1e-9  # 0, or the ±1 real eigenvalue of an odd D
         assert (eig.imag.abs() > 1e-9).sum().item() >= 2 * (dim // 2) - 2  # conjugate pairs (one may be ≈ real)
     assert not torch.allclose(m[0], m[1])  # a fresh Z per head
 
 
 def test_z_has_the_iid_noise_mean_variance_and_energy():
-    """Entries of mean 0 and variance 1/D, and E‖Z‖²_F = D, as for the i.i.d. uniform noise;
-    eigenvalues uniform on the disk of radius √2, so half of them lie inside the unit circle."""
+    """Entries of mean 0 and variance 1/D, and ‖Z‖²_F = D, as for the i.i.d. uniform noise;
+    eigenvalues evenly on the disk of radius √2, so half of them lie inside the unit circle."""
     dim, draws = 64, 40
     _, _, m = circular_factors(dim, 8, 1.0, 0.0, heads=draws, with_target=True, generator=gen(0))
     z = m  # α = 1, β = 0
@@ -78,15 +79,23 @@ def test_z_has_the_iid_noise_mean_variance_and_energy():
     assert abs(inside - 0.5) < 0.03
 
 
-def test_one_seed_draws_one_spectrum_whatever_alpha_beta():
-    """The eigenvalues of Z are drawn first, so a seed fixes them for every (α, β); which Haar
-    columns pair with which block follows the blocks' order in M, so Z's eigenvectors do not."""
-    _, _, m1 = circular_factors(24, 12, 0.3, -2.0, with_target=True, generator=gen(1))
-    _, _, m2 = circular_factors(24, 12, 0.6, 1.0, with_target=True, generator=gen(1))
-    e1 = torch.linalg.eigvals((m1[0] + 2.0 * eye(24)) / 0.3)
-    e2 = torch.linalg.eigvals((m2[0] - eye(24)) / 0.6)
-    for part in (lambda e: e.real, lambda e: e.imag.abs()):
-        torch.testing.assert_close(part(e1).sort().values, part(e2).sort().values, atol=1e-9, rtol=0)
+def test_the_spectrum_is_the_fixed_even_filling_of_the_disk():
+    """Every draw has the same eigenvalues (circular_spectrum): only the Haar eigenvectors are
+    random, and the mirrored pattern makes tr Z = 0 (i.i.d. noise has tr Z = O(1))."""
+    rho, theta = circular_spectrum(12)
+    assert rho.shape == theta.shape == (12,) and rho.max() < math.sqrt(2)
+    torch.testing.assert_close((rho * torch.cos(theta)).sum(), torch.tensor(0.0, dtype=torch.float64), atol=1e-12,
+                               rtol=0)
+    torch.testing.assert_close((rho**2).sum(), torch.tensor(12.0, dtype=torch.float64), atol=1e-12, rtol=0)
+    expected = torch.cat([torch.polar(rho, theta), torch.polar(rho, -theta)])
+    for seed in (1, 2):
+        _, _, m = circular_factors(24, 12, 0.3, -2.0, with_target=True, generator=gen(seed))
+        eig = torch.linalg.eigvals((m[0] + 2.0 * eye(24)) / 0.3)
+        for part in (lambda e: e.real, lambda e: e.imag):
+            torch.testing.assert_close(part(eig).sort().values, part(expected).sort().values, atol=1e-9, rtol=0)
+    _, _, m = circular_factors(7, 3, 1.0, 0.0, heads=8, with_target=True, generator=gen(0))
+    traces = {round(t, 9) for t in m.diagonal(dim1=1, dim2=2).sum(1).tolist()}
+    assert traces == {-1.0, 1.0}  # odd D: the real eigenvalue ±1, its sign drawn
 
 
 def test_factors_do_not_depend_on_building_the_target():

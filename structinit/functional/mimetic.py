@@ -9,8 +9,8 @@ narrower than D). Z is a D×D noise matrix of entry variance 1/D, drawn in one o
   L R = M and L[:, :r] R[:r] is its rank-r truncation. One dense D×D SVD per head: O(D³).
 - ``noise='circular'``: Z = Q B Qᵀ, a random *normal* matrix. Q is Haar-random orthogonal and
   B is block-diagonal with 2×2 blocks ρ·[[cos θ, −sin θ], [sin θ, cos θ]], i.e. eigenvalues
-  ρe^{±iθ} drawn uniformly on the disk of radius √2 (plus one real eigenvalue uniform on
-  ±√3 when D is odd), so that E‖Z‖²_F = D and the entries have mean 0 and variance 1/D as
+  ρe^{±iθ} filling the disk of radius √2 evenly (:func:`circular_spectrum`; plus ±1 when D is
+  odd), so that ‖Z‖²_F = D, tr Z = 0 (±1) and the entries have mean 0 and variance 1/D, as
   with i.i.d. noise. Because M = Q (αB + βI) Qᵀ is normal, its SVD is known in closed form:
   each block αμ + β = s·R(φ) has both singular values s = |αμ + β|, and the best rank-r
   approximation keeps the blocks with the largest s. Only the r columns of Q those blocks use
@@ -45,6 +45,23 @@ def mimetic_noise(dim: int, noise: str = "uniform", *, generator: torch.Generato
     raise ValueError(f"noise={noise!r}: valid names for a dense Z are {', '.join(DENSE_NOISE)}")
 
 
+def circular_spectrum(pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ρ, θ), each (pairs,) float64: the eigenvalues ρ e^{±iθ} of the circular noise, an even
+    filling of the disk of radius √2.
+
+    A sunflower pattern (radii √(2(i+½)/k), golden-ratio angles) fills the quarter disk
+    0 ≤ θ < π/2 and is mirrored to π − θ, so the real parts cancel: tr Z = 0, as the trace of
+    i.i.d. noise is O(1) (independently drawn eigenvalues would make it O(√D)). Σ ρ² = pairs,
+    so E|μ|² = 1 and ‖Z‖²_F = 2·pairs. An odd ``pairs`` adds ρ = 1 at θ = π/2.
+    """
+    k = pairs // 2
+    i = torch.arange(k, dtype=torch.float64)
+    rho = (2 * (i + 0.5) / max(k, 1)).sqrt()
+    theta = (math.pi / 2) * torch.frac((i + 0.5) * (math.sqrt(5) - 1) / 2)
+    extra = torch.ones(pairs % 2, dtype=torch.float64)
+    return torch.cat([rho, rho, extra]), torch.cat([theta, math.pi - theta, extra * (math.pi / 2)])
+
+
 def circular_factors(
     dim: int, rank: int, alpha: float, beta: float, *, heads: int = 1, with_target: bool = False,
     generator: torch.Generator | None = None,
@@ -55,9 +72,9 @@ def circular_factors(
     Returns L (heads, D, rank) and R (heads, rank, D), float64, with L[h] R[h] the truncation of
     M_h, L = U S^{½} and R = S^{½} Vᵀ for an SVD U S Vᵀ of it. With ``with_target=True`` the
     third value is the M_h themselves (heads, D, D), built from the same draws plus the rest of
-    Q (O(D³): for tests and diagnostics); otherwise None. Draw order: the spectra, then the
-    Gaussian columns of Q every head uses, then (only for the targets) the rest of Q, so the
-    factors are the same with or without targets.
+    Q (O(D³): for tests and diagnostics); otherwise None. Draw order: the sign of the real
+    eigenvalue (odd D), then the Gaussian columns of Q every head uses, then (only for the
+    targets) the rest of Q, so the factors are the same with or without targets.
 
     When the rank boundary falls inside a 2×2 block (odd ``rank``, or the real eigenvalue of an
     odd D among the kept ones), the truncation keeps one direction of that block: still a best
@@ -72,13 +89,12 @@ def circular_factors(
     check_number("alpha", alpha)
     check_number("beta", beta)
     pairs, odd = dim // 2, dim % 2
-    # Eigenvalues: ρ = √2·√u is uniform on the disk of radius √2 (E ρ² = 1); the real one of an
-    # odd D is uniform on ±√3 (variance 1).
-    rho = (2 * torch.rand(heads, pairs, generator=generator, dtype=torch.float64)).sqrt()
-    theta = torch.rand(heads, pairs, generator=generator, dtype=torch.float64) * math.pi
-    real = (torch.rand(heads, odd, generator=generator, dtype=torch.float64) * 2 - 1) * math.sqrt(3.0)
+    rho, theta = circular_spectrum(pairs)
+    rho, theta = rho.expand(heads, pairs), theta.expand(heads, pairs)
+    # The real eigenvalue of an odd D: ±1 (a drawn sign), so that ‖Z‖²_F = D exactly.
+    real = torch.randint(0, 2, (heads, odd), generator=generator).double() * 2 - 1
     # Blocks of M: c = α μ + β, as magnitude s and angle φ; the real eigenvalue is a block of
-    # size 1 with φ ∈ {0, π} (its sign).
+    # size 1 with φ ∈ {0, π} (its sign). Ties in s (the spectrum is mirrored) keep block order.
     c = torch.polar(rho, theta) * alpha + beta
     c_real = real * alpha + beta
     size = torch.cat([torch.full((heads, pairs), 2), torch.ones(heads, odd, dtype=torch.long)], 1)

@@ -8,6 +8,7 @@ from typing import Any
 
 from torch import nn
 
+from structinit.models.timm_bridge import create_timm_model, is_timm_name
 from structinit.utils import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
@@ -25,9 +26,13 @@ def list_models() -> list[str]:
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """Build the model ``name``; keyword arguments override its settings (for the ViTs, any
-    :class:`~structinit.models.vit.VisionTransformer` argument).
+    :class:`~structinit.models.vit.VisionTransformer` argument). ``timm/<name>`` builds timm's
+    model of that name, without pretrained weights (needs the ``timm`` extra; see
+    :func:`~structinit.models.timm_bridge.create_timm_model`).
 
     Examples:
         >>> model = create_model("vit_tiny_patch2_32", num_classes=100)
     """
+    if is_timm_name(name):
+        return create_timm_model(name, **overrides)
     return MODELS.get(name)(**overrides)
