@@ -17,10 +17,9 @@ and two products, the library's), ``solve`` (two batched ``torch.linalg.solve``)
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from timing import median_seconds
 
 from structinit.functional import cayley_conv as fc
 from structinit.models.kwlarge import _plain_conv
@@ -38,14 +37,7 @@ def layers(model: str) -> list[tuple[str, int, int, int, int, int]]:
 
 def timed(fn, repeats: int, warmup: int = 2) -> float:
     """Median seconds of fn() over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(fn, repeats, warmup)
 
 
 def cayley_variant(how: str):

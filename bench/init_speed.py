@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+
+from timing import median_seconds
 
 MODELS = "timm/vit_tiny_patch16_224,timm/vit_base_patch16_224,timm/vit_large_patch16_224"
 SCHEMES = "impulse,mimetic,timm,pytorch,jax,xavier"
@@ -43,16 +43,6 @@ def build(name: str):
     import structinit
 
     return structinit.create_model(name)
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: first-call costs (allocator, lazy imports) are not the init's
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(models: list[str], schemes: list[str], repeats: int) -> dict[str, dict[str, float]]:
