@@ -16,6 +16,7 @@ import importlib
 from structinit.adapters import (
     AttentionAdapter,
     Discovery,
+    FusedLinearAdapter,
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
@@ -158,7 +159,7 @@ __all__ = [
     # orthogonal (1-Lipschitz) layers
     "CayleyConv2d", "CayleyLinear", "GroupSort", "LipschitzAvgPool", "SpaceToDepth", "KWLarge",
     # adapters and layout
-    "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
+    "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter", "FusedLinearAdapter",
     "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "find_ssm_layers",
     "TokenLayout",
     "infer_layout",

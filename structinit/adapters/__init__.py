@@ -11,6 +11,7 @@ from structinit.adapters.attention import (
     is_self_attention,
 )
 from structinit.adapters.conv import find_depthwise_convs, is_depthwise
+from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout, position_embedding_name
 from structinit.adapters.position import (
     POSITION_FINDERS,
@@ -39,12 +40,14 @@ from structinit.adapters.ssm import (
     ssm_adapter_for,
     unregister_ssm_adapter,
 )
+from structinit.adapters.trace import traced_discovery
 
 __all__ = [
     "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
     "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
-    "SeparateQKVAdapter", "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
+    "SeparateQKVAdapter", "FusedLinearAdapter", "traced_discovery",
+    "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise",
     "register_adapter", "select_layers", "unregister_adapter",
     "SSM_ADAPTERS", "SSMAdapter", "HuggingFaceMambaAdapter", "MambapyAdapter", "find_ssm_layers", "is_ssm",

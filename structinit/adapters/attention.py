@@ -39,6 +39,13 @@ class AttentionAdapter:
     def linear_views(self) -> Views:
         raise NotImplementedError
 
+    @property
+    def input_module(self) -> nn.Module:
+        """The module whose first input is the (B, T, D) tokens q and k are computed from: the
+        attention module itself, or its q/k projection when the module normalises its input
+        inside (vit-pytorch), so that captured maps equal the module's own."""
+        return self.module
+
     # -- reading ---------------------------------------------------------------------------
     def read_qk(self):
         """(Wq, bq, Wk, bk): weights (heads, D, r), biases (heads, r) or None."""

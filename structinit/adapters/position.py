@@ -11,7 +11,11 @@ Built-in finders, tried after any user finder (most recently registered first):
 - ``generic``: exactly one parameter whose name says position embedding (``pos_embed``,
   ``pos_embedding`` as in vit-pytorch, ``position_embeddings``, ``pos_emb`` …), of shape
   (1, P+N, D) or (N, D), with ``cls_token``-style parameters beside it and the grid from a
-  patch convolution (kernel = stride) and an image size, or from a square N.
+  patch convolution (kernel = stride) and an image size, or from a square N. When its rows
+  do not fit that grid and those tokens, the traced finder decides instead;
+- ``traced`` (:mod:`structinit.adapters.trace`): no names at all; a probe image's forward
+  up to the first attention layer shows which tensor adds a row to each token (the PE), which
+  add whole tokens (class, distillation, register) and where the grid is.
 
 A finder is ``finder(model) -> Discovery | None``; teach structinit a new layout with
 :func:`register_position_finder`.
@@ -174,7 +178,12 @@ def _generic(model: nn.Module) -> Discovery | None:
     # another name is common in hand-written models (the PE's row count then decides).
     prefix = int(prefix) if is_int(prefix) else (_count(tokens) if tokens else None)
     grid = _patch_conv_grid(model)
-    return Discovery(pos, name, grid, prefix, tokens, "generic")
+    found = Discovery(pos, name, grid, prefix, tokens, "generic")
+    from structinit.adapters.trace import consistent, traced_discovery  # trace registers itself after us
+
+    # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class
+    # token kept elsewhere or under another name), the traced forward decides.
+    return found if consistent(found) else traced_discovery(model) or found
 
 
 def _named_tensors(model: nn.Module):

@@ -14,6 +14,7 @@ from structinit.adapters.attention import (
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
 )
+from structinit.adapters.fused import FusedLinearAdapter
 from structinit.utils import Registry, is_int
 
 
@@ -27,7 +28,8 @@ class AdapterEntry:
 
 ATTENTION_ADAPTERS: Registry[AdapterEntry] = Registry("attention adapter")
 # Built-ins, in the order they are tried after any user adapter.
-for _cls in (MultiheadAttentionAdapter, FusedQKVAdapter, SeparateQKVAdapter):
+# Names are the fast path; FusedLinearAdapter recognises the rest by shapes and a traced forward.
+for _cls in (MultiheadAttentionAdapter, FusedQKVAdapter, SeparateQKVAdapter, FusedLinearAdapter):
     ATTENTION_ADAPTERS.register(f"structinit.{_cls.__name__}", AdapterEntry(_cls.matches, _cls))
 
 
@@ -112,7 +114,8 @@ def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]
             "found attention-like modules that no adapter understands: "
             + ", ".join(f"{n or '<root>'} ({t})" for n, t in unknown)
             + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
-            "projections with an output Linear and a head count; nn.MultiheadAttention. "
+            "projections with an output Linear and a head count; nn.MultiheadAttention; any module "
+            "whose forward is softmax(q kᵀ·scale)·v of one fused q/k/v Linear, then an output Linear. "
             "Register your class with structinit.register_adapter(YourAttention, factory)."
         )
     if not found:

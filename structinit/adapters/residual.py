@@ -16,6 +16,7 @@ from torch import nn
 from structinit.adapters.attention import AttentionAdapter
 from structinit.adapters.layout import TokenLayout, prefix_pos_rows
 from structinit.adapters.position import Token, find_position_embedding
+from structinit.adapters.trace import traced_patch_embedding
 
 PATCH_EMBED_PATHS = ("patch_embed.proj", "conv_proj", "embeddings.patch_embeddings.projection")
 MLP_OUT_PATHS = ("mlp.fc2", "linear2", "mlp.3", "ffn.fc2", "mlp.c_proj")
@@ -55,10 +56,24 @@ def patch_embedding(model: nn.Module) -> Write:
     convs = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride]
     if len(convs) == 1:
         return _weight_and_bias(*convs[0])
+    raise ValueError(f"{type(model).__name__} has no patch embedding structinit knows")
+
+
+def patch_writes(model: nn.Module) -> list[Write]:
+    """The writes of the patch embedding: the known ones of :func:`patch_embedding`, else the
+    ones a traced forward finds (:func:`structinit.adapters.trace.traced_patch_embedding`: the
+    Linear or Conv2d, and the bias of a LayerNorm that follows it); ValueError if neither."""
+    try:
+        return [patch_embedding(model)]
+    except ValueError:
+        traced = traced_patch_embedding(model)
+    if traced:
+        return traced
     raise ValueError(
         f"{type(model).__name__} has no patch embedding structinit knows (looked for "
         f"{', '.join(PATCH_EMBED_PATHS)} as Conv2d or Linear, and for a single Conv2d with kernel = stride); "
-        "position reservation needs the layer that writes patch content into the tokens: use reserve='none', "
+        "position reservation needs the layer that writes patch content into the tokens, and a traced forward "
+        "found no Linear or Conv2d to the model width before the position embedding: use reserve='none', "
         "or name it patch_embed.proj"
     )
 

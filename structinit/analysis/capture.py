@@ -13,7 +13,7 @@ from structinit.adapters import AttentionAdapter, MultiheadAttentionAdapter, fin
 
 
 def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The (B, T, D) tokens an attention module receives as its (self-attention) query."""
+    """The (B, T, D) tokens ``adapter.input_module`` receives: the (self-attention) query."""
     x = args[0] if args else next(kwargs[k] for k in ("x", "hidden_states", "query") if k in kwargs)
     if isinstance(adapter, MultiheadAttentionAdapter) and not adapter.module.batch_first and x.ndim == 3:
         x = x.transpose(0, 1)
@@ -21,13 +21,14 @@ def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.T
 
 
 def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Tensor], None]) -> None:
-    """One forward pass of ``inputs`` without gradients; ``fn(i, x)`` gets the (B, T, D) input
-    tokens of ``layers[i]`` (a list of (name, adapter)) as the layer is called."""
+    """One forward pass of ``inputs`` without gradients; ``fn(i, x)`` gets the (B, T, D) tokens
+    that the q/k of ``layers[i]`` (a list of (name, adapter)) are computed from, as the layer is
+    called (the input of the adapter's ``input_module``)."""
     handles = []
     for i, (_, ad) in enumerate(layers):
         def hook(module, args, kwargs, i=i, ad=ad):
             fn(i, layer_input(ad, args, kwargs).detach())
-        handles.append(ad.module.register_forward_pre_hook(hook, with_kwargs=True))
+        handles.append(ad.input_module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             model(inputs)

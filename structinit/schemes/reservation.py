@@ -11,7 +11,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter, TokenLayout
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.residual import Token, Write, patch_embedding, prefix_tokens, residual_writes
+from structinit.adapters.residual import Token, Write, patch_writes, prefix_tokens, residual_writes
 from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
 from structinit.utils import check_choice, warn_caller
@@ -79,7 +79,7 @@ def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
             f"reserve={mode!r}: the position embedding spans {r} of the {d - 1} directions LayerNorm leaves "
             f"at width {d}, so nothing would be left for content; use reserve='none', a wider model or a smaller grid"
         )
-    writes = [patch_embedding(model)]
+    writes = patch_writes(model)
     if mode == "residual":
         writes += residual_writes(model, layers)
     for name, weight, bias in writes:

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up .venv-zoo and run the zoo tests: structinit's inits on ViTs built by timm, torchvision,
+# vit-pytorch, open_clip and transformers, with no hints (tests/zoo, outside the main suite).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_zoo.sh
+.venv-zoo/bin/python -m pytest -q -p no:cacheprovider tests/zoo "$@"

@@ -1,0 +1,321 @@
+"""Finding the position embedding, the prefix tokens and the token grid by what the forward
+does, not by names.
+
+A probe image runs through the model up to the first attention layer (a pre-hook on the
+adapter's ``input_module`` stops the forward there, so the cost is the embedding stage only)
+and gives the T×D tokens q and k are computed from. Every free tensor of width D (a parameter,
+buffer or plain tensor attribute of a module that is not a standard layer) is then perturbed
+in place, one at a time, and restored bit for bit. The token rows that change say what it is:
+
+- the position embedding changes R rows one to one, R = N (grid) or N + P (grid and prefix);
+- a prefix (class, distillation, register) token changes only its own row(s);
+- the grid rows are the rows the position embedding changes and no token tensor does.
+
+The probe's size is the image size the model states (``image_size``, ``img_size``, a config's),
+or else the side √N × patch size tried for every square N a candidate's row count allows.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch import nn
+
+from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side
+from structinit.utils import is_int
+
+# Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
+           nn.MultiheadAttention)
+_MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (tensors, Discovery)
+
+
+class _Stop(Exception):
+    """Raised by the probe's hook: the forward has reached the first attention layer."""
+
+
+def first_layer(model: nn.Module):
+    """(name, adapter) of the model's first attention layer, or None when it has none."""
+    from structinit.adapters.registry import find_attention_layers  # registry → fused → attention
+
+    try:
+        return find_attention_layers(model)[0]
+    except ValueError:
+        return None
+
+
+@torch.no_grad()
+def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor | None:
+    """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
+    ``model`` (eval mode, restored), or None when the forward fails before reaching it."""
+    seen = {}
+
+    def stop(module, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()))
+        if isinstance(adapter.module, nn.MultiheadAttention) and not adapter.module.batch_first and x.ndim == 3:
+            x = x.transpose(0, 1)
+        seen["x"] = x.detach().clone()
+        raise _Stop
+
+    handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
+    was_training = model.training
+    model.eval()
+    try:
+        model(images)
+    except _Stop:
+        pass
+    except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
+        return None
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return seen.get("x")
+
+
+def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor]]:
+    """Free floating-point tensors of width ``dim``: parameters, buffers and plain tensor
+    attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers."""
+    out, seen = [], set()
+    for path, module in model.named_modules():
+        if isinstance(module, _LAYERS):
+            continue
+        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False),
+               *((n, t) for n, t in vars(module).items() if isinstance(t, torch.Tensor) and not n.startswith("_"))]
+        for name, t in own:
+            if t.is_floating_point() and t.ndim >= 1 and t.shape[-1] == dim and id(t) not in seen:
+                seen.add(id(t))
+                out.append((f"{path}.{name}" if path else name, t))
+    return out
+
+
+def _rows(t: torch.Tensor) -> int:
+    return int(t.numel() // t.shape[-1])
+
+
+def _pair(v) -> tuple[int, int] | None:
+    if is_int(v) and v > 0:
+        return int(v), int(v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(is_int(x) and x > 0 for x in v):
+        return int(v[0]), int(v[1])
+    return None
+
+
+def _stated(model: nn.Module, attrs) -> tuple[int, int] | None:
+    """The first (h, w) the model, its config or its patch embedding states under ``attrs``."""
+    for owner in (model, getattr(model, "config", None), getattr(model, "patch_embed", None)):
+        for attr in attrs:
+            found = _pair(getattr(owner, attr, None))
+            if found is not None:
+                return found
+    return None
+
+
+def _patch(model: nn.Module) -> tuple[int, int] | None:
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
+    return _stated(model, ("patch_size",)) or (tuple(conv.stride) if conv is not None else None)
+
+
+def _channels(model: nn.Module, patch) -> int:
+    """Input channels: a patch convolution's, else a patch Linear's in_features / (p·p), else 3."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is not None:
+        return conv.in_channels
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    if first is not None and patch is not None and first.in_features % (patch[0] * patch[1]) == 0:
+        return max(1, min(first.in_features // (patch[0] * patch[1]), 4))
+    return 3
+
+
+def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
+    """(C, H, W) probe sizes to try, most likely first (module doc)."""
+    patch = _patch(model)
+    chans = _channels(model, patch)
+    stated = _stated(model, ("image_size", "img_size"))
+    if stated is not None:
+        return [(chans, *stated)]
+    if patch is None:
+        return []
+    sides = []
+    for rows in sorted({_rows(t) for _, t in candidates}, reverse=True):
+        for n in range(rows, max(rows - _MAX_ROW_SLACK, 0), -1):
+            side = square_side(n)
+            if side is not None and side not in sides:
+                sides.append(side)
+    return [(chans, s * patch[0], s * patch[1]) for s in sides]
+
+
+@torch.no_grad()
+def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Tensor, t: torch.Tensor) -> list[int]:
+    """Token rows of sample 0 that change when ``t`` is perturbed (then restored bit for bit)."""
+    saved = t.detach().clone()
+    gen = torch.Generator().manual_seed(0)
+    t.add_(torch.randn(t.shape, generator=gen).to(t.dtype) * (float(saved.float().std(correction=0)) + 1.0))
+    try:
+        after = tokens_at(model, adapter, images)
+    finally:
+        t.copy_(saved)
+    if after is None or after.shape != base.shape:
+        return []
+    diff = (after[0] - base[0]).abs().amax(-1)
+    return torch.nonzero(diff > 1e-5 * (1 + float(base[0].abs().amax()))).flatten().tolist()
+
+
+def traced_discovery(model: nn.Module) -> Discovery | None:
+    """The position embedding, prefix tokens and grid of ``model`` found by tracing (module doc);
+    None when the model cannot be probed or shows no 1:1 position embedding before its grid."""
+    first = first_layer(model)
+    if first is None:
+        return None
+    adapter = first[1]
+    candidates = token_candidates(model, adapter.dim)
+    if not candidates:
+        return None
+    # The answer depends on the model's code and tensors, not on their values: reuse it while
+    # the same tensors are there (an init asks several times).
+    key = tuple((n, id(t), tuple(t.shape)) for n, t in candidates)
+    cached = _TRACED.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    found = _trace(model, adapter, candidates)
+    _TRACED[model] = (key, found)
+    return found
+
+
+def _trace(model, adapter, candidates) -> Discovery | None:
+    for c, h, w in probe_sizes(model, candidates):
+        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0))
+        base = tokens_at(model, adapter, images.to(candidates[0][1].dtype))
+        if base is not None:
+            found = _classify(model, adapter, images, base, candidates)
+            if found is not None:
+                return _with_grid(model, found, (h, w))
+    return None
+
+
+def _classify(model, adapter, images, base, candidates) -> Discovery | None:
+    """Sort the candidates by the rows they change into PE and prefix tokens (module doc)."""
+    rows = {name: changed_rows(model, adapter, images, base, t) for name, t in candidates}
+    one_to_one = [(n, t) for n, t in candidates if rows[n] and len(rows[n]) == _rows(t)]
+    pes = [(n, t) for n, t in one_to_one if _rows(t) >= 4]
+    if not pes:
+        return None
+    pes.sort(key=lambda nt: -_rows(nt[1]))
+    if len(pes) > 1 and _rows(pes[0][1]) == _rows(pes[1][1]):
+        return None  # two tables of the same size: ambiguous, the caller asks for hints
+    pe_name, pe = pes[0]
+    pe_rows = set(rows[pe_name])
+    tokens = [(n, t) for n, t in one_to_one if n != pe_name and set(rows[n]) <= pe_rows | set(range(len(base[0])))
+              and len(rows[n]) < len(pe_rows)]
+    token_rows = sorted(r for n, _ in tokens for r in rows[n])
+    grid_rows = sorted(pe_rows - set(token_rows))
+    if not grid_rows or grid_rows != list(range(grid_rows[0], grid_rows[-1] + 1)):
+        return None
+    prefix = grid_rows[0]
+    if grid_rows[-1] + 1 != base.shape[1] or sorted(token_rows) != list(range(prefix)):
+        return None  # tokens after the grid, or rows from nowhere: not a layout structinit can describe
+    tokens.sort(key=lambda nt: min(rows[nt[0]]))
+    return Discovery(pe, pe_name, None, prefix, tuple(tokens), "traced")
+
+
+def _with_grid(model: nn.Module, found: Discovery, image: tuple[int, int]) -> Discovery:
+    """``found`` with its grid: the probe image cut into the model's patches when that gives the
+    grid's token count, else the square grid of that count."""
+    pe = found.pos_embed
+    n = _rows(pe) - (found.num_prefix_tokens if _rows(pe) > found.num_prefix_tokens else 0)
+    patch = _patch(model)
+    grid = _grid_from(image, patch) if patch is not None else None
+    if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
+        side = square_side(n)
+        grid = (side, side) if side else None
+    return Discovery(pe, found.pos_embed_name, grid, found.num_prefix_tokens, found.prefix_tokens, "traced")
+
+
+def consistent(found: Discovery) -> bool:
+    """Whether a name-based :class:`Discovery`'s PE rows fit its grid and prefix tokens (when the
+    grid is unknown, whether the rows left after the prefix tokens form a square)."""
+    if found.pos_embed is None:
+        return False
+    rows, prefix = _rows(found.pos_embed), found.num_prefix_tokens or 0
+    if found.grid is None:
+        return square_side(rows - prefix) is not None or (not prefix and square_side(rows) is not None)
+    n = math.prod(found.grid)
+    return rows in (n, n + prefix) and (found.num_prefix_tokens is not None or rows == n)
+
+
+@torch.no_grad()
+def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor | None]] | None:
+    """The layers that write patch content into the tokens, found by tracing: the last Linear or
+    Conv2d to the model width that runs before the first attention layer, as (name, weight,
+    bias), then the bias of each width-D LayerNorm between it and the position embedding
+    (vit-pytorch normalises the patch embedding's output): a reservation projects those. Their
+    outputs do not depend on the PE, which tells them from the norms the tokens pass after it.
+    ValueError when such a LayerNorm has a non-constant weight (it would mix position back in);
+    None when nothing is found."""
+    first, found = first_layer(model), _pe_of(model)
+    if first is None or found is None:
+        return None
+    adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
+    inside = {id(m) for m in adapter.module.modules()}
+    for c, h, w in probe_sizes(model, [("pe", found)]):
+        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(found.dtype)
+        calls = _calls(model, adapter, images, inside)
+        if calls is None:
+            continue
+        width = lambda m: m.out_features if isinstance(m, nn.Linear) else getattr(m, "out_channels", None)
+        patch = [i for i, (m, _) in enumerate(calls)
+                 if isinstance(m, (nn.Linear, nn.Conv2d)) and width(m) == adapter.dim]
+        if not patch:
+            return None
+        saved = found.detach().clone()
+        found.add_(torch.randn(found.shape, generator=torch.Generator().manual_seed(1)).to(found.dtype))
+        try:
+            perturbed = _calls(model, adapter, images, inside)
+        finally:
+            found.copy_(saved)
+        same = [perturbed is not None and torch.equal(a, b) for (_, a), (_, b) in zip(calls, perturbed or [])]
+        patch = [i for i in patch if same[i]]
+        if not patch:
+            return None
+        m = calls[patch[-1]][0]
+        writes = [(names[id(m)], m.weight, m.bias)]
+        for norm, _ in (calls[i] for i in range(patch[-1] + 1, len(calls)) if same[i]):
+            if isinstance(norm, nn.LayerNorm) and norm.normalized_shape == (adapter.dim,):
+                writes += _norm_writes(names[id(norm)], norm)
+        return writes
+    return None
+
+
+def _pe_of(model: nn.Module) -> torch.Tensor | None:
+    from structinit.adapters.position import find_position_embedding
+
+    return find_position_embedding(model).pos_embed
+
+
+def _norm_writes(name: str, norm: nn.LayerNorm) -> list[tuple[str, torch.Tensor, None]]:
+    weight = norm.weight
+    if weight is not None and not bool((weight == weight.flatten()[0]).all()):
+        raise ValueError(f"{name} (LayerNorm after the patch embedding) has a non-constant weight, which would "
+                         "mix content back into the position directions")
+    return [] if norm.bias is None else [(f"{name}.bias", norm.bias, None)]
+
+
+@torch.no_grad()
+def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor]] | None:
+    """(module, output) of every Linear / Conv2d / LayerNorm outside the attention module, in
+    the order they run before the first attention layer; None when the forward fails."""
+    calls, handles = [], []
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d, nn.LayerNorm)) and id(m) not in inside:
+            handles.append(m.register_forward_hook(lambda mod, args, out: calls.append((mod, out.detach().clone()))))
+    try:
+        ok = tokens_at(model, adapter, images) is not None
+    finally:
+        for h in handles:
+            h.remove()
+    return calls if ok else None
+
+
+POSITION_FINDERS.register("traced", traced_discovery)

@@ -1,0 +1,119 @@
+"""Discovery by structure on the public packages' ViTs: the layout found by tracing (class
+tokens under any name, a PE that is a plain tensor attribute), vit-pytorch's attention found
+by what its forward computes, and maps that equal the modules' own softmax."""
+
+import pytest
+import torch
+import zoo
+
+import structinit
+from structinit.adapters import FusedLinearAdapter
+
+zoo.require_packages()
+
+
+def test_torchvision_class_token_is_found_by_tracing():
+    model = zoo.build(zoo.BY_NAME["tv_vit_b_32"])
+    found = structinit.find_position_embedding(model)
+    assert (found.source, found.pos_embed_name, found.grid, found.num_prefix_tokens) == (
+        "traced", "encoder.pos_embedding", (7, 7), 1)
+    assert [n for n, _ in found.prefix_tokens] == ["class_token"]
+
+
+def test_open_clip_class_embedding_of_shape_d_is_a_prefix_token():
+    model = zoo.build(zoo.BY_NAME["openclip_ViT-S-32"])
+    found = structinit.find_position_embedding(model)
+    assert (found.pos_embed_name, found.grid, found.num_prefix_tokens) == ("positional_embedding", (7, 7), 1)
+    assert [n for n, _ in found.prefix_tokens] == ["class_embedding"]
+
+
+def test_simple_vit_plain_tensor_pe_is_found_and_written():
+    model = zoo.build(zoo.BY_NAME["vitpytorch_SimpleViT"])
+    found = structinit.find_position_embedding(model)
+    assert found.pos_embed is model.pos_embedding and found.num_prefix_tokens == 0 and found.grid == (8, 8)
+    structinit.init_(model, "impulse", seed=0)  # pe_scale=1 writes the sin-cos table into it
+    torch.testing.assert_close(model.pos_embedding, structinit.sincos_2d((8, 8), 96))
+
+
+def test_unnamed_pe_and_class_token_are_found_by_tracing():
+    model = zoo.build(zoo.BY_NAME["torch_TransformerEncoder_ViT"])  # `positions`, `cls`: no known name
+    found = structinit.find_position_embedding(model)
+    assert (found.source, found.pos_embed_name, found.num_prefix_tokens, found.grid) == ("traced", "positions", 1,
+                                                                                         (8, 8))
+
+
+@pytest.mark.parametrize("name", ["vitpytorch_ViT", "vitpytorch_SimpleViT"])
+def test_vit_pytorch_attention_is_adapted_without_register_adapter(name):
+    layers = structinit.find_attention_layers(zoo.build(zoo.BY_NAME[name]))
+    assert len(layers) == 4 and all(isinstance(ad, FusedLinearAdapter) for _, ad in layers)
+    assert {(ad.num_heads, ad.head_dim, ad.dim) for _, ad in layers} == {(3, 32, 96)}
+
+
+def test_a_module_whose_forward_is_not_plain_attention_is_not_adapted():
+    from vit_pytorch.vit_for_small_dataset import LSA  # masks the diagonal: no fused-attention match
+
+    assert not FusedLinearAdapter.matches(LSA(96, heads=3, dim_head=32))
+
+
+@pytest.mark.parametrize("name", ["vitpytorch_ViT", "vitpytorch_SimpleViT"])
+def test_attention_maps_equal_the_modules_own_softmax(name):
+    entry = zoo.BY_NAME[name]
+    model = zoo.build(entry)
+    structinit.init_(model, "impulse", seed=0)
+    real, handles = [], []
+    for _, ad in structinit.find_attention_layers(model):
+        handles.append(ad.module.attend.register_forward_hook(lambda m, a, out: real.append(out.detach())))
+    images, _ = zoo.real_images(4, entry.image_size)
+    try:
+        maps = structinit.attention_maps(model, images)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(maps) == len(real) == 4
+    for ours, theirs in zip(maps, real):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def eva_real_maps(model, images):
+    """EVA-02's real attention maps, (B, H, T, T) per layer: softmax(q kᵀ/√r) of the q, k its
+    attention hands to scaled_dot_product_attention, i.e. after RoPE."""
+    import timm.models.eva as eva
+
+    real, sdpa = [], eva.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        real.append((q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1))
+        return sdpa(q, k, v, **kw)
+
+    eva.F.scaled_dot_product_attention = spy
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        eva.F.scaled_dot_product_attention = sdpa
+    return real
+
+
+def real_hit(model, maps) -> float:
+    """Layer-1 argmax hit of real maps against the offsets the impulse init recorded."""
+    layout, (_, ad) = structinit.infer_layout(model), structinit.find_attention_layers(model)[0]
+    p, hits = layout.num_prefix_tokens, []
+    for h, off in enumerate(structinit.get_record(ad.module, "impulse")["offsets"]):
+        t = structinit.target_index(layout.grid, off)
+        rows = torch.nonzero(t >= 0).squeeze(1)
+        hits.append((maps[0][:, h, rows + p].argmax(-1) == t[rows] + p).float().mean().item())
+    return sum(hits) / len(hits)
+
+
+def test_eva02_rope_moves_the_real_attention_off_the_impulse():
+    """EVA-02 has an absolute PE *and* RoPE on q/k. Impulse writes q/k and the PE; the adapter's
+    maps (no RoPE) are on target, the model's real maps (RoPE rotates q and k by position) are
+    not. This pins the README's statement; a RoPE-aware impulse would make it fail."""
+    entry = zoo.BY_NAME["timm_eva02_tiny_patch14_224"]
+    model = zoo.build(entry)
+    structinit.init_(model, "impulse", seed=0)
+    images, _ = zoo.real_images(4, entry.image_size)
+    measured = structinit.fidelity_summary(structinit.impulse_fidelity(model, images))
+    real = eva_real_maps(model, images)
+    assert len(real) == len(model.blocks)
+    assert measured.hit_first == 1.0 and real_hit(model, real) < 0.2
