@@ -21,7 +21,7 @@ import argparse
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,7 @@ class ZooModel:
     build: Callable[[], nn.Module]
     image_size: int
     what: str
+    refused: dict[str, str] = field(default_factory=dict)  # scheme → what its clear error says
 
 
 # -- builders, one per package ---------------------------------------------------------------
@@ -125,7 +126,7 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("timm_vit_medium_patch16_gap_256", "timm", _timm("vit_medium_patch16_gap_256"), 256,
              "no class token, global average pool"),
     ZooModel("timm_eva02_tiny_patch14_224", "timm", _timm("eva02_tiny_patch14_224"), 224,
-             "EVA-02: absolute PE and RoPE, SwiGLU"),
+             "EVA-02: absolute PE and RoPE, SwiGLU", refused={"impulse": "rotary position embeddings"}),
     ZooModel("timm_vit_small_dynamic_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4,
                                                           dynamic_img_size=True), 32, "dynamic_img_size=True"),
     ZooModel("tv_vit_b_16", "torchvision", _torchvision("vit_b_16"), 224, "class token `class_token`"),
@@ -220,8 +221,9 @@ def run_model(entry: ZooModel, schemes, n_images: int, seed: int = 0) -> dict[st
 # -- the table -------------------------------------------------------------------------------
 
 def format_cell(scheme: str, cell: Cell) -> str:
-    if not cell.ok:
-        return f"✗ {cell.error.replace('|', '/')}"
+    if not cell.ok:  # the error's first sentence: enough to say why in a table cell
+        error = cell.error.replace("|", "/")
+        return f"✗ {error.split(': ', 1)[0]}: {error.split(': ', 1)[-1].split(', as ')[0].split('; ')[0]}"
     text = f"✓ {cell.seconds:.2f} s"
     if scheme == "impulse" and cell.hit_first == cell.hit_first:
         text += f" · hit {cell.hit_first:.3f} / {cell.hit_mean:.3f}"

@@ -319,3 +319,69 @@ def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor
 
 
 POSITION_FINDERS.register("traced", traced_discovery)
+
+
+@torch.no_grad()
+def real_logits_gap(model: nn.Module, name: str, adapter) -> float | None:
+    """How far the attention logits layer ``name`` really computes are from the adapter's.
+
+    A probe image (:func:`probe_sizes`) runs through the model until that layer returns. The q
+    and k it hands to ``torch.nn.functional.scaled_dot_product_attention`` give the real
+    logits q kᵀ·scale; the adapter gives its own from the tokens the layer's q/k projection
+    received. Returns ‖real − adapter‖ / ‖adapter‖, or None when it cannot tell (the probe
+    does not run, or the layer computes attention without that function, or with other
+    shapes). A gap means the module changes q and k after their projections in a way the
+    adapter does not model — rotary position embeddings (RoPE) rotate them by position.
+    """
+    import torch.nn.functional as F
+
+    sizes = probe_sizes(model, token_candidates(model, adapter.dim))
+    if not sizes:
+        return None
+    seen: dict[str, torch.Tensor | float] = {}
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        if "x" in seen and "q" not in seen:
+            seen["q"], seen["k"] = q.detach(), k.detach()
+            scale = kwargs.get("scale", args[3] if len(args) > 3 else None)  # (mask, dropout, causal, scale)
+            seen["scale"] = q.shape[-1] ** -0.5 if scale is None else scale
+        return sdpa(q, k, v, *args, **kwargs)
+
+    def grab(module, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()))
+        if isinstance(adapter.module, nn.MultiheadAttention) and not adapter.module.batch_first and x.ndim == 3:
+            x = x.transpose(0, 1)
+        seen.setdefault("x", x.detach())
+
+    def stop(module, args, output):
+        raise _Stop
+
+    c, h, w = sizes[0]
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(dtype)
+    handles = [adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True),
+               adapter.module.register_forward_hook(stop)]
+    was_training = model.training
+    model.eval()
+    F.scaled_dot_product_attention = spy
+    try:
+        model(images)
+    except _Stop:
+        pass
+    except Exception:  # a probe the model does not take: nothing to say
+        return None
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    if "q" not in seen:
+        return None
+    q_a, k_a = adapter.qk_features(seen["x"].float())
+    ours = q_a @ k_a.transpose(-2, -1) * adapter.scale
+    q, k = seen["q"].float(), seen["k"].float()
+    if q.shape != q_a.shape or k.shape != k_a.shape:
+        return None
+    real = q @ k.transpose(-2, -1) * float(seen["scale"])
+    return float((real - ours).norm() / ours.norm().clamp_min(1e-12))

@@ -13,6 +13,7 @@ from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.trace import real_logits_gap
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import (
@@ -132,6 +133,7 @@ def plan_impulse(
     gen = make_generator(generator, seed)
     offsets = solver_obj.default_offsets if offsets is None else offsets
     per_layer = _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen)
+    _check_adapter_is_the_real_attention(model, *chosen[0])  # after the options: it runs a probe
 
     plan = Plan()
     pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
@@ -154,6 +156,19 @@ def plan_impulse(
     if reservation is not None:
         reservation.plan(plan)
     return plan
+
+
+def _check_adapter_is_the_real_attention(model: nn.Module, name: str, adapter) -> None:
+    """Impulse designs the logits from the adapter's q/k; a module that changes q and k after
+    their projections (rotary position embeddings) would not reach the target maps."""
+    gap = real_logits_gap(model, name, adapter)
+    if gap is not None and gap > 1e-3:
+        raise ValueError(
+            f"impulse cannot set the attention of layer {name!r} ({type(adapter.module).__name__}): the q and k it "
+            f"really uses differ from those of its projections (logits off by {gap:.0%}), as when rotary position "
+            "embeddings (RoPE) rotate them by position, so the written q/k would not give the impulse maps. "
+            "Use a position-free scheme such as 'mimetic', or register an adapter whose qk_features apply the "
+            "model's transform (structinit.register_adapter)")
 
 
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")

@@ -2,12 +2,16 @@
 tokens under any name, a PE that is a plain tensor attribute), vit-pytorch's attention found
 by what its forward computes, and maps that equal the modules' own softmax."""
 
+import importlib
+
 import pytest
 import torch
 import zoo
 
 import structinit
+from rejection import check_rejected
 from structinit.adapters import FusedLinearAdapter
+from structinit.adapters.trace import real_logits_gap
 
 zoo.require_packages()
 
@@ -105,13 +109,29 @@ def real_hit(model, maps) -> float:
     return sum(hits) / len(hits)
 
 
-def test_eva02_rope_moves_the_real_attention_off_the_impulse():
-    """EVA-02 has an absolute PE *and* RoPE on q/k. Impulse writes q/k and the PE; the adapter's
-    maps (no RoPE) are on target, the model's real maps (RoPE rotates q and k by position) are
-    not. This pins the README's statement; a RoPE-aware impulse would make it fail."""
+def test_eva02_rope_is_refused_by_impulse_with_a_clear_error():
+    """EVA-02 has an absolute PE *and* RoPE on q/k. Impulse designs the logits from the
+    adapter's q/k, which RoPE then rotates by position: with the impulse q/k written anyway
+    (bypassing the check) the real maps (the q, k EVA hands to scaled_dot_product_attention)
+    miss the target while the adapter's hit it. So impulse refuses the model, names the cause,
+    and leaves it bit-identical; a plain timm ViT shows no gap."""
     entry = zoo.BY_NAME["timm_eva02_tiny_patch14_224"]
     model = zoo.build(entry)
-    structinit.init_(model, "impulse", seed=0)
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"layer 'blocks.0.attn'.*rotary position embeddings \(RoPE\).*'mimetic'")
+    name, ad = structinit.find_attention_layers(model)[0]
+    assert real_logits_gap(model, name, ad) > 0.1
+    plain = zoo.build(zoo.BY_NAME["timm_vit_tiny_patch16_224"])
+    assert real_logits_gap(plain, *structinit.find_attention_layers(plain)[0]) < 1e-5
+    # the evidence: bypass the check, and the real maps miss the impulse the adapter's maps hit
+    impulse_scheme = importlib.import_module("structinit.schemes.impulse")  # structinit.schemes is a function
+
+    check = impulse_scheme._check_adapter_is_the_real_attention
+    impulse_scheme._check_adapter_is_the_real_attention = lambda *a: None
+    try:
+        structinit.init_(model, "impulse", seed=0)
+    finally:
+        impulse_scheme._check_adapter_is_the_real_attention = check
     images, _ = zoo.real_images(4, entry.image_size)
     measured = structinit.fidelity_summary(structinit.impulse_fidelity(model, images))
     real = eva_real_maps(model, images)
