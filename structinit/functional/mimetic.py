@@ -119,19 +119,22 @@ def circular_factors(
     root = torch.zeros(heads, rank, dtype=torch.float64)
     root[h_idx, a] = sq
     root[h_idx[second], a[second] + 1] = sq[second]
-    # Column j of Q K = Q[:, row0[j]]·k0[j] + Q[:, row1[j]]·k1[j] (k1 = 0 where there is no partner).
-    row0 = torch.zeros(heads, rank, dtype=torch.long)
-    row1 = torch.zeros(heads, rank, dtype=torch.long)
-    k0 = torch.zeros(heads, rank, dtype=torch.float64)
-    k1 = torch.zeros(heads, rank, dtype=torch.float64)
-    row0[h_idx, a], k0[h_idx, a] = a, cos
-    row1[h_idx[pair], a[pair]], k1[h_idx[pair], a[pair]] = a[pair] + 1, -sin[pair]
+    # Column j of Q K = Q_j·d_j + Q_{j+1}·u_j + Q_{j−1}·l_j: a pair at (a, a+1) has columns
+    # Q_a cos φ − Q_{a+1} sin φ and Q_a sin φ + Q_{a+1} cos φ (times √s); a real eigenvalue Q_a·cos φ.
+    d = torch.zeros(heads, rank, dtype=torch.float64)
+    u = torch.zeros(heads, rank, dtype=torch.float64)
+    low = torch.zeros(heads, rank, dtype=torch.float64)
+    d[h_idx, a] = cos
+    u[h_idx[pair], a[pair]] = -sin[pair]
     hs, a2 = h_idx[second], a[second]
-    row0[hs, a2 + 1], k0[hs, a2 + 1] = a2, sin[second]
-    row1[hs, a2 + 1], k1[hs, a2 + 1] = a2 + 1, cos[second]
-    pick = lambda rows: q.gather(2, rows[:, None, :].expand(heads, dim, rank))
+    d[hs, a2 + 1], low[hs, a2 + 1] = cos[second], sin[second]
     left = q[..., :rank] * root[:, None, :]
-    right = (pick(row0) * k0[:, None, :] + pick(row1) * k1[:, None, :]).transpose(1, 2)
+    qk = q[..., :rank] * d[:, None, :]
+    qk[..., :-1] += q[..., 1:rank] * u[:, None, :-1]
+    if cols > rank:  # a pair cut by the rank boundary reaches one column past it
+        qk[..., -1] += q[..., rank] * u[:, None, -1]
+    qk[..., 1:] += q[..., : rank - 1] * low[:, None, 1:]
+    right = qk.transpose(1, 2)
     if not with_target:
         return left, right, None
     q = torch.cat([q, _haar_complement(q, generator)], 2)
