@@ -46,6 +46,15 @@ class AttentionAdapter:
         inside (vit-pytorch), so that captured maps equal the module's own."""
         return self.module
 
+    def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The (B, T, D) tokens in the arguments of a forward pre-hook on :attr:`input_module`
+        (the self-attention query); ``nn.MultiheadAttention``'s sequence-first input is
+        transposed, an unbatched (T, D) input gets a batch axis."""
+        x = args[0] if args else next(kwargs[k] for k in ("x", "hidden_states", "query", "input") if k in kwargs)
+        if isinstance(self.module, nn.MultiheadAttention) and not self.module.batch_first and x.ndim == 3:
+            x = x.transpose(0, 1)
+        return x if x.ndim == 3 else x.unsqueeze(0)
+
     # -- reading ---------------------------------------------------------------------------
     def read_qk(self):
         """(Wq, bq, Wk, bk): weights (heads, D, r), biases (heads, r) or None."""

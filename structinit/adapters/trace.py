@@ -48,19 +48,10 @@ def first_layer(model: nn.Module):
 
 
 @torch.no_grad()
-def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor | None:
-    """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
-    ``model`` (eval mode, restored), or None when the forward fails before reaching it."""
-    seen = {}
-
-    def stop(module, args, kwargs):
-        x = args[0] if args else next(iter(kwargs.values()))
-        if isinstance(adapter.module, nn.MultiheadAttention) and not adapter.module.batch_first and x.ndim == 3:
-            x = x.transpose(0, 1)
-        seen["x"] = x.detach().clone()
-        raise _Stop
-
-    handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
+def run_probe(model: nn.Module, images: torch.Tensor, handles: list) -> bool:
+    """Run ``images`` through ``model`` in eval mode (restored after), with hooks already
+    registered (their ``handles`` are removed after); a hook stops the forward early by raising
+    :class:`_Stop`. False when the forward fails before that (a probe the model does not take)."""
     was_training = model.training
     model.eval()
     try:
@@ -68,11 +59,25 @@ def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor |
     except _Stop:
         pass
     except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
-        return None
+        return False
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         model.train(was_training)
-    return seen.get("x")
+    return True
+
+
+def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor | None:
+    """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
+    ``model`` (eval mode, restored), or None when the forward fails before reaching it."""
+    seen = {}
+
+    def stop(module, args, kwargs):
+        seen["x"] = adapter.input_tokens(args, kwargs).detach().clone()
+        raise _Stop
+
+    ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)])
+    return seen.get("x") if ok else None
 
 
 def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor]]:
@@ -349,10 +354,7 @@ def real_logits_gap(model: nn.Module, name: str, adapter) -> float | None:
         return sdpa(q, k, v, *args, **kwargs)
 
     def grab(module, args, kwargs):
-        x = args[0] if args else next(iter(kwargs.values()))
-        if isinstance(adapter.module, nn.MultiheadAttention) and not adapter.module.batch_first and x.ndim == 3:
-            x = x.transpose(0, 1)
-        seen.setdefault("x", x.detach())
+        seen.setdefault("x", adapter.input_tokens(args, kwargs).detach())
 
     def stop(module, args, output):
         raise _Stop
@@ -360,22 +362,14 @@ def real_logits_gap(model: nn.Module, name: str, adapter) -> float | None:
     c, h, w = sizes[0]
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(dtype)
-    handles = [adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True),
-               adapter.module.register_forward_hook(stop)]
-    was_training = model.training
-    model.eval()
     F.scaled_dot_product_attention = spy
     try:
-        model(images)
-    except _Stop:
-        pass
-    except Exception:  # a probe the model does not take: nothing to say
-        return None
+        ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True),
+                                       adapter.module.register_forward_hook(stop)])
     finally:
         F.scaled_dot_product_attention = sdpa
-        for handle in handles:
-            handle.remove()
-        model.train(was_training)
+    if not ok:
+        return None
     if "q" not in seen:
         return None
     q_a, k_a = adapter.qk_features(seen["x"].float())

@@ -9,15 +9,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from structinit.adapters import AttentionAdapter, MultiheadAttentionAdapter, find_attention_layers, select_layers
+from structinit.adapters import AttentionAdapter, find_attention_layers, select_layers
 
 
 def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The (B, T, D) tokens ``adapter.input_module`` receives: the (self-attention) query."""
-    x = args[0] if args else next(kwargs[k] for k in ("x", "hidden_states", "query") if k in kwargs)
-    if isinstance(adapter, MultiheadAttentionAdapter) and not adapter.module.batch_first and x.ndim == 3:
-        x = x.transpose(0, 1)
-    return x if x.ndim == 3 else x.unsqueeze(0)
+    """The (B, T, D) tokens ``adapter.input_module`` receives: the (self-attention) query
+    (:meth:`~structinit.AttentionAdapter.input_tokens`)."""
+    return adapter.input_tokens(args, kwargs)
 
 
 def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Tensor], None]) -> None:

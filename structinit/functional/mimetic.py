@@ -203,7 +203,7 @@ def _haar_complement(q: torch.Tensor, generator) -> torch.Tensor:
     Haar-random orthogonal matrix (Gaussian columns, projected off q, orthonormalised)."""
     heads, dim, cols = q.shape
     g = torch.randn(heads, dim, dim - cols, generator=generator, dtype=torch.float32).double()
-    return _orthonormalise(g - q @ (q.transpose(1, 2) @ g))
+    return _orthonormalise(g - q @ (q.transpose(1, 2) @ g), space=dim - cols)  # square in what q leaves
 
 
 def mimetic_factors(

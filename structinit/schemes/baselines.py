@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from structinit.adapters import FusedQKVAdapter, adapter_for, find_attention_layers, find_position_embedding
+from structinit.adapters import adapter_for, find_position_embedding
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.utils import check_choice, check_number, make_generator
@@ -58,19 +58,17 @@ def lecun_normal(shape, g) -> torch.Tensor:
 
 
 def _fused_blocks(model: nn.Module) -> dict[int, int]:
-    """id(weight) → number of stacked blocks for fused q/k/v weights (timm qkv, MHA in_proj, and
-    any attention whose adapter's q, k and v views slice one weight, e.g. vit-pytorch's to_qkv)."""
+    """id(weight) → number of stacked blocks for fused q/k/v weights: every attention whose
+    adapter's q, k and v views slice one weight (timm's qkv, ``nn.MultiheadAttention``'s
+    in_proj, vit-pytorch's to_qkv, …)."""
     out = {}
     for m in model.modules():
-        if FusedQKVAdapter.matches(m):
-            out[id(m.qkv.weight)] = 3
-        elif isinstance(m, nn.MultiheadAttention) and m.in_proj_weight is not None:
-            out[id(m.in_proj_weight)] = 3
-    try:
-        layers = find_attention_layers(model)
-    except ValueError:  # no attention: nothing is fused
-        layers = []
-    for _, adapter in layers:
+        try:
+            adapter = adapter_for(m)
+        except ValueError:  # e.g. cross-attention nn.MultiheadAttention: its q/k/v are separate weights
+            continue
+        if adapter is None:
+            continue
         views = [adapter.linear_views()[c][0] for c in "qkv"]
         bases = {id(w._base) for w in views if w._base is not None}
         if len(bases) == 1 and all(w._base is not None for w in views):
