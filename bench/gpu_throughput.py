@@ -1,0 +1,269 @@
+"""Training throughput on a GPU: images/s of one forward + backward + AdamW step in bf16
+autocast, eager and under ``torch.compile``, with the FLOPs of an image (forward + backward,
+counted by ``torch.utils.flop_counter.FlopCounterMode``), the TFLOP/s that makes, and its
+fraction of the card's dense bf16 peak (:data:`PEAKS`; another card says "peak unknown",
+``--peak-tflops`` sets one).
+
+Each model is built with ``structinit.create_model`` and initialised with ``structinit.init_``
+(plain torch otherwise), and trained on one fixed random batch on the device, so the numbers
+are the model's and the optimiser's, with no data loading. The optimiser is AdamW with
+torch's default implementation, as in the training harness. Each cell is the median step
+time over ``--steps`` steps after ``--warmup`` steps (``timing.median_seconds``; the compile
+happens in the warm-up, whose time is its own column). The table is rewritten after every
+row, so a run cut short keeps what it measured.
+
+    .venv/bin/python bench/gpu_throughput.py                                  # cuda, the default models
+    .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32:1024 --no-compile
+    .venv/bin/python bench/gpu_throughput.py --device cpu --models vit_micro_patch2_16:16 --steps 3 --warmup 1 \\
+        --no-compile                                                          # a smoke run on the CPU
+
+``--models`` takes names from :data:`MODELS` or any registered structinit ViT (``vit_*``), each
+with an optional ``:batch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from timing import median_seconds
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import structinit
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One model of the table: a registered structinit model with overrides, and its batch."""
+
+    label: str
+    model: str
+    batch: int
+    overrides: dict = field(default_factory=dict)
+
+
+# The paper's CIFAR model first; then ImageNet-size ViT-S/16 and ViT-B/16 (S/16 is B/16 at D 384, 6 heads).
+MODELS = {
+    "vit_tiny_patch2_32": Spec("ViT-Ti/2 (paper)", "vit_tiny_patch2_32", 512),
+    "vit_small_patch16_224": Spec("ViT-S/16", "vit_base_patch16_224", 256, {"embed_dim": 384, "num_heads": 6}),
+    "vit_base_patch16_224": Spec("ViT-B/16", "vit_base_patch16_224", 128),
+}
+DEFAULT_MODELS = ",".join(MODELS)
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from the vendor's datasheets, matched
+# against torch.cuda.get_device_name() in order, the first match wins. NVL parts and other cards
+# have no entry: their peak is unknown here (give it with --peak-tflops).
+PEAKS: list[tuple[str, str, float | None]] = [
+    (r"NVL", "NVL part", None),
+    (r"H100.*PCIe", "H100 PCIe", 756.0),
+    (r"H100", "H100 SXM", 989.4),
+    (r"H200", "H200", 989.4),
+    (r"A100", "A100", 312.0),
+    (r"\bL4\b", "L4", 121.0),
+]
+COLUMNS = ["model", "batch", "input", "mode", "images/s", "GFLOP/image (fwd+bwd)", "TFLOP/s",
+           "% of bf16 peak", "warm-up s", "peak memory GiB"]
+
+
+def peak_tflops(device_name: str) -> tuple[str | None, float | None]:
+    """(the card it was matched as, its dense bf16 peak in TFLOP/s), or (None, None) if unknown."""
+    for pattern, card, peak in PEAKS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return (card, peak) if peak is not None else (None, None)
+    return None, None
+
+
+def parse_models(text: str) -> list[Spec]:
+    """``name[:batch],…`` → specs; a name not in MODELS is a registered structinit ViT (batch 64)."""
+    vits = [name for name in structinit.list_models() if name.startswith("vit_")]
+    specs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, _, batch = item.partition(":")
+        if name in MODELS:
+            spec = MODELS[name]
+        elif name in vits:
+            spec = Spec(name, name, 64)
+        else:
+            raise SystemExit(f"--models: unknown model {name!r}; choose from {', '.join(MODELS)} "
+                             f"or a registered structinit ViT ({', '.join(vits)})")
+        specs.append(Spec(spec.label, spec.model, int(batch), spec.overrides) if batch else spec)
+    return specs
+
+
+def build(spec: Spec, init: str | None = None) -> torch.nn.Module:
+    """The model of ``spec``; initialised with ``structinit.init_(model, init)`` unless init is None."""
+    model = structinit.create_model(spec.model, **spec.overrides)
+    if init is not None:
+        structinit.init_(model, init, seed=0)
+    return model
+
+
+def input_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(channels, height, width) of one image the model takes."""
+    proj = model.patch_embed.proj
+    return (proj.in_channels, *model.patch_embed.img_size)
+
+
+def train_flops(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """FLOPs of one forward and backward pass of ``model`` on ``inputs`` with a cross-entropy loss,
+    as FlopCounterMode counts them (matrix products and convolutions; attention through the math
+    kernel, so that every backend counts the same products)."""
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(inputs), targets).backward()
+    return counter.get_total_flops()
+
+
+def flops_per_image(spec: Spec, batch: int = 2) -> tuple[float, tuple[int, int, int]]:
+    """(forward + backward FLOPs of one image, the image's shape), counted on the meta device
+    (no memory, no compute)."""
+    with torch.device("meta"):
+        model = build(spec)
+        x = torch.empty(batch, *input_shape(model))
+        y = torch.zeros(batch, dtype=torch.long)
+    return train_flops(model, x, y) / batch, input_shape(model)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup: int, init: str) -> dict:
+    """images/s (median step), warm-up seconds and peak memory of training ``spec`` in bf16 autocast."""
+    torch.manual_seed(0)
+    model = build(spec, init).to(device).train()
+    net = torch.compile(model) if compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    num_classes = model.head.out_features
+    x = torch.randn(spec.batch, *input_shape(model), device=device)
+    y = torch.randint(0, num_classes, (spec.batch,), device=device)
+    losses = []
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = net(x)
+        loss = F.cross_entropy(logits.float(), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        synchronize(device)
+        losses.append(loss.detach())
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    warm_s = time.perf_counter() - start
+    seconds = median_seconds(step, repeats=steps, warmup=0)
+    if not all(math.isfinite(float(v)) for v in losses):
+        raise FloatingPointError(f"{spec.label}: a training loss is not finite")
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return {"images_per_s": spec.batch / seconds, "warmup_s": warm_s, "peak_memory_gib": memory}
+
+
+def release(device: torch.device) -> None:
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _fmt(value: float | None) -> str:
+    """Three significant digits (whole numbers from 100 up), or a dash for no value."""
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def table_row(row: dict, peak: float | None) -> str:
+    """One markdown row; a row with a ``status`` (skipped, out of memory, error) says it instead of numbers."""
+    c, h, w = row["input"]
+    head = [row["label"], str(row["batch"]), f"{h}×{w}×{c}", row["mode"]]
+    if "status" in row:
+        return "| " + " | ".join([*head, row["status"], *["–"] * (len(COLUMNS) - len(head) - 1)]) + " |"
+    tflops = row["images_per_s"] * row["flops_per_image"] / 1e12
+    share = "peak unknown" if peak is None else f"{100 * tflops / peak:.1f} %"
+    cells = [_fmt(row["images_per_s"]), _fmt(row["flops_per_image"] / 1e9), _fmt(tflops), share,
+             _fmt(row["warmup_s"]), _fmt(row["peak_memory_gib"])]
+    return "| " + " | ".join([*head, *cells]) + " |"
+
+
+def markdown(rows: list[dict], header: str, peak: float | None) -> str:
+    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join([*lines, *(table_row(r, peak) for r in rows)]) + "\n"
+
+
+def device_header(device: torch.device, card: str | None, peak: float | None, args) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    cuda = f", CUDA {torch.version.cuda}" if device.type == "cuda" else ""
+    peak_text = f"dense bf16 peak {peak:g} TFLOP/s ({card})" if peak is not None else "peak unknown"
+    return (f"Training throughput on {name} (torch {torch.__version__}{cuda}; {peak_text}): forward + backward + "
+            f"AdamW in bf16 autocast, the median of {args.steps} steps after {args.warmup} warm-up steps, "
+            f"init {args.init}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--models", default=DEFAULT_MODELS, help=f"name[:batch],… (default {DEFAULT_MODELS})")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per cell")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
+    p.add_argument("--init", default="impulse", help="the structinit scheme the models get")
+    p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in PEAKS")
+    p.add_argument("--budget-s", type=float, default=None, help="start no new cell after this many seconds")
+    p.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
+    p.add_argument("--json", type=Path, default=None, help="write the rows here (JSON)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
+    specs = parse_models(args.models)
+    card, peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)
+    if args.peak_tflops is not None:
+        card, peak = "--peak-tflops", args.peak_tflops
+    header = device_header(device, card, peak, args)
+    print(header, flush=True)
+    modes = ["eager", "compile"] if args.compile else ["eager"]
+    counted = [flops_per_image(spec) for spec in specs]  # (FLOPs per image, image shape)
+    cells, failed, start = {}, False, time.perf_counter()
+    text = markdown([], header, peak)
+    for m, mode in enumerate(modes):  # every eager cell first: they are quick; --budget-s cuts the compiled ones
+        for i, (spec, (flops, shape)) in enumerate(zip(specs, counted)):
+            row = {"label": spec.label, "model": spec.model, "overrides": spec.overrides, "batch": spec.batch,
+                   "input": shape, "mode": mode, "flops_per_image": flops}
+            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+                row["status"] = f"skipped (past --budget-s {args.budget_s:g})"
+            else:
+                try:
+                    row |= measure(spec, device, mode == "compile", args.steps, args.warmup, args.init)
+                except torch.OutOfMemoryError:
+                    row["status"] = "out of memory"
+                except Exception as error:  # one bad cell fails the run, the others are still measured
+                    row["status"] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+                    failed = True
+                finally:
+                    release(device)
+            print(table_row(row, peak), flush=True)
+            cells[i, m] = row
+            rows = [cells[key] for key in sorted(cells)]  # in the order of --models, eager before compile
+            text = markdown(rows, header, peak)
+            if args.out is not None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(text)
+            if args.json is not None:
+                args.json.write_text(json.dumps({"header": header, "peak_tflops": peak, "rows": rows}, indent=1))
+    print("\n" + text, end="")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

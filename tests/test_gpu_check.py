@@ -1,0 +1,105 @@
+"""scripts/gpu_check.sh on the CPU (it must skip the CUDA steps, saying so, and still measure a
+tiny throughput), and bench/gpu_throughput.py's FLOP counting and peak table."""
+
+import importlib.util
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "bench"))  # the benchmarks import their shared timing module by name
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "bench" / "gpu_throughput.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclass looks its module up there
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("gpu_throughput", None)
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def _table(text: str) -> list[list[str]]:
+    """The markdown table in ``text`` as rows of cells, the header first (the separator dropped)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if not line.startswith("|---")]
+
+
+def test_gpu_check_on_the_cpu_skips_the_cuda_steps_and_measures_throughput(tmp_path, bench):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_QUICK": "1", "GPU_CHECK_PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1"}
+    if torch.cuda.is_available() or shutil.which("nvidia-smi"):
+        env["GPU_CHECK_DEVICE"] = "cpu"  # on a GPU host, still the CPU path this test is about
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for step in ("cuda-tests", "paper-cifar-bf16", "paper-cifar-bf16-compile"):
+        assert f"SKIPPED {step}: needs CUDA" in done.stdout
+    assert "a tiny CPU measurement instead" in done.stdout
+    assert (out / "device.txt").read_text().count("torch.cuda.is_available()") == 1
+
+    header, *rows = _table((out / "throughput.md").read_text())
+    assert header == bench.COLUMNS
+    assert rows and all(len(row) == len(header) for row in rows)
+    rate = float(rows[0][header.index("images/s")].replace(",", ""))
+    assert math.isfinite(rate) and rate > 0
+    assert rows[0][header.index("% of bf16 peak")] == "peak unknown"
+    assert float(rows[0][header.index("GFLOP/image (fwd+bwd)")]) > 0
+
+    summary = (out / "summary.md").read_text()
+    assert "| throughput | ok |" in summary and "| cuda-tests | skipped |" in summary
+    assert "All steps that ran passed." in summary
+
+
+def test_flops_of_a_linear_layer(bench):
+    """nn.Linear(a, b) on a batch of n: forward 2nab; the backward adds 2nab for the weight's
+    gradient and 2nab for the input's, when the input needs one."""
+    n, a, b = 3, 5, 7
+    layer = nn.Linear(a, b)
+    x, y = torch.randn(n, a), torch.randint(0, b, (n,))
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        layer(x)
+    assert counter.get_total_flops() == 2 * n * a * b
+    assert bench.train_flops(layer, x, y) == 4 * n * a * b
+    assert bench.train_flops(layer, x.requires_grad_(), y) == 6 * n * a * b
+
+
+def test_flops_of_the_paper_model_match_the_closed_form(bench):
+    """ViT-Ti/2 on 32×32: patch conv, then per layer 12·N·D² MACs in the linear maps and 2·N²·D in
+    attention, and the head; backward twice the forward except the patch conv (no input gradient)."""
+    n, d, depth, patch, classes = 256, 192, 12, 2, 10
+    conv = n * 3 * patch * patch * d
+    forward = 2 * (conv + depth * (12 * n * d * d + 2 * n * n * d) + d * classes)
+    flops, shape = bench.flops_per_image(bench.MODELS["vit_tiny_patch2_32"])
+    assert shape == (3, 32, 32)
+    assert flops == 3 * forward - 2 * conv
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.4),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA L4", 121.0),
+    ("NVIDIA L40S", None), ("NVIDIA H100 NVL", None), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_peak_lookup(bench, name, peak):
+    assert bench.peak_tflops(name)[1] == peak
+
+
+def test_a_row_shows_its_share_of_the_peak(bench):
+    row = {"label": "m", "batch": 4, "input": (3, 32, 32), "mode": "eager", "images_per_s": 1000.0,
+           "flops_per_image": 1e9, "warmup_s": 1.0, "peak_memory_gib": None}
+    cells = _table(bench.table_row(row, peak=10.0))[0]
+    assert cells[bench.COLUMNS.index("TFLOP/s")] == "1"
+    assert cells[bench.COLUMNS.index("% of bf16 peak")] == "10.0 %"
+    assert _table(bench.table_row(row, peak=None))[0][bench.COLUMNS.index("% of bf16 peak")] == "peak unknown"
