@@ -1,0 +1,72 @@
+"""Golden fingerprints of every registered init scheme: seed-0 weights on small models must
+match the stored reference (``tests/golden/scheme_weights.json``), so a silent change of a
+scheme's defaults (a constant, a scale, the order of random draws) fails here, naming the case,
+the tensor and the statistic. Float noise across machines and thread counts does not (see
+:mod:`golden_helpers`).
+
+After an intended change, regenerate the reference, review its diff and commit it::
+
+    OMP_NUM_THREADS=1 .venv/bin/python tests/test_golden_weights.py --regenerate
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+import structinit
+from golden_helpers import (
+    CASES,
+    MODEL_SEED,
+    differences,
+    expected_scheme,
+    failure,
+    fingerprints,
+    load,
+    regenerate,
+    scheme_weights,
+)
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return load()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_scheme_weights_match_the_golden_fingerprints(case, golden):
+    assert case.id in golden["schemes"], f"no reference for case {case.id!r}; regenerate the golden file"
+    diffs = differences(expected_scheme(golden, case), fingerprints(scheme_weights(case)))
+    assert not diffs, failure("scheme case", f"{case.id}: init_({case.model}, {case.scheme!r}, {case.options})", diffs)
+
+
+def test_every_registered_scheme_has_a_golden_case(golden):
+    """A newly registered scheme (or one registered for a new target) needs a case here."""
+    covered = {(c.scheme, c.target) for c in CASES}
+    registered = {(name, target) for target in ("model", "attention", "conv", "ssm")
+                  for name in structinit.schemes(target)}
+    assert registered <= covered, f"schemes without a golden case: {sorted(registered - covered)}"
+    assert set(golden["schemes"]) == {c.id for c in CASES}, "the golden file's cases differ from CASES: regenerate"
+
+
+def test_a_changed_default_is_reported_by_scheme_tensor_and_statistic(golden):
+    """The comparison itself: mimetic with another alpha than its default is caught, and the
+    message names the case, the tensor and the statistic."""
+    case = next(c for c in CASES if c.id == "vit/mimetic")
+    torch.manual_seed(MODEL_SEED)
+    model = structinit.create_model(case.model)
+    structinit.init_(model, "mimetic", seed=0, alpha=0.69)
+    diffs = differences(expected_scheme(golden, case), fingerprints(model.state_dict()))
+    assert any(d.startswith("blocks.0.attn.qkv.weight: sum_sq expected") for d in diffs), diffs
+    assert "'vit/mimetic" in failure("scheme case", case.id, diffs)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--regenerate", action="store_true", help="recompute and write the golden file")
+    if parser.parse_args().regenerate:
+        regenerate()
+    else:
+        parser.print_help()
