@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from structinit.functional.proposition1 import proposition1_curve
+from proposition1_maths import proposition1_curve
 
 RATIOS = (0.125, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0)
 FLOOR = 1e-17  # log-axis floor for exact zeros

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import structinit.functional.proposition1 as prop1
-from structinit.functional.proposition1 import (
+import proposition1_maths as prop1
+from proposition1_maths import (
     channel_assignment,
     filter_output,
     impulse_features,

@@ -1,6 +1,10 @@
 r"""Proposition 1 of Zheng, Li & Lucey, *Structured Initialization for Attention in Vision
 Transformers*: channel mixing of impulse-filtered channels can express any f×f filter.
 
+Research maths for ``bench/proposition1.py`` and ``tests/test_proposition1.py``, not part of
+the ``structinit`` package (no init uses it): run from ``bench/`` or with ``bench/`` on
+``sys.path`` (the tests' conftest adds it), ``import proposition1_maths``.
+
 Setting. Tokens of an h×w grid (N = h·w, row-major), D channels, input X ∈ ℝ^{N×D} of rank k,
 X = A·B with A ∈ ℝ^{N×k}, B ∈ ℝ^{k×D}. For a tap t = (dy, dx) of an f×f kernel let S_t be the
 N×N zero-padded shift (:func:`~structinit.functional.targets.impulse_matrix`, a cross-correlation
