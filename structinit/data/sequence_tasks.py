@@ -1,4 +1,4 @@
-"""Synthetic sequence tasks for sequence models (the mimetic-Mamba experiments, issue #13).
+"""Synthetic sequence tasks for sequence models (the experiments on the mimetic init of Mamba).
 
 Each task draws whole batches of token sequences on the CPU from a ``torch.Generator`` (no
 Python loop per token or per example), for next-token training with ``ignore_index=-100``:

@@ -102,11 +102,11 @@ def make_impulse_solver(name: str, **options) -> ImpulseSolver:
     return cls(**options)
 
 
-# Defaults chosen by accuracy (bench/data_efficiency.py, CIFAR-10 5k images, README): PE ×1
-# trains best (×2 −2.0 points, ×4 −4.0: a large PE drowns the patch content); sharpness
-# 0.3–0.5 is flat, 0.8 −0.9; mimetic V/O −1.1. The signed kernel with reserve='auto' keeps
+# Defaults chosen by accuracy (bench/data_efficiency.py, CIFAR-10 5k images; the numbers are in
+# the README): PE ×1 trains best (a larger PE drowns the patch content); sharpness 0.3–0.5 is
+# flat, 0.8 trains worse; a mimetic V/O trains worse. The signed kernel with reserve='auto' keeps
 # every argmax on target with real images at PE ×1 and trains as well as the unsigned,
-# unreserved kernel did (61.01 ± 1.68 against 61.22 ± 1.07, 3 seeds), so it is the default.
+# unreserved kernel did, so it is the default.
 @IMPULSE_SOLVERS.register("analytic")
 @dataclass(frozen=True, kw_only=True)
 class AnalyticSolver(ImpulseSolver):

@@ -153,7 +153,7 @@ def circular_factors(
 def _haar_columns(heads: int, dim: int, cols: int, generator) -> torch.Tensor:
     """(heads, dim, cols) float64: the first ``cols`` columns of Haar-random orthogonal matrices,
     i.e. the Q of a Gaussian matrix's QR with R's diagonal made positive. The Gaussian draws are
-    float32 (five times faster than float64 on CPU, and as good a Gaussian for this)."""
+    float32 (faster than float64 on CPU, and as good a Gaussian for this)."""
     return _orthonormalise(torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32).double())
 
 
@@ -169,7 +169,7 @@ def _orthonormalise(g: torch.Tensor, space: int | None = None) -> torch.Tensor:
     leaves ~1e-14. A wider g is split: its first half, then the second half projected off the
     first (one Gram–Schmidt step) and orthonormalised the same way within the space left to
     it; blocks narrower than 64 columns take two Cholesky passes instead. A square D = 768 Q
-    comes out orthonormal to ~1e-11, at about 40 % of the cost of Cholesky QR on the whole.
+    comes out orthonormal to ~1e-11, and at a lower cost than Cholesky QR on the whole.
     """
     rows, cols = g.shape[-2:]
     space = rows if space is None else space

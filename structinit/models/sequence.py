@@ -1,5 +1,5 @@
 """Two small next-token sequence models of matched size, for the synthetic sequence tasks of
-:mod:`structinit.data.sequence_tasks` (mimetic init for Mamba, issue #13).
+:mod:`structinit.data.sequence_tasks` (the mimetic init of Mamba against attention).
 
 * :class:`MambaLM`: token embedding → ``mambapy.mamba.Mamba`` (Mamba-1, pure PyTorch with a
   parallel scan) → RMSNorm → linear head. ``mambapy`` is optional: it is imported when a

@@ -266,7 +266,7 @@ def vit_cpu_patch2_8(**kwargs) -> VisionTransformer:
 @register_model
 def vit_cpu_patch2_32(**kwargs) -> VisionTransformer:
     """The ``cpu-cifar16`` model: 32×32 images, 16×16 tokens (the paper's grid), D 96, depth 4,
-    3 heads, MLP ×2 (sized so that a 5k-image, 25-epoch run takes under 15 minutes on 2 cores)."""
+    3 heads, MLP ×2 (sized for 5k-image, 25-epoch runs on 2 CPU cores)."""
     return _vit(dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
                      num_classes=10, **_SMALL_DATA), kwargs)
 

@@ -144,15 +144,14 @@ def plan_covariance(model: nn.Module, *, sigma0: float = 0.52, v_sigma: float = 
 
     The family is a reconstruction, not the paper's exact formula (which could not be
     verified). The defaults are calibrated once, from the depthwise filters of three trained
-    ``convmixer_cpu_128_6`` (recipe ``cpu-cifar-convmixer``, init ``pytorch``, seeds 0–2, 70.9 %
-    held-out): each layer's Σ̂ = FᵀF/h was fitted by the family (:func:`~structinit.functional.
-    fit_kronecker_sigma`), giving σ_l = 0.51, 0.57, 0.63, 0.76, 0.86, 0.76 over the six layers
-    (seeds agree to ±0.04; relative residual 0.45–0.67, so a separable Gaussian captures about
-    half of the learned structure), and the least-squares line through them
-    (:func:`~structinit.functional.fit_depth_schedule`) is σ₀ = 0.52, v_σ = 0.32: the learned
-    filters correlate over more taps with depth. The trained filters carry 1.5–2.0× the default
-    total variance; ``trace`` keeps the default's 1/3, as the init is meant to change the shape,
-    not the scale. Reproduce with ``bench/calibrate_covariance.py runs/cm/pytorch``.
+    ``convmixer_cpu_128_6`` (recipe ``cpu-cifar-convmixer``, init ``pytorch``, seeds 0–2): each
+    layer's Σ̂ = FᵀF/h was fitted by the family (:func:`~structinit.functional.fit_kronecker_sigma`),
+    and σ₀ = 0.52, v_σ = 0.32 are the least-squares line through the fitted σ_l
+    (:func:`~structinit.functional.fit_depth_schedule`): the learned filters correlate over more
+    taps with depth. The trained filters carry more than the default total variance; ``trace``
+    keeps the default's 1/3, as the init is meant to change the shape, not the scale. The
+    fitted values are in ``docs/measurements.md``; reproduce them with
+    ``bench/calibrate_covariance.py runs/cm/pytorch``.
     """
     check_number("sigma0", sigma0, low=0, low_open=True)
     check_number("v_sigma", v_sigma)

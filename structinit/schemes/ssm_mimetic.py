@@ -68,17 +68,15 @@ def plan_ssm_mimetic(
     * **B/C** (``bc``, default True): W_Cᵀ W_B = rank-N truncation of α Z + β I, W_C ≠ W_B
       (:func:`~structinit.functional.ssm.mimetic_bc`; a fresh Z per layer). Needs d_state ≤ d_inner.
       α = β = 0.7 is the attention mimetic's W_q W_kᵀ setting (the paper's constants were not
-      published). The benchmark's ablation (Mamba-2×64, 1,000 steps, 5 seeds) cannot tell it
-      from ``bc=False``, α = 0 or α = 1: copy length 32 gives 81.9 / 79.1 / 82.2 / 82.9 % and
-      MQAR 12 pairs 2 of 5 seeds solved for the first three (α = 1, β = 0.3: 0 of 3); the
-      effect comes from A and Δ. It stays on because no variant beat it, and α > 0 keeps
-      W_C ≠ W_B (α = 0 gives W_C = W_B = the first N channels).
+      published). The benchmark's ablation (``bench/sequence_benchmark.py --ablation``, results
+      in the README) cannot tell it from ``bc=False``, α = 0 or α = 1: the effect comes from A
+      and Δ. It stays on because no variant beat it, and α > 0 keeps W_C ≠ W_B (α = 0 gives
+      W_C = W_B = the first N channels).
     * **Conv ≈ identity** (``conv_identity``, default False): the depthwise ``conv1d`` passes
       the current token through: last tap 1, the other taps 0, bias 0. The paper reports it
       interacts differently with Mamba-1 and Mamba-2, hence the switch. Off by default because
-      it hurts in the benchmark's ablation (``bench/sequence_benchmark.py --ablation``,
-      Mamba-2×64, 1,000 steps, 3 seeds: copy length 32, 51.1 % held-out token accuracy with
-      it against 81.3 % without on the same seeds; MQAR 12 pairs, 1 of 3 seeds solved either way).
+      it hurts copying in the benchmark's ablation (``bench/sequence_benchmark.py --ablation``,
+      results in the README).
 
     Everything else keeps what it has: D (1 in mambapy), in/out projections, the dt rows of
     ``x_proj``, norms and embeddings. ``layers`` picks SSM layers by index (module order).
