@@ -17,9 +17,9 @@ import statistics
 
 from structinit.adapters.conv import find_depthwise_convs
 from structinit.functional.conv_filters import estimate_covariance, fit_depth_schedule, fit_kronecker_sigma
-from structinit.harness.checkpoint import WEIGHTS, load_weights
-from structinit.harness.runs import find_runs, load_trained_weights
-from structinit.harness.train import TrainConfig
+from structinit.harness.config import TrainConfig
+from structinit.harness.finished import find_runs, load_trained_weights
+from structinit.harness.run.checkpoint import WEIGHTS, load_weights
 from structinit.models import create_model
 
 DEFAULT_TRACE = 1 / 3  # PyTorch's default depthwise init: k² taps of variance 1/(3k²)

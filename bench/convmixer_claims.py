@@ -22,7 +22,7 @@ import math
 import statistics
 from pathlib import Path
 
-from structinit.harness.runs import find_runs
+from structinit.harness.finished import find_runs
 
 LEARNED = "pytorch"
 CLAIMS = (  # (claim, a, b, test on the difference of means a − b in points)

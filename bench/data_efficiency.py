@@ -15,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from structinit.harness.compare import compare, format_summary
+from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
 from structinit.harness.specs import split_init_specs
+from structinit.harness.summary import format_summary
 
 DEFAULT_INITS = "pytorch,timm,mimetic,impulse"
 

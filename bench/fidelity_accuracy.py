@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 import structinit as si
-from structinit.harness.build import load_train_split, plan_model
-from structinit.harness.compare import primary_metric
-from structinit.harness.train import TrainConfig
+from structinit.harness.config import TrainConfig
+from structinit.harness.summary import primary_metric
+from structinit.harness.tasks.image import load_train_split, plan_model
 from structinit.utils.optional_imports import require
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

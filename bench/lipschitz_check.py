@@ -3,7 +3,7 @@ constant (:func:`structinit.empirical_lipschitz`) of trained KWLarge networks, C
 plain convs, at init and after training.
 
 For each finished run under the given comparison folders it rebuilds the model at init and
-loads the trained weights (:func:`structinit.harness.runs.models_of`), then runs the PGD
+loads the trained weights (:func:`structinit.harness.finished.models_of`), then runs the PGD
 ascent of ‖f(x + δ) − f(x)‖/‖δ‖ on the first ``--images`` CIFAR-10 test images, in the
 model's input space (the normalised images; the pixel-space constant is this times 1/min(std)).
 A Cayley network declares a bound of 1 (``model.lipschitz_bound``), so every estimate must be
@@ -21,7 +21,7 @@ import torch
 
 from structinit.analysis.certify import empirical_lipschitz
 from structinit.data import load_dataset
-from structinit.harness.runs import find_runs, models_of
+from structinit.harness.finished import find_runs, models_of
 
 
 def estimate(model: torch.nn.Module, x: torch.Tensor, steps: int, seed: int) -> float:

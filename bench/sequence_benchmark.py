@@ -32,8 +32,9 @@ import json
 import statistics
 from pathlib import Path
 
-from structinit.harness.compare import compare, spec_label
+from structinit.harness.compare import compare
 from structinit.harness.recipes import sequence_recipe
+from structinit.harness.specs import spec_label
 
 # MQAR's vocabulary is 64 (keys from 31, values from 32 tokens): with Zoology's larger ones
 # (256+) neither Mamba-2×64 init learned 8 pairs in 1,000 steps in a probe (≈ 12 %, the rate of

@@ -21,16 +21,19 @@ import torch
 import torch.nn.functional as F
 
 from structinit.data import load_dataset, stratified_subset
-from structinit.harness.build import build_model
 from structinit.harness.recipes import recipe
-from structinit.harness.train import param_groups, resolve_precision, train
+from structinit.harness.run.device import resolve_precision
+from structinit.harness.run.optim import param_groups
+from structinit.harness.tasks import train
+from structinit.harness.tasks.image import plan_model
 
 
 def plain_loop(cfg, ds, epochs: int) -> list[float]:
     """Images/s per epoch of the minimal loop."""
     device = torch.device("cpu")
     dtype = resolve_precision(cfg.precision, device)
-    model = build_model(cfg, ds)
+    model, plan = plan_model(cfg, ds.image_shape, ds.num_classes)
+    plan.commit()
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, eps=cfg.eps)
     images, labels = ds.images, ds.labels
     mean = torch.tensor(ds.mean).view(1, -1, 1, 1)

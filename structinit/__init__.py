@@ -121,7 +121,7 @@ __version__ = "0.1.0"
 # The harness, data and augmentation stacks (PIL, scipy.io, matplotlib, tqdm, scikit-learn) are
 # loaded on first access, so that `import structinit` stays light for users who only initialise.
 _LAZY = {
-    "TrainConfig": "structinit.harness.train", "train": "structinit.harness.train",
+    "TrainConfig": "structinit.harness.config", "train": "structinit.harness.tasks",
     "recipe": "structinit.harness.recipes", "RECIPES": "structinit.harness.recipes",
     "compare": "structinit.harness.compare",
     "ArrayDataset": "structinit.data", "load_dataset": "structinit.data",

@@ -1,5 +1,5 @@
 import sys
 
-from structinit.harness.cli import main
+from structinit.harness.cli.main import main
 
 sys.exit(main())

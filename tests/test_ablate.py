@@ -9,12 +9,12 @@ import re
 
 import pytest
 
-from structinit.harness import runfolder
-from structinit.harness.ablate import ablate
-from structinit.harness.ablations import ABLATIONS, variants
-from structinit.harness.cli import main
+from structinit.harness.ablation.measure import ablate
+from structinit.harness.ablation.variants import ABLATIONS, variants
+from structinit.harness.cli.main import main
 from structinit.harness.compare import check_specs
 from structinit.harness.recipes import recipe
+from structinit.harness.run import folder as runfolder
 
 pytest.importorskip("matplotlib")
 

@@ -64,6 +64,88 @@ def test_imports_flow_one_way():
     assert not upward, upward
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the package → the package modules it imports, wherever in the file
+    (top level, inside functions, under TYPE_CHECKING). ``from pkg import sub`` counts as an
+    import of the module ``pkg.sub``. The root facade ``structinit`` (it re-exports the API,
+    so everything reaches it) is left out."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("structinit", *path.relative_to(PACKAGE).with_suffix("").parts)
+        names[path] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    modules = set(names.values())
+    graph = {}
+    for path, name in names.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                submodules = {f"{node.module}.{a.name}" for a in node.names} & modules
+                targets |= submodules
+                if len(submodules) < len(node.names):  # names defined by the module itself
+                    targets.add(node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != "structinit"} - {name}
+    graph.pop("structinit")
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_in_the_package():
+    assert import_cycles(module_graph()) == []
+
+
+def test_import_cycles_are_found():
+    """The checker itself: a two-module circle and a three-module one are reported, a chain is not."""
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"a"}}
+    assert sorted(import_cycles(graph)) == [["a", "b"], ["c", "d", "e"]]
+    assert module_graph()["structinit.harness.cli.main"] >= {"structinit.harness.cli.flags",
+                                                              "structinit.harness.cli.ablate"}
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from structinit.harness.cli.main import _parser
+
+    missing = []
+    for name, sub in _parser()._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"structinit {name} {'/'.join(action.option_strings) or action.dest}")
+    assert missing == []
+
+
 HEAVY = ["PIL", "matplotlib", "sklearn", "scipy.io", "tqdm", "safetensors", "structinit.harness",
          "structinit.data", "structinit.augment"]
 
@@ -89,7 +171,8 @@ print(json.dumps(sorted(m for m in new if any(m == h or m.startswith(h + ".") fo
 def test_lazy_harness_names_resolve():
     from structinit.augment import Augment
     from structinit.data import load_dataset
-    from structinit.harness.train import TrainConfig, train
+    from structinit.harness.config import TrainConfig
+    from structinit.harness.tasks import train
 
     assert structinit.TrainConfig is TrainConfig and structinit.train is train
     assert structinit.load_dataset is load_dataset and structinit.Augment is Augment

@@ -3,9 +3,9 @@ after training, and its one-line errors (exit 2)."""
 
 import pytest
 
-from structinit.harness.cli import main
+from structinit.harness.cli.main import main
 from structinit.harness.recipes import recipe
-from structinit.harness.train import train
+from structinit.harness.tasks import train
 
 pytest.importorskip("matplotlib")
 

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from structinit.analysis.certify import certified_accuracy, pgd_l2_accuracy
-from structinit.harness.build import load_data
-from structinit.harness.certified import PAPER_HINGE_MARGIN, hinge_margin, input_lipschitz, pixel_cert_threshold
-from structinit.harness.checkpoint import load_checkpoint
-from structinit.harness.cli import main
-from structinit.harness.compare import format_summary, summarise
+from structinit.harness.cli.main import main
+from structinit.harness.config import TrainConfig
 from structinit.harness.recipes import RECIPES, recipe
-from structinit.harness.train import TrainConfig, train
+from structinit.harness.run.checkpoint import load_checkpoint
+from structinit.harness.summary import format_summary, summarise
+from structinit.harness.tasks import train
+from structinit.harness.tasks.image import load_data
+from structinit.harness.tasks.robustness import PAPER_HINGE_MARGIN, hinge_margin, input_lipschitz, pixel_cert_threshold
 from structinit.models import create_model
 
 EPS = 36 / 255
@@ -124,6 +125,8 @@ def test_cli_flags(tmp_path, capsys):
     (["--certify", "0"], "--certify 0.0: expected an ℓ₂ radius > 0"),
     (["--set", "hinge_margin=0.3"], "--set hinge_margin=0.3 applies to --loss 'hinge' only"),
     (["--loss", "hinge", "--set", "hinge_margin=-2"], "--set hinge_margin=-2: expected a margin > 0"),
+    (["--certify", "36/255", "--precision", "bf16"], "--precision 'bf16' with --certify 0.1412: a certificate"),
+    (["--certify", "36/255", "--precision", "fp16"], "--precision 'fp16' with --certify 0.1412: a certificate"),
 ])
 def test_bad_values_exit_2_naming_the_flag(tmp_path, capsys, flags, message):
     assert main(["train", "--recipe", "digits", "--epochs", "1", *flags, "--out", str(tmp_path / "run")]) == 2
@@ -170,11 +173,11 @@ def test_summary_gets_robustness_columns_only_when_runs_have_them():
 
 
 def test_checkpoints_from_before_the_new_fields_still_resume(tmp_path):
-    from structinit.harness.checkpoint import check_same_config
-    from structinit.harness.train import _ADDED_FIELDS
+    from structinit.harness.run.checkpoint import check_same_config
+    from structinit.harness.tasks.image import ImageTask
 
     now = TrainConfig().to_dict()
-    old = {k: v for k, v in now.items() if k not in _ADDED_FIELDS}
-    check_same_config(old, now, tmp_path / "checkpoint.pt", defaults=_ADDED_FIELDS)  # no error
+    old = {k: v for k, v in now.items() if k not in ImageTask.added_fields}
+    check_same_config(old, now, tmp_path / "checkpoint.pt", defaults=ImageTask.added_fields)  # no error
     with pytest.raises(ValueError, match="loss differ"):
-        check_same_config(old, {**now, "loss": "hinge"}, tmp_path / "checkpoint.pt", defaults=_ADDED_FIELDS)
+        check_same_config(old, {**now, "loss": "hinge"}, tmp_path / "checkpoint.pt", defaults=ImageTask.added_fields)

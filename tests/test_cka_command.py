@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import structinit
-from structinit.harness.cli import main
+from structinit.harness.cli.main import main
 from structinit.harness.recipes import recipe
-from structinit.harness.train import train
+from structinit.harness.tasks import train
 
 pytest.importorskip("matplotlib")
 

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from structinit.harness import runfolder
-from structinit.harness.checkpoint import atomic_write_bytes
-from structinit.harness.cli import main
-from structinit.harness.cli_errors import exit_code, to_flags
-from structinit.harness.errors import user_input
-from structinit.harness.train import NonFiniteLossError
+from structinit.harness.cli.main import main
+from structinit.harness.cli.messages import exit_code, to_flags
+from structinit.harness.errors import NonFiniteLossError, user_input
+from structinit.harness.run import folder as runfolder
+from structinit.harness.run.checkpoint import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fastest real run: 64 digits images, one batch, one epoch.
@@ -107,7 +106,7 @@ def test_bad_set(tmp_path, capsys, item, message):
 
 
 def test_set_values_are_read_as_the_field_types():
-    from structinit.harness.cli_errors import check_set_item
+    from structinit.harness.cli.flags import check_set_item
 
     assert check_set_item("train_size=None", {}) == ("train_size", None)  # what --train-size cannot say
     assert check_set_item("warmup-epochs=5", {}) == ("warmup_epochs", 5)
@@ -188,8 +187,8 @@ def test_out_not_writable_checked_before_the_data_loads(tmp_path, capsys, monkey
         raise AssertionError("the data was loaded before --out was checked")
 
     monkeypatch.setattr(runfolder, "_writable", lambda folder: False)
-    monkeypatch.setattr("structinit.harness.train.load_data", load)
-    monkeypatch.setattr("structinit.harness.compare.load_train_split", load)
+    monkeypatch.setattr("structinit.harness.tasks.image.load_data", load)
+    monkeypatch.setattr("structinit.harness.tasks.image.load_train_split", load)
     line = train_fails(capsys, *FAST, "--out", str(tmp_path / "run"))
     assert f"--out {tmp_path / 'run'} cannot be created: no permission to write in {tmp_path}" in line
     assert main(["compare", *COMMON, "--out", str(tmp_path / "cmp")]) == 2
@@ -287,7 +286,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("an internal mistake")
 
-    monkeypatch.setattr("structinit.harness.train.train", broken)
+    monkeypatch.setattr("structinit.harness.tasks.train", broken)
     with pytest.raises(ValueError, match="internal mistake"):
         main(["train", *FAST, "--out", str(tmp_path / "run")])
 

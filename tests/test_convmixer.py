@@ -103,7 +103,7 @@ def test_a_model_with_both_needs_target():
 
 @pytest.mark.parametrize("scheme", ["impulse", "box", "gaussian", "random", "softmax", "covariance"])
 def test_frozen_filters_do_not_change_and_have_no_optimizer_state(scheme):
-    from structinit.harness.train import param_groups
+    from structinit.harness.run.optim import param_groups
 
     model = tiny()
     structinit.init_(model, scheme, seed=0, frozen=True)
@@ -135,10 +135,10 @@ def test_same_seed_same_weights(scheme):
 def test_train_a_convmixer_with_frozen_impulse_filters(tmp_path):
     """End to end through the harness: the run's init is the conv impulse scheme (dispatched by
     module kind), the frozen filters leave training unchanged, and the run resumes as finished."""
-    from structinit.harness.checkpoint import load_weights
+    from structinit.harness.finished import load_run, models_of
     from structinit.harness.recipes import recipe
-    from structinit.harness.runs import load_run, models_of
-    from structinit.harness.train import train
+    from structinit.harness.run.checkpoint import load_weights
+    from structinit.harness.tasks import train
 
     cfg = recipe("digits", model="convmixer_cpu_128_6", model_kwargs={"dim": 16, "depth": 2}, epochs=1,
                  train_size=128, init="impulse", init_options={"frozen": True}, out_dir=str(tmp_path / "run"))

@@ -34,11 +34,11 @@ import sys
 import structinit
 model = structinit.init_(structinit.create_model("vit_cpu_patch2_8", num_classes=10, in_chans=1, img_size=8),
                          "impulse", seed=0)
-import structinit.data, structinit.augment, structinit.harness.train, structinit.harness.compare
-from structinit.harness.checkpoint import save_weights
+import structinit.data, structinit.augment, structinit.harness.tasks.image, structinit.harness.compare
+from structinit.harness.run.checkpoint import save_weights
 from structinit.harness.compare import plot_curves
-from structinit.harness.train import _progress
-for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(1, 0, 1, True),
+from structinit.harness.run.lifecycle import Chunk, _progress
+for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(Chunk(1, 0, 1, True), 1, "epoch", True),
              lambda: plot_curves(dict(), "x.png"), lambda: structinit.data.imagefolder._read_image("x.png", None),
              lambda: save_weights("w.safetensors", model.state_dict())):
     try:

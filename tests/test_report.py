@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from structinit.harness import report
-from structinit.harness.cli import main
+from structinit.harness.cli.main import main
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
+from structinit.harness.report import page as report
 
 plt = pytest.importorskip("matplotlib.pyplot")
 
@@ -227,7 +227,7 @@ def test_compare_survives_a_report_that_cannot_be_made(folder, capsys, monkeypat
 
 
 def test_markdown_and_text_are_escaped():
-    from structinit.harness.report_html import esc, markdown, table
+    from structinit.harness.report.html import esc, markdown, table
 
     assert esc('<a href="x">') == "&lt;a href=&quot;x&quot;&gt;"
     html = markdown("# T <b>\n\n- **bold** `<i>`\n- two\n\nplain & <script>\n")

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from structinit.harness.checkpoint import WEIGHTS, save_weights
+from structinit.harness.finished import find_runs, load_run, load_trained_weights, models_of
 from structinit.harness.recipes import recipe
-from structinit.harness.runs import find_runs, load_run, load_trained_weights, models_of
-from structinit.harness.train import train
+from structinit.harness.run.checkpoint import WEIGHTS, save_weights
+from structinit.harness.tasks import train
 from structinit.models import create_model
 
 
@@ -24,7 +24,7 @@ def test_models_of_a_run_are_its_init_and_its_final_weights(finished):
     run = load_run(finished)
     assert run.label == "impulse seed 0" and run.config.init == "impulse"
     initial, trained = models_of(run, (1, 8, 8), 10)
-    from structinit.harness.checkpoint import init_fingerprint, load_weights
+    from structinit.harness.run.checkpoint import init_fingerprint, load_weights
 
     assert init_fingerprint(initial) == run.result["init_fingerprint"]
     weights, _ = load_weights(finished / WEIGHTS)

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 import structinit
-from structinit.harness import cli
-from structinit.harness.checkpoint import load_checkpoint
+from structinit.harness.cli import main as cli
 from structinit.harness.recipes import RECIPES, recipe
-from structinit.harness.train import EMA, resolve_precision, train
+from structinit.harness.run.checkpoint import load_checkpoint
+from structinit.harness.run.device import resolve_precision
+from structinit.harness.run.optim import EMA
+from structinit.harness.tasks import train
 
 
 def digits(tmp_path: Path, **kw):
@@ -38,19 +40,39 @@ def test_ema_update_formula():
     torch.testing.assert_close(ema.state["weight"], 0.75 * old + 0.25 * model.weight)
 
 
+def _cpu_has_bf16() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_trains(tmp_path, precision):
+    """The run records the precision it ran in, and that precision changed the arithmetic: the
+    same seed in fp32 ends with other weights."""
     result = train(digits(tmp_path, precision=precision, epochs=4), progress=False)
+    assert result["precision"] == precision and result["device"]["type"] == "cpu"
     assert result["final"]["test_acc"] > 0.3 and all(torch.isfinite(torch.tensor(list(result["final"].values()))))
+    fp32 = train(digits(tmp_path / "fp32", precision="fp32", epochs=4), progress=False)
+    assert fp32["precision"] == "fp32"
+    low, full = (load_checkpoint(d / "run/checkpoint.pt")["model"] for d in (tmp_path, tmp_path / "fp32"))
+    assert not torch.equal(low["head.weight"], full["head.weight"])
 
 
 def test_precision_resolution():
+    """auto is bf16 exactly where this CPU has native bf16 (AVX-512 BF16 or AMX), else fp32."""
     cpu = torch.device("cpu")
     assert resolve_precision("fp32", cpu) is None
-    assert resolve_precision("bf16", cpu) is torch.bfloat16
-    assert resolve_precision("auto", cpu) in (None, torch.bfloat16)
+    assert resolve_precision("bf16", cpu) is torch.bfloat16 and resolve_precision("fp16", cpu) is torch.float16
+    assert resolve_precision("auto", cpu) is (torch.bfloat16 if _cpu_has_bf16() else None)
     with pytest.raises(ValueError, match="precision='half'"):
         resolve_precision("half", cpu)
+
+
+def test_result_records_what_ran(tmp_path):
+    result = train(digits(tmp_path, precision="auto", epochs=1), progress=False)
+    assert result["precision"] == ("bf16" if _cpu_has_bf16() else "fp32")
+    assert result["device"]["threads"] == torch.get_num_threads() and result["device"]["name"]
+    assert result["versions"]["torch"] == torch.__version__ and result["versions"]["cuda"] == torch.version.cuda
 
 
 def test_recipes_are_complete_and_overridable():
@@ -107,7 +129,7 @@ def test_torch_compile_trains_what_eager_trains(tmp_path):
 
 def test_demo_rows_are_fidelity_summaries():
     from structinit.analysis import fidelity_summary, impulse_fidelity
-    from structinit.harness.demo import fidelity_rows, format_table
+    from structinit.harness.cli.demo import fidelity_rows, format_table
     from structinit.models import create_model
     from structinit.schemes import init_
 

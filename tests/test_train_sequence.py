@@ -4,21 +4,20 @@ that learn, exact resume after a SIGKILL, checkpoints and metric files, and clea
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from run_helpers import wait_for_rows
-from structinit.harness.checkpoint import load_checkpoint
-from structinit.harness.cli import main
+from run_helpers import kill_then_resume
+from structinit.harness.cli.main import main
 from structinit.harness.compare import compare
+from structinit.harness.config import SequenceConfig
 from structinit.harness.recipes import sequence_recipe
-from structinit.harness.train_sequence import SequenceConfig, param_groups, train_sequence
+from structinit.harness.run.checkpoint import load_checkpoint
+from structinit.harness.run.optim import param_groups
+from structinit.harness.tasks import train as train_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,22 +56,14 @@ def _cli(out: Path, steps: int) -> list[str]:
 
 def test_killed_run_resumes_to_bit_identical_weights(tmp_path):
     steps = 200
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    reference = tmp_path / "reference"
-    subprocess.run(_cli(reference, steps), check=True, env=env, cwd=ROOT, capture_output=True)
-    victim = tmp_path / "victim"
-    proc = subprocess.Popen(_cli(victim, steps), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    wait_for_rows(victim / "metrics.jsonl", 2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = load_checkpoint(victim / "checkpoint.pt")["step"]
+    killed, done, ref = kill_then_resume(lambda out: _cli(out, steps), tmp_path, ROOT)
+    killed_at = killed["step"]
     assert killed_at < steps, "the process finished before it could be killed"
-    subprocess.run([*_cli(victim, steps), "--resume"], check=True, env=env, cwd=ROOT, capture_output=True)
-    done, ref = load_checkpoint(victim / "checkpoint.pt"), load_checkpoint(reference / "checkpoint.pt")
     assert done["step"] == steps
+    # started at the checkpoint's step: a restart from step 0 would reach the same weights too
+    assert 0 < killed_at and done["starts"] == [0, killed_at] and ref["starts"] == [0]
     assert all(torch.equal(done["model"][k], ref["model"][k]) for k in ref["model"])
-    lines = (victim / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "victim/metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(25, steps + 1, 25))
 
 
@@ -122,10 +113,10 @@ def test_compare_checks_every_spec_on_the_task_model_before_training(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--task", "copy:length=0"], "length"),
     (["--task", "sort"], "sort"),
-    (["--task", "copy", "--dataset", "cifar10"], "--dataset does not apply"),
-    (["--task", "copy", "--recipe", "digits"], "an image recipe"),
-    (["--recipe", "seq-cpu"], "a sequence-task recipe"),
-    (["--steps", "5"], "--steps sets the budget of a --task run"),
+    (["--task", "copy", "--dataset", "cifar10"], "--dataset applies to image runs, not to --task runs"),
+    (["--task", "copy", "--recipe", "digits"], "a recipe for image runs, not for --task runs"),
+    (["--recipe", "seq-cpu"], "a recipe for --task runs, not for image runs; add --task"),
+    (["--steps", "5"], "--steps applies to --task runs, not to image runs"),
     (["--task", "copy", "--set", "epochs=3"], "no training option 'epochs'"),
     (["--task", "copy", "--set", "task_options={}"], "is set by --task"),
     (["--task", "copy", "--steps", "0"], "steps"),

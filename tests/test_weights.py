@@ -11,9 +11,9 @@ import safetensors.torch
 import torch
 
 import structinit
-from structinit.harness.checkpoint import load_checkpoint, load_weights, save_weights
 from structinit.harness.recipes import recipe
-from structinit.harness.train import train
+from structinit.harness.run.checkpoint import load_checkpoint, load_weights, save_weights
+from structinit.harness.tasks import train
 
 
 def test_save_load_round_trip(tmp_path):

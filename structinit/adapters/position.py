@@ -179,11 +179,24 @@ def _generic(model: nn.Module) -> Discovery | None:
     prefix = int(prefix) if is_int(prefix) else (_count(tokens) if tokens else None)
     grid = _patch_conv_grid(model)
     found = Discovery(pos, name, grid, prefix, tokens, "generic")
-    from structinit.adapters.trace import consistent, traced_discovery  # trace registers itself after us
-
+    if _TRACED is None:
+        return found
+    consistent, traced_discovery = _TRACED
     # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class
     # token kept elsewhere or under another name), the traced forward decides.
     return found if consistent(found) else traced_discovery(model) or found
+
+
+# (consistent, traced_discovery) of structinit.adapters.trace, which hands them over when it
+# loads (the adapters package loads it): trace builds on this module, so this one must not
+# import it back.
+_TRACED: tuple | None = None
+
+
+def use_traced_discovery(consistent, traced_discovery) -> None:
+    """Let the generic finder check a name match against a traced forward (called by trace)."""
+    global _TRACED
+    _TRACED = (consistent, traced_discovery)
 
 
 def _named_tensors(model: nn.Module):

@@ -23,7 +23,7 @@ import weakref
 import torch
 from torch import nn
 
-from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side
+from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side, use_traced_discovery
 from structinit.utils import is_int
 
 # Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
@@ -379,3 +379,6 @@ def real_logits_gap(model: nn.Module, name: str, adapter) -> float | None:
         return None
     real = q @ k.transpose(-2, -1) * float(seen["scale"])
     return float((real - ours).norm() / ours.norm().clamp_min(1e-12))
+
+
+use_traced_discovery(consistent, traced_discovery)

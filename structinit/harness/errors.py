@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from structinit.utils import OptionError
 
-__all__ = ["RunLockedError", "input_parameter", "user_input"]
+__all__ = ["NonFiniteLossError", "RunIOError", "RunLockedError", "input_parameter", "user_input"]
 
 # What a check raises about its input; anything else (RuntimeError, KeyError …) stays a bug.
 _INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
@@ -26,6 +26,15 @@ _MARK = "structinit_input"
 
 class RunLockedError(RuntimeError):
     """Another process holds the lock of a run folder: it is training that run right now."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss; the last good checkpoint is left in place."""
+
+
+class RunIOError(OSError):
+    """The storage refused a run file (a full disk, a folder that is not writable); the file
+    that was there before is unchanged, so the run resumes from its last good checkpoint."""
 
 
 @contextmanager

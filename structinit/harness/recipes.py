@@ -1,13 +1,14 @@
-"""Named training recipes: complete :class:`~structinit.harness.train.TrainConfig` presets,
-in a :class:`~structinit.utils.Registry` like every other named choice (add your own with
-``RECIPES.register("name", {...})``)."""
+"""Named training recipes: complete config presets, in a :class:`~structinit.utils.Registry`
+like every other named choice (add your own with ``RECIPES.register("name", {...})``):
+:data:`RECIPES` for image runs (:class:`~structinit.harness.config.TrainConfig`),
+:data:`SEQUENCE_RECIPES` for sequence-task runs (:class:`~structinit.harness.config.SequenceConfig`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from structinit.harness.train import TrainConfig
+from structinit.harness.config import SequenceConfig, TrainConfig
 from structinit.utils import Registry
 
 RECIPES: Registry[dict[str, Any]] = Registry("recipe")
@@ -47,7 +48,7 @@ RECIPES.register("cpu-cifar16", dict(
     eval_every=5,
 ))
 
-# Certified ℓ₂ robustness (Trockman & Kolter, ICLR 2021; issue #15) at CPU scale: the Cayley
+# Certified ℓ₂ robustness (Trockman & Kolter, ICLR 2021) at CPU scale: the Cayley
 # KWLarge at width (16, 32, 256), the multi-class hinge loss with the margin that certifies
 # ε = 36/255 in pixel space (√2·ε/min(std), train.hinge_margin), Adam without weight decay or
 # gradient clipping, no label smoothing, crop and flip, fp32 (bf16 breaks orthogonality).
@@ -64,7 +65,7 @@ RECIPES.register("cpu-cifar-lipschitz", dict(
     eval_every=5, loss="hinge", certify_eps=36 / 255,
 ))
 
-# Issue #12's ConvMixer benchmark: cpu-cifar's data and held-out protocol with ConvMixer-128/6
+# The ConvMixer benchmark: cpu-cifar's data and held-out protocol with ConvMixer-128/6
 # (k 5, p 2). The optimisation follows convmixer-cifar10 (AdamW, wd 0.01, lr 0.01 at batch 512,
 # 25 epochs), with the lr scaled by √(128/512) for batch 128 and cpu-cifar's augmentation.
 RECIPES.register("cpu-cifar-convmixer", dict(
@@ -75,17 +76,22 @@ RECIPES.register("cpu-cifar-convmixer", dict(
 ))
 
 
-def recipe(name: str, **overrides: Any) -> TrainConfig:
-    """The recipe ``name`` as a TrainConfig, with ``overrides`` applied (unknown keys rejected)."""
-    base = RECIPES[name]  # an unknown name is a ValueError listing the valid ones
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+def preset(registry: Registry, kind: type, name: str, overrides: dict[str, Any]):
+    """The entry ``name`` of ``registry`` as a ``kind`` config, with ``overrides`` (unknown keys rejected)."""
+    base = registry[name]  # an unknown name is a ValueError listing the valid ones
+    fields = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    return TrainConfig(**{**base, **overrides})
+    return kind(**{**base, **overrides})
 
 
-# Sequence tasks (issue #13: copying and multi-query associative recall, Mamba and a causal
+def recipe(name: str, **overrides: Any) -> TrainConfig:
+    """The image recipe ``name`` as a TrainConfig, with ``overrides`` applied (unknown keys rejected)."""
+    return preset(RECIPES, TrainConfig, name, overrides)
+
+
+# Sequence tasks (copying and multi-query associative recall, Mamba and a causal
 # Transformer of matched size). The task and its options come from `--task copy:length=64`;
 # a recipe fixes the optimisation: one step budget per setting, the same for every init.
 SEQUENCE_RECIPES: Registry[dict[str, Any]] = Registry("sequence recipe")
@@ -98,14 +104,6 @@ SEQUENCE_RECIPES.register("seq-cpu", dict(
 ))
 
 
-def sequence_recipe(name: str, **overrides: Any):
-    """The sequence recipe ``name`` as a :class:`~structinit.harness.train_sequence.SequenceConfig`,
-    with ``overrides`` applied (unknown keys rejected)."""
-    from structinit.harness.train_sequence import SequenceConfig
-
-    base = SEQUENCE_RECIPES[name]
-    fields = {f.name for f in dataclasses.fields(SequenceConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise TypeError(f"unknown sequence training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    return SequenceConfig(**{**base, **overrides})
+def sequence_recipe(name: str, **overrides: Any) -> SequenceConfig:
+    """The sequence recipe ``name`` as a SequenceConfig, with ``overrides`` applied (unknown keys rejected)."""
+    return preset(SEQUENCE_RECIPES, SequenceConfig, name, overrides)

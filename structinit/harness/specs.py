@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-__all__ = ["parse_init_spec", "parse_literal", "split_init_specs"]
+__all__ = ["parse_init_spec", "parse_literal", "parse_seeds", "spec_label", "split_init_specs"]
 
 
 def parse_literal(text: str) -> Any:
@@ -65,3 +65,36 @@ def split_init_specs(text: str) -> list[str]:
             else:
                 specs.append(piece)
     return specs
+
+
+def spec_label(spec: str) -> str:
+    """The folder an init spec's runs go in: ``impulse:pe_scale=2`` → ``impulse_pe_scale-2``;
+    a path in an option (``covariance_transfer:source=runs/a/model.safetensors``) stays one
+    folder name (``/`` → ``+``)."""
+    return spec.replace(":", "_").replace(",", "_").replace("=", "-").replace("/", "+").replace("\\", "+")
+
+
+def parse_seeds(seeds: str | int | list[int]) -> list[int]:
+    """Seeds from a count (``3`` or ``"3"`` → 0, 1, 2) or a list (``"0,4,7"`` or ``[0, 4, 7]``);
+    a ValueError marked as the input ``seeds`` otherwise.
+
+    Examples:
+        >>> parse_seeds("3"), parse_seeds("0,4,7"), parse_seeds([5])
+        ([0, 1, 2], [0, 4, 7], [5])
+    """
+    from structinit.harness.errors import user_input
+    from structinit.utils import is_int
+
+    text = seeds if isinstance(seeds, str) else None
+    with user_input("seeds"):
+        try:
+            if isinstance(seeds, str):
+                seeds = int(seeds) if seeds.strip().isdigit() else [int(s) for s in seeds.split(",")]
+            if is_int(seeds) and seeds >= 1:
+                return list(range(int(seeds)))
+            if isinstance(seeds, (list, tuple)) and seeds and all(is_int(s) for s in seeds):
+                return [int(s) for s in seeds]
+        except ValueError:
+            pass
+        given = f"--seeds {text!r}" if text is not None else f"seeds={seeds!r}"  # the command line's words
+        raise ValueError(f"{given}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7)")

@@ -89,6 +89,12 @@ class MambaLM(nn.Module):
         self.norm_f = mamba.RMSNorm(d_model, self.config.rms_norm_eps)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW must not decay: every block's ``A_log`` (decay would pull A towards
+        −1, a fast-forgetting state, undoing the mimetic init) and skip ``D``, as the official
+        implementation's ``_no_weight_decay`` marks them."""
+        return {name for name, _ in self.named_parameters() if name.endswith((".A_log", ".D"))}
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         _check_tokens(tokens, self.vocab_size)
         return self.head(self.norm_f(self.backbone(self.embedding(tokens))))
@@ -129,6 +135,10 @@ class CausalTransformer(nn.Module):
                                       for _ in range(depth)])
         self.norm = LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, vocab_size, bias=False)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW must not decay (timm's convention): the position embedding."""
+        return {"pos_embed"}
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         _check_tokens(tokens, self.vocab_size, self.max_len)

@@ -186,6 +186,11 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(0.0)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW must not decay (timm's convention): the position embedding and
+        the class token, whose scale is part of the init."""
+        return {"pos_embed", "cls_token"}
+
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
         if self.cls_token is None:
             return x + self.pos_embed

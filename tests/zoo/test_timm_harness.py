@@ -9,7 +9,7 @@ import torch
 timm = pytest.importorskip("timm")
 
 import structinit  # noqa: E402
-from structinit.harness.cli import main as cli  # noqa: E402
+from structinit.harness.cli.main import main as cli  # noqa: E402
 
 
 def test_create_model_builds_timm_models_sized_for_the_data():

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     from structinit.analysis import cka_figure, cka_matrix
     from structinit.harness.errors import user_input
-    from structinit.harness.runfolder import check_out_dir
-    from structinit.harness.runs import load_run, models_of, test_images
+    from structinit.harness.finished import load_run, models_of, test_images
+    from structinit.harness.run.folder import check_out_dir
 
     with user_input("run"):
         runs = [load_run(args.run_a), load_run(args.run_b)]

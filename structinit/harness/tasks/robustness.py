@@ -1,6 +1,6 @@
-"""The certified-robustness parts of the image training loop (issue #15; Trockman & Kolter
-2021): the loss choice, the hinge margin, and certified and PGD accuracy measured in pixel
-space. :mod:`structinit.harness.train` calls these; the maths is in
+"""Certified robustness as an option of the image task (Trockman & Kolter, ICLR 2021): the
+loss choice, the hinge margin, and certified and PGD accuracy measured in pixel space.
+:mod:`structinit.harness.tasks.image` calls these; the maths is in
 :mod:`structinit.analysis.certify`."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from structinit.analysis.certify import pgd_l2_accuracy
@@ -17,7 +16,8 @@ from structinit.harness.errors import user_input
 from structinit.utils import check_number, derived_generator
 
 if TYPE_CHECKING:
-    from structinit.harness.train import TrainConfig
+    from structinit.harness.config import TrainConfig
+    from structinit.harness.run.device import Placement
 
 __all__ = ["LOSSES", "PGD_EXAMPLES", "PGD_STEPS", "check_certified_options", "hinge_margin", "input_lipschitz",
            "model_lipschitz", "pgd_accuracy", "pixel_cert_threshold"]
@@ -101,12 +101,12 @@ def hinge_margin(cfg: TrainConfig, std) -> float:
     return PAPER_HINGE_MARGIN
 
 
-def pgd_accuracy(model, images, labels, mean, std, eps, batch_size, world, rank, seed: int) -> float:
+def pgd_accuracy(model, images, labels, mean, std, eps, batch_size, where: Placement, seed: int) -> float:
     """ℓ₂ PGD accuracy at radius ``eps`` in pixel space (:func:`structinit.analysis.certify.
     pgd_l2_accuracy`, PGD_STEPS steps, fp32) over the first PGD_EXAMPLES images (this rank's
     share), reduced over ranks; the random starts come from ``seed``."""
     model.eval()
-    idx = torch.arange(rank, min(len(images), PGD_EXAMPLES), world, device=images.device)
+    idx = torch.arange(where.rank, min(len(images), PGD_EXAMPLES), where.world, device=images.device)
     gen = derived_generator(seed, 2)  # 2: the attack's random starts
     right = 0.0
     for start in range(0, len(idx), batch_size):
@@ -115,8 +115,6 @@ def pgd_accuracy(model, images, labels, mean, std, eps, batch_size, world, rank,
         acc = pgd_l2_accuracy(model, x, labels[b], eps, steps=PGD_STEPS, preprocess=lambda t: (t - mean) / std,
                               clamp=(0.0, 1.0), generator=gen)
         right += acc * len(b)
-    totals = torch.tensor([right, float(len(idx))], dtype=torch.float64, device=images.device)
-    if world > 1:
-        dist.all_reduce(totals)
+    totals = where.all_reduce(torch.tensor([right, float(len(idx))], dtype=torch.float64, device=images.device))
     model.train()
     return float(totals[0] / totals[1].clamp_min(1))

@@ -1,27 +1,14 @@
-"""``structinit ablate NAME``: one reviewer question, answered at CPU scale.
-
-    structinit ablate kernel --recipe cpu-cifar --data-dir ../shared/datasets
-    structinit ablate solvers --recipe digits --seeds 3
-    structinit ablate sharpness --recipe digits --train --set epochs=10
-
-Every variant of the ablation (``structinit.harness.ablations``: pseudo, kernel, heads,
-offsets, sharing, sharpness, pe-scale, solvers) is built as a training run would build it
-(same recipe, model and init seed) and measured at init: impulse fidelity (mean attention mass
-on each head's target and argmax hit rate, layer 1 and mean over layers) with the
-position-only pseudo input LayerNorm(PE) and with the first ``--images`` test images of the
-recipe's dataset, the init's wall time, and at layer 1 the mean attention distance and the mass
-inside the variant's k×k neighbourhood. With ``--train`` every variant is also trained with
-the recipe (``structinit compare`` into ``<out>/runs``: finished runs are reused, interrupted
-ones resume) and its accuracy added. The gd solver fits ``--steps`` steps instead of the
-published 10,000; its time is also given scaled to 10,000 steps.
-
-Writes ``ablation.md`` (the command line, then the table), ``ablation.json`` (rows, settings,
-versions) and ``ablation.png`` into ``--out`` (default ``runs/ablate-<name>-<recipe>``).
+"""Measuring an ablation (``structinit ablate NAME``): every variant of
+:mod:`structinit.harness.ablation.variants` built as a training run would build it (same
+recipe, model and init seed) and measured at init: impulse fidelity with the position-only
+pseudo input and with real test images, the init's wall time, and at layer 1 the mean
+attention distance and the mass inside the variant's k×k neighbourhood; optionally trained
+with ``compare`` for its accuracy. Writes ``ablation.md``, ``ablation.json`` and
+``ablation.png``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shlex
 import statistics
@@ -30,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from structinit.harness.ablations import ABLATIONS, PUBLISHED_GD_STEPS, Variant, variants
+from structinit.harness.ablation.variants import ABLATIONS, PUBLISHED_GD_STEPS, Variant, variants
 from structinit.harness.errors import input_parameter, user_input
+from structinit.harness.run.device import versions
+from structinit.harness.specs import parse_seeds
 
-__all__ = ["COMMAND", "HELP", "ablate", "add_arguments", "format_markdown", "format_table", "plot_ablation", "run"]
+__all__ = ["ablate", "command_line", "format_markdown", "format_table", "plot_ablation"]
 
-COMMAND = "ablate"
-HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init, init time, optionally accuracy"
 DEFAULT_STEPS = 1000  # gd steps: well under a second a fit on vit_cpu_patch4_32 (2 cores); published: 10,000
 
 # (JSON key, column head) of the numbers measured per variant and seed, in table order.
@@ -48,49 +35,7 @@ METRICS = (("pe_mass_l1", "PE mass L1"), ("pe_hit_l1", "PE hit L1"), ("pe_mass_m
 FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean over layers"),
                ("real_mass_l1", "mass, layer 1"), ("real_mass_mean", "mass, mean over layers"))
 # TrainConfig fields the command sets itself (--set must not).
-_OWNED = {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from structinit.harness.recipes import RECIPES
-
-    p.add_argument("name", choices=list(ABLATIONS), metavar="NAME",
-                   help=f"the ablation: {', '.join(ABLATIONS)}")
-    p.add_argument("--recipe", default="cpu-cifar", choices=sorted(RECIPES), help="base settings (default cpu-cifar)")
-    p.add_argument("--data-dir", dest="data_dir", default=None, help="where the recipe's dataset is")
-    p.add_argument("--download", action="store_true", help="fetch the dataset if missing")
-    p.add_argument("--model", default=None, help="another model than the recipe's")
-    p.add_argument("--seeds", default="1", help="a count (3 → seeds 0,1,2) or a list (0,4,7); default 1")
-    p.add_argument("--images", type=int, default=256, help="test images fidelity is measured on (default 256)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                   help=f"gd fit steps (default {DEFAULT_STEPS}; published: {PUBLISHED_GD_STEPS})")
-    p.add_argument("--repeats", type=int, default=3, help="timed inits per variant, the median is shown (default 3)")
-    p.add_argument("--train", action="store_true", help="also train every variant and report its accuracy")
-    p.add_argument("--epochs", type=int, default=None, help="with --train: epochs (default the recipe's)")
-    p.add_argument("--train-size", dest="train_size", type=int, default=None, help="with --train: training images")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other TrainConfig field, e.g. --set model_kwargs={'patch_size':1} (repeatable)")
-    p.add_argument("--out", default=None, help="output folder (default runs/ablate-<name>-<recipe>)")
-    p.add_argument("--no-progress", action="store_true", help="no progress output")
-    p.add_argument("--wait", action="store_true", help="with --train: wait for a run another process is training")
-
-
-def run(args: argparse.Namespace) -> int:
-    from structinit.harness.cli import _seeds
-    from structinit.harness.cli_errors import check_set_item
-
-    overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
-    if args.download:
-        overrides["download"] = True
-    for item in args.set:
-        key, value = check_set_item(item, _OWNED)
-        overrides[key] = value
-    result = ablate(args.name, recipe=args.recipe, data_dir=args.data_dir, seeds=_seeds(args.seeds),
-                    images=args.images, train=args.train, out=args.out, steps=args.steps, repeats=args.repeats,
-                    progress=not args.no_progress, wait=args.wait, **overrides)
-    out = result["settings"]["out"]
-    print(format_table(result["rows"]) + f"\n→ {out}/ablation.md, ablation.json, ablation.png")
-    return 0
+OWNED = {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}
 
 
 def _count(name: str, value: Any, flag: str) -> int:
@@ -100,16 +45,6 @@ def _count(name: str, value: Any, flag: str) -> int:
         if not is_int(value) or value < 1:
             raise ValueError(f"{name}={value!r} ({flag}): expected a positive whole number")
     return int(value)
-
-
-def _seed_list(seeds: int | list[int]) -> list[int]:
-    from structinit.utils import is_int
-
-    listed = isinstance(seeds, (list, tuple)) and seeds and all(is_int(s) for s in seeds)
-    with user_input("seeds"):
-        if not listed and not (is_int(seeds) and seeds >= 1):
-            raise ValueError(f"seeds={seeds!r} (--seeds): expected a count ≥ 1 or a non-empty list of ints")
-    return [int(s) for s in seeds] if listed else list(range(int(seeds)))
 
 
 def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any]) -> str:
@@ -144,12 +79,12 @@ def _test_images(cfg, n: int):
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
     """The TrainConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
-    from structinit.harness.compare import _run_config
+    from structinit.harness.compare import run_config
     from structinit.harness.specs import parse_init_spec
 
     with user_input("init"):
         name, options = parse_init_spec(variant.spec)
-    return _run_config(_variant_base(base, variant), variant.spec, name, options, seed, runs_dir / variant.key)
+    return run_config(_variant_base(base, variant), variant.spec, name, options, seed, runs_dir / variant.key)
 
 
 def _variant_base(base, variant: Variant):
@@ -160,7 +95,7 @@ def _variant_base(base, variant: Variant):
 def _check_variant(ablation: str, variant: Variant, cfg, shape, classes) -> None:
     """Plan the variant on its model (gd with 0 steps: the options, not the fit), so that a
     variant the model cannot take fails before anything is measured."""
-    from structinit.harness.build import plan_model
+    from structinit.harness.tasks.image import plan_model
 
     options = {**cfg.init_options, **({"steps": 0} if cfg.init_options.get("solver") == "gd" else {})}
     try:
@@ -178,7 +113,7 @@ def _check_variant(ablation: str, variant: Variant, cfg, shape, classes) -> None
 def _timed_init(cfg, shape, classes):
     """The variant's model at init exactly as its run builds it, and the seconds the init
     took on the freshly constructed model (construction not counted)."""
-    from structinit.harness.build import plan_model
+    from structinit.harness.tasks.image import plan_model
     from structinit.schemes.registry import plan_init
 
     model, _ = plan_model(dataclasses.replace(cfg, init="pytorch", init_options={}), shape, classes)  # not applied
@@ -273,7 +208,7 @@ def format_markdown(result: dict[str, Any]) -> str:
 def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     """Grouped bars of the real-image fidelity per variant (± std over seeds), and the
     accuracy per variant when trained."""
-    from structinit.harness.checkpoint import atomic_write_bytes
+    from structinit.harness.run.checkpoint import atomic_write_bytes
     from structinit.utils.optional_imports import require
 
     require("matplotlib", "the ablation figure").use("Agg")
@@ -314,20 +249,8 @@ def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     plt.close(fig)
 
 
-def _versions() -> dict[str, str]:
-    import platform
-
-    import numpy
-    import torch
-
-    import structinit
-
-    return {"structinit": structinit.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
 def _write(result: dict[str, Any], out: Path) -> None:
-    from structinit.harness.checkpoint import atomic_write_bytes, write_json
+    from structinit.harness.run.checkpoint import atomic_write_bytes, write_json
 
     write_json(out / "ablation.json", result)
     atomic_write_bytes(out / "ablation.md", lambda f: f.write(format_markdown(result).encode()))
@@ -337,7 +260,7 @@ def _write(result: dict[str, Any], out: Path) -> None:
 def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None = None, seeds: int | list[int] = 1,
            images: int = 256, train: bool = False, out: str | Path | None = None, steps: int = DEFAULT_STEPS,
            progress: bool = False, repeats: int = 3, wait: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Run the ablation ``name`` (see :data:`~structinit.harness.ablations.ABLATIONS`) and
+    """Run the ablation ``name`` (see :data:`~structinit.harness.ablation.variants.ABLATIONS`) and
     write ``ablation.md``, ``ablation.json`` and ``ablation.png`` into ``out`` (default
     ``runs/ablate-<name>-<recipe>``). Returns what ``ablation.json`` holds: ``rows`` (one per
     variant: ``metrics`` {key: mean, std, per_seed}, ``init_s``, ``accuracy`` or None),
@@ -350,16 +273,16 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     ``out`` and the data are checked, and every variant planned on its model, before anything
     is measured; training reuses finished runs and resumes interrupted ones (:func:`compare`).
     """
-    from structinit.harness.build import check_data
     from structinit.harness.compare import compare
     from structinit.harness.recipes import recipe as make_recipe
-    from structinit.harness.runfolder import check_out_dir
+    from structinit.harness.run.folder import check_out_dir
+    from structinit.harness.tasks.image import check_data
 
     ablation_variants = variants(name, _count("steps", steps, "--steps"))
-    seed_list, n_images = _seed_list(seeds), _count("images", images, "--images")
+    seed_list, n_images = parse_seeds(seeds), _count("images", images, "--images")
     repeats = _count("repeats", repeats, "--repeats")
     with user_input("set"):
-        owned = sorted(set(overrides) & set(_OWNED))
+        owned = sorted(set(overrides) & set(OWNED))
         if owned:
             raise TypeError(f"ablate sets {', '.join(owned)} itself (the variants, the seeds and out); "
                             "do not pass them as training options")
@@ -379,7 +302,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
                 "seeds": seed_list, "images_requested": n_images, "images": int(x.shape[0]), "steps": steps,
                 "published_gd_steps": PUBLISHED_GD_STEPS, "repeats": repeats, "train": bool(train), "out": str(out)}
     settings["command"] = command_line(name, settings, overrides)
-    result = {"settings": settings, "versions": _versions(), "rows": []}
+    result = {"settings": settings, "versions": versions(), "rows": []}
     for v in ablation_variants:
         per_seed, seconds = [], []
         for i, vcfg in enumerate(configs[v.key]):

@@ -6,7 +6,6 @@ expected there."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,11 @@ from typing import Any
 
 from torch import nn
 
-from structinit.harness.build import plan_model
-from structinit.harness.checkpoint import WEIGHTS, init_fingerprint, load_weights
-
-RESULT = "result.json"
+from structinit.harness.config import config_from_dict
+from structinit.harness.run.checkpoint import WEIGHTS, init_fingerprint, load_weights
+from structinit.harness.run.lifecycle import RESULT
+from structinit.harness.tasks import Kind, kind_of
+from structinit.harness.tasks.image import plan_model
 
 
 @dataclass(frozen=True)
@@ -28,22 +28,14 @@ class FinishedRun:
     result: dict[str, Any]
 
     @property
-    def is_sequence(self) -> bool:
-        """Whether this is a sequence-task run (:mod:`structinit.harness.train_sequence`)."""
-        return self.result.get("kind") == "sequence"
+    def kind(self) -> Kind:
+        """What the run trained on (:data:`structinit.harness.tasks.KINDS`)."""
+        return kind_of(self.result)
 
     @property
     def config(self):
-        """The run's TrainConfig (SequenceConfig for a sequence-task run)."""
-        from structinit.harness.train import TrainConfig
-        from structinit.harness.train_sequence import SequenceConfig
-
-        kind = SequenceConfig if self.is_sequence else TrainConfig
-        fields = {f.name for f in dataclasses.fields(kind)}
-        config = {k: v for k, v in self.result["config"].items() if k in fields}
-        if isinstance(config.get("betas"), list):
-            config["betas"] = tuple(config["betas"])
-        return kind(**config)
+        """The run's config (a TrainConfig, or a SequenceConfig for a sequence-task run)."""
+        return config_from_dict(self.kind.config, self.result["config"])
 
     @property
     def num_classes(self) -> int:

@@ -1,7 +1,4 @@
-"""``structinit report``: one self-contained HTML page for a comparison or an ablation.
-
-    structinit report runs/compare-digits                 # writes runs/compare-digits/report.html
-    structinit report runs/compare-digits --out page.html
+"""One self-contained HTML page for a comparison or an ablation (``structinit report``).
 
 For a ``compare`` folder (``summary.json`` and ``<init>/seed<k>/result.json`` runs) the page
 says what was compared and how to read it, then shows the results table (mean ± std over
@@ -17,30 +14,16 @@ Figures are embedded as PNG data URIs and the style is inline: the page loads no
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 from pathlib import Path
 
-COMMAND = "report"
-HELP = "write one self-contained HTML page (report.html) for a compare or ablate folder"
 REPORT = "report.html"
 ABLATION_FILES = ("ablation.json", "ablation.md", "ablation.png")
 EVAL_IMAGES = 8  # evaluation images the attention maps are averaged over
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-METRICS = {"holdout_acc": ("held-out accuracy", "training images that were set aside and never trained on"),
-           "test_acc": ("test accuracy", "the dataset's test images, never trained on")}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", help="a folder written by structinit compare (or structinit ablate)")
-    p.add_argument("--out", default=None, metavar="FILE", help=f"the page to write (default FOLDER/{REPORT})")
-
-
-def run(args: argparse.Namespace) -> int:
-    print(f"→ {write_report(args.folder, args.out)}")
-    return 0
+METRICS = {"holdout_acc": ("held-out accuracy", "{examples} that were set aside and never trained on"),
+           "test_acc": ("test accuracy", "the dataset's test {examples}, never trained on")}
 
 
 def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
@@ -49,8 +32,8 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     without results is a FileNotFoundError naming it; a place the page cannot be written is an
     OSError, raised before anything is drawn."""
     from structinit.harness.errors import user_input
-    from structinit.harness.report_html import page
-    from structinit.harness.runs import find_runs
+    from structinit.harness.finished import find_runs
+    from structinit.harness.report.html import page
 
     folder = Path(folder).expanduser()
     ablation = any((folder / name).is_file() for name in ABLATION_FILES)
@@ -60,7 +43,7 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
         target = report_path(folder, out)
     make = _ablation_page if ablation else _compare_page
     text = page(*make(folder, runs), footer_html=_footer(folder))
-    from structinit.harness.checkpoint import atomic_write_bytes
+    from structinit.harness.run.checkpoint import atomic_write_bytes
 
     with user_input("out_dir"):
         atomic_write_bytes(target, lambda f: f.write(text.encode("utf-8")))
@@ -87,7 +70,7 @@ def _can_write(folder: Path) -> bool:
 def _runs_if_any(folder: Path, depth: int = 4) -> list:
     """The finished runs up to ``depth`` folders below ``folder`` (an ablation keeps them in
     ``runs/<variant>/<init>/seed<k>``), or none."""
-    from structinit.harness.runs import load_run
+    from structinit.harness.finished import load_run
 
     found = [p for d in range(1, depth + 1) for p in sorted(folder.glob("/".join(["*"] * d) + "/result.json"))]
     return [load_run(p.parent) for p in found]
@@ -97,7 +80,7 @@ def group_runs(runs, specs=()) -> dict[str, list]:
     """The runs by init spec, in the comparison's order (``specs``, from summary.json): a run in
     ``<label>/seed<k>`` belongs to the spec whose folder label is ``<label>``; any other run is
     grouped by its init and options. Each group is sorted by seed."""
-    from structinit.harness.compare import spec_label
+    from structinit.harness.specs import spec_label
 
     by_label = {spec_label(spec): spec for spec in specs}
     groups: dict[str, list] = {spec: [] for spec in specs}
@@ -132,8 +115,9 @@ def _summarised(groups: dict[str, list], summary: dict[str, set[int]]) -> tuple[
 
 # ----------------------------------------------------------------------------- compare
 def _compare_page(folder: Path, runs):
-    from structinit.harness.compare import summarise
-    from structinit.harness.report_html import config_html, esc, note, split_config, versions_html
+    from structinit.harness.config import facts
+    from structinit.harness.report.html import config_html, esc, note, split_config, versions_html
+    from structinit.harness.summary import summarise
 
     listed = _summary(folder)
     groups, left_out = _summarised(group_runs(runs, listed), listed)
@@ -141,40 +125,37 @@ def _compare_page(folder: Path, runs):
         raise FileNotFoundError(f"{folder}: none of the runs summary.json names has a result.json")
     summary = summarise({name: [r.result for r in g] for name, g in groups.items()})
     names = list(groups)
+    kind = next(iter(groups.values()))[0].kind
+    task = kind.task
     shared, _ = split_config(groups)
-    metric, where = METRICS.get(summary[names[0]]["metric"], (summary[names[0]]["metric"], "evaluation images"))
+    key = summary[names[0]]["metric"]
+    metric, where = METRICS.get(key, (key, "evaluation {examples}"))
+    where = where.format(examples=task.examples)
     seeds = sorted({r.result["seed"] for g in groups.values() for r in g})
     what = ", ".join(f"<code>{esc(n)}</code>" for n in names)
-    sequence = all(r.is_sequence for g in groups.values() for r in g)
     model = f"model <code>{esc(shared.get('model', 'several models'))}</code>"
-    if sequence:
-        metric, where = "held-out accuracy", "the task's fixed held-out sequences, scored on the answer tokens"
-        task = shared.get("task", "several tasks")
-        task += f" {shared['task_options']}" if shared.get("task_options", "{}") != "{}" else ""
-        recipe = (f"{model} on the task <code>{esc(task)}</code>, "
-                  f"{esc(_count(shared['steps'], 'step') if 'steps' in shared else 'several step budgets')}")
-        layers, progress, figures = "layers of a sequence model", "step by step", ""
-    else:
-        recipe = (f"{model} on <code>{esc(shared.get('dataset', 'several datasets'))}</code>, "
-                  f"{esc(_count(shared['epochs'], 'epoch') if 'epochs' in shared else 'several epoch counts')}")
-        layers, progress = "attention layers of a Vision Transformer", "epoch by epoch"
-        figures = ("; the attention figures show where the first attention layer looks at initialisation and after "
-                   "training")
+    data = shared.get(kind.data, f"several {kind.data}s")
+    options = facts(kind.config, kind.data).spec_of
+    data += f" {shared[options]}" if options and shared.get(options, "{}") != "{}" else ""
+    budget = (_count(shared[kind.budget], task.unit) if kind.budget in shared
+              else f"several {task.unit} budgets")
+    recipe = f"{model} on {'the task ' if options else ''}<code>{esc(data)}</code>, {esc(budget)}"
+    figures = ("; the attention figures show where the first attention layer looks at initialisation and after "
+               "training") if kind.attention_figures else ""
     several = len(names) > 1
     intro = (f"This page {'compares' if several else 'reports'} {_count(len(names), 'way')} to initialise the "
-             f"{layers}: {what}. Each was trained with the same recipe ({recipe}) "
+             f"{kind.subject}: {what}. Each was trained with the same recipe ({recipe}) "
              f"from {_count(len(seeds), 'seed')} ({esc(', '.join(map(str, seeds)))}); only the initialisation "
              f"differs between the rows. Runs are judged on their {esc(metric)} ({esc(where)}). Start with the "
              "results table: higher is better, and a difference smaller than the ± (the standard deviation over "
-             f"seeds) is within noise. The curves show how each init learned, {progress}{figures}.")
-    kind = "Sequence-model initialisation" if sequence else "Attention initialisation"
-    title = f"{kind}{'s compared' if several else ''}: {', '.join(names)}"
+             f"seeds) is within noise. The curves show how each init learned, {task.unit} by {task.unit}{figures}.")
+    title = f"{kind.title}{'s compared' if several else ''}: {', '.join(names)}"
     subtitle = f"structinit compare folder {folder.resolve()}"
     left = note(f"Left out: {len(left_out)} other finished run(s) in this folder that summary.json does not "
                 f"list ({', '.join(left_out[:8])}{' …' if len(left_out) > 8 else ''}).") if left_out else ""
-    sections = [("results", "Results", _results_html(summary, metric, "step" if sequence else "epoch") + left),
-                ("curves", "Training curves", _curves_html(groups, "step" if sequence else "epoch")),
-                *([] if sequence else [("attention", "Attention maps", _attention_html(groups))]),
+    sections = [("results", "Results", _results_html(summary, metric, task.unit) + left),
+                ("curves", "Training curves", _curves_html(groups, task.unit, task.examples)),
+                *([("attention", "Attention maps", _attention_html(groups))] if kind.attention_figures else []),
                 ("configuration", "Configuration", config_html(groups)),
                 ("versions", "Versions and seeds", versions_html(groups))]
     return title, subtitle, intro, sections
@@ -192,7 +173,7 @@ def _minutes(seconds: float) -> str:
 def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
     import statistics
 
-    from structinit.harness.report_html import esc, note, table
+    from structinit.harness.report.html import esc, note, table
 
     means = sorted((s["mean"] for s in summary.values()), reverse=True)
     best = max(summary, key=lambda s: summary[s]["mean"]) if len(means) > 1 and means[0] > means[1] else None
@@ -214,10 +195,10 @@ def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
     return html
 
 
-def _curves_html(groups, unit: str = "epoch") -> str:
+def _curves_html(groups, unit: str = "epoch", examples: str = "images") -> str:
     from structinit.analysis.curves import curves_figure
-    from structinit.harness.compare import primary_metric
-    from structinit.harness.report_html import esc, figure, figure_png, note
+    from structinit.harness.report.html import esc, figure, figure_png, note
+    from structinit.harness.summary import primary_metric
 
     try:
         key = primary_metric(next(iter(groups.values()))[0].result["final"])
@@ -229,7 +210,7 @@ def _curves_html(groups, unit: str = "epoch") -> str:
     except (ValueError, KeyError, TypeError) as err:
         return note(f"No training curves: {_first_line(err)}")
     return figure(png, f"accuracy and loss against {unit} for every init",
-                  f"Left: accuracy on the evaluation {'sequences' if unit == 'step' else 'images'} ({esc(metric)} "
+                  f"Left: accuracy on the evaluation {examples} ({esc(metric)} "
                   f"here) at each evaluation {unit}; right: the loss on "
                   "them (lower is better). Lines are the mean over seeds, shaded bands ±1 standard deviation; n is the "
                   "number of seeds.")
@@ -240,7 +221,7 @@ def _attention_html(groups) -> str:
     """The first layer's maps of every init's first-seed run, at init and trained, averaged over
     a few evaluation images; each init that cannot be drawn gets a visible note instead."""
     from structinit.analysis.figures import comparison_figure
-    from structinit.harness.report_html import esc, figure, figure_png, note
+    from structinit.harness.report.html import esc, figure, figure_png, note
 
     maps = {"at initialisation": {}, "after training": {}}
     notes, cache, shown = [], {}, ""
@@ -290,13 +271,9 @@ def _eval_images(cfg, cache: dict):
 
 
 def _load_eval_images(cfg):
+    from structinit.harness.tasks.image import eval_images
 
-    from structinit.harness.build import load_data
-
-    _, evals = load_data(dataclasses.replace(cfg, download=False, train_size=None))
-    split, ds = next(iter(evals.items()))
-    n = min(EVAL_IMAGES, len(ds))
-    return ds.normalised(n), ds.num_classes, f"the first {n} {split} images of {ds.name}"
+    return eval_images(cfg, EVAL_IMAGES)
 
 
 def _first_layer_maps(run, images, num_classes):
@@ -305,7 +282,7 @@ def _first_layer_maps(run, images, num_classes):
 
     from structinit.adapters import infer_layout
     from structinit.analysis.capture import attention_maps
-    from structinit.harness.runs import models_of
+    from structinit.harness.finished import models_of
 
     models = models_of(run, tuple(images.shape[1:]), num_classes)
     with torch.no_grad():
@@ -321,7 +298,7 @@ def _footer(folder: Path) -> str:
     import datetime
 
     import structinit
-    from structinit.harness.report_html import esc
+    from structinit.harness.report.html import esc
 
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (f"Written by <code>structinit report</code> (structinit {esc(structinit.__version__)}) from "
@@ -331,7 +308,7 @@ def _footer(folder: Path) -> str:
 
 # ----------------------------------------------------------------------------- ablate
 def _ablation_page(folder: Path, runs):
-    from structinit.harness.report_html import config_html, figure, json_html, markdown, note, versions_html
+    from structinit.harness.report.html import config_html, figure, json_html, markdown, note, versions_html
 
     data, problems = _read_ablation_json(folder / "ablation.json")
     md_path, png_path = folder / "ablation.md", folder / "ablation.png"

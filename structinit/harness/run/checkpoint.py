@@ -5,7 +5,7 @@ A checkpoint is written to a temporary file in the same folder, flushed and fsyn
 renamed over the old one (``os.replace`` is atomic on POSIX), and the folder is fsync'ed:
 a run killed at any instant leaves either the previous checkpoint or the new one, never a
 torn file. A kill can leave the temporary file (``.<name>.<8 characters>.tmp``) behind; the
-next run in that folder removes it (:mod:`structinit.harness.runfolder`). Files are created
+next run in that folder removes it (:mod:`structinit.harness.run.folder`). Files are created
 with mode 0666 less the umask, like any other file the user writes. A checkpoint is read
 back with ``torch.load(weights_only=True)``, which only rebuilds tensors and plain
 containers, so a tampered file cannot run code.
@@ -49,20 +49,43 @@ def _create_temporary(path: Path) -> tuple[int, Path]:
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp  # EXCL: never reuse a stale one
 
 
+def _storage_failure(err: BaseException) -> str | None:
+    """Why a write failed, when the storage refused it (full disk, no permission, read-only
+    file system …), or None for any other error. torch.save reports a full disk as a
+    RuntimeError of its zip writer ("unexpected pos …", "file write failed")."""
+    if isinstance(err, OSError):
+        return err.strerror or str(err)
+    text = str(err)
+    if isinstance(err, RuntimeError) and ("unexpected pos" in text or "file write failed" in text):
+        return "the disk is full or the file could not be written"
+    return None
+
+
 def atomic_write_bytes(path: Path, write) -> None:
-    """Call ``write(fileobj)`` on a temporary file and atomically move it to ``path``."""
+    """Call ``write(fileobj)`` on a temporary file and atomically move it to ``path``. If the
+    storage refuses the write (a full disk, a folder that is not writable) this raises
+    :class:`~structinit.harness.errors.RunIOError`, one line naming ``path``; the file that was
+    there before is unchanged and the temporary file is removed."""
+    from structinit.harness.errors import RunIOError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temporary(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temporary(path)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        why = _storage_failure(err)
+        if why is None:
+            raise
+        kept = "the previous version is unchanged" if path.exists() else "nothing was written there"
+        raise RunIOError(f"{path}: could not be written ({why}); {kept}") from err
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -209,33 +209,6 @@ def page(title: str, subtitle: str, intro_html: str, sections: Sequence[tuple[st
 # ----------------------------------------------------------------------------- sections from runs
 # Settings each run has for itself: shown with the seeds, not in the configuration.
 PER_RUN = ("out_dir", "seed")
-# What each training setting means, for a reader who does not know TrainConfig.
-MEANING = {
-    "model": "the model trained", "model_kwargs": "extra arguments of the model",
-    "init": "the attention initialisation scheme", "init_options": "the scheme's options ({} = its defaults)",
-    "dataset": "the images and labels", "data_dir": "where the dataset's files are read from",
-    "download": "fetch the dataset if missing", "train_size": "training images used (class-balanced; None = all)",
-    "holdout": "training images set aside to measure accuracy (0 = use the test split)",
-    "holdout_mode": "which images are set aside", "test_prefix": "also score the first N test images",
-    "epochs": "passes over the training images", "batch_size": "images per optimisation step",
-    "lr": "peak learning rate (AdamW; warm-up, then cosine decay)", "min_lr": "learning rate at the end",
-    "warmup_epochs": "epochs of learning-rate warm-up", "warmup_lr": "learning rate at the start of warm-up",
-    "weight_decay": "AdamW weight decay", "eps": "AdamW epsilon", "betas": "AdamW betas",
-    "label_smoothing": "label smoothing of the loss", "grad_clip": "gradient norm clipped to this (None = off)",
-    "augment": "data augmentation", "precision": "arithmetic precision", "compile": "torch.compile the model",
-    "ema_decay": "decay of an exponential moving average of the weights (None = off)",
-    "eval_every": "evaluate every N epochs", "init_seed": "seed of the model and init (None = the run's seed)",
-}
-# The same for sequence-task runs (SequenceConfig), where they differ.
-SEQUENCE_MEANING = {
-    **MEANING, "task": "the synthetic sequence task", "task_options": "the task's options ({} = its defaults)",
-    "steps": "optimisation steps (a fresh batch each)", "batch_size": "sequences per optimisation step",
-    "warmup_steps": "steps of learning-rate warm-up", "eval_every": "evaluate (and checkpoint) every N steps",
-    "heldout_size": "held-out sequences, the same for every seed and init", "init": "the initialisation scheme",
-    "seed": "seed of the training stream",
-}
-
-
 def _show(value) -> str:
     return value if isinstance(value, str) else repr(value)
 
@@ -263,22 +236,28 @@ def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
 
 
 def _field_order(key: str) -> tuple[int, str]:
-    """TrainConfig's own order (model and init first, output last), then SequenceConfig's own
-    fields; unknown keys after them."""
-    from structinit.harness.train import TrainConfig
-    from structinit.harness.train_sequence import SequenceConfig
+    """The config classes' own order (model and init first, output last); unknown keys after."""
+    from structinit.harness.tasks import KINDS
 
-    order = list(dict.fromkeys(f.name for kind in (TrainConfig, SequenceConfig) for f in dataclasses.fields(kind)))
+    order = list(dict.fromkeys(f.name for kind in KINDS.values() for f in dataclasses.fields(kind.config)))
     return (order.index(key), "") if key in order else (len(order), key)
+
+
+def _meaning(config: type, key: str) -> str:
+    from structinit.harness.config import facts
+
+    try:
+        return facts(config, key).help
+    except KeyError:  # a field of an older version
+        return ""
 
 
 def config_html(groups) -> str:
     shared, differing = split_config(groups)
-    sequence = all(r.is_sequence for g in groups.values() for r in g)
-    kind, meaning = ("SequenceConfig", SEQUENCE_MEANING) if sequence else ("TrainConfig", MEANING)
-    html = (f'<p class="caption">The training settings (structinit {kind} fields, as each run\'s result.json '
-            "records them). Settings shared by every run:</p>")
-    html += table(["setting", "value", "meaning"], [[k, v, meaning.get(k, "")] for k, v in shared.items()])
+    config = next(iter(groups.values()))[0].kind.config
+    html = (f'<p class="caption">The training settings (structinit {config.__name__} fields, as each run\'s '
+            "result.json records them). Settings shared by every run:</p>")
+    html += table(["setting", "value", "meaning"], [[k, v, _meaning(config, k)] for k, v in shared.items()])
     columns = list(next(iter(differing.values()))) if differing else []
     if columns:
         html += '<h3>Settings that differ between inits</h3>'

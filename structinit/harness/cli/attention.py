@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", default="impulse", help="comma-separated init specs for --model (default impulse)")
     p.add_argument("--layers", default=None, help="attention layer indices, e.g. 0,3,-1 (default: first, middle, last)")
     p.add_argument("--dataset", default=None, help="images to look at (default: the run's; none: position only)")
-    p.add_argument("--data-dir", dest="data_dir", default=None)
+    p.add_argument("--data-dir", dest="data_dir", default=None, help="where the --dataset files are read from")
     p.add_argument("--images", type=int, default=8, help="test images averaged in the metrics (default 8)")
     p.add_argument("--queries", default=None, help="grid tokens for the overlays (default: corner, centre, far corner)")
     p.add_argument("--seed", type=int, default=0, help="init seed for --model (default 0)")
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
-    from structinit.harness.cli_errors import UsageError
+    from structinit.harness.cli.flags import UsageError
 
     if text is None:
         return None
@@ -52,7 +52,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
     """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-    from structinit.harness.runs import test_images
+    from structinit.harness.finished import test_images
 
     return (None, None) if dataset is None else test_images(dataset, data_dir, n)
 
@@ -164,7 +164,7 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
 
 
 def _queries(args, layout) -> list[int]:
-    from structinit.harness.cli_errors import UsageError
+    from structinit.harness.cli.flags import UsageError
 
     q = _ints(args.queries, "--queries")
     h, w = layout.grid
@@ -177,7 +177,7 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     from structinit.adapters import find_attention_layers, infer_layout
     from structinit.analysis import comparison_figure, overlay_figure
     from structinit.harness.errors import user_input
-    from structinit.harness.runs import load_run, models_of
+    from structinit.harness.finished import load_run, models_of
     from structinit.schemes.records import get_record
 
     with user_input("run"):
@@ -209,7 +209,7 @@ def _run_figures(args, out: Path, layers) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from structinit.harness.errors import user_input
-    from structinit.harness.runfolder import check_out_dir
+    from structinit.harness.run.folder import check_out_dir
 
     name = args.model or Path(args.run).resolve().name
     out = Path(args.out or f"runs/attention-{name}")

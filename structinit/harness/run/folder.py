@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from structinit.harness.checkpoint import EMA_WEIGHTS, TEMPORARY, WEIGHTS
 from structinit.harness.errors import RunLockedError, user_input
+from structinit.harness.run.checkpoint import EMA_WEIGHTS, TEMPORARY, WEIGHTS
 
 try:
     import fcntl

@@ -1,0 +1,126 @@
+"""Command line (``structinit …`` or ``python -m structinit …``), thin over the library:
+
+    structinit train   --recipe cpu-cifar --data-dir DIR --init impulse [--resume]
+    structinit train   --recipe cpu-cifar-lipschitz --data-dir DIR --init pytorch   (--loss hinge --certify 36/255)
+    structinit compare --recipe digits --inits pytorch,timm,mimetic,impulse --seeds 3
+    structinit compare --task copy:length=64 --model mamba_seq_2x64 --inits default,mimetic --seeds 5
+    structinit demo    (init fidelity of every scheme)
+    structinit attention --model vit_cpu_patch4_32 --init impulse,mimetic  |  --run RUN_DIR
+    structinit cka RUN_A RUN_B
+    structinit ablate kernel --recipe cpu-cifar --data-dir DIR [--train]
+    structinit report COMPARE_OR_ABLATE_DIR
+
+An error in what you typed (a flag's value, the data, --out, a checkpoint of another run) is
+one line on stderr, ``structinit <command>: error: …``, naming the flag and the fix, with exit
+status 2; --debug shows the traceback instead. A run whose loss diverged exits with 1.
+Another process training the same run folder is refused (exit 2) unless --wait is given,
+which waits for it. Ctrl-C exits with 130; the last finished epoch is kept for --resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from structinit.harness.cli import ablate, attention, cka, demo, report
+from structinit.harness.cli.flags import add_training_flags, config_from_args, run_name
+from structinit.harness.cli.messages import exit_code, format_error
+from structinit.harness.errors import user_input
+from structinit.harness.specs import parse_init_spec, parse_seeds, spec_label, split_init_specs
+
+# Commands in a module of their own: each has COMMAND (its name), HELP (one line),
+# add_arguments(parser) and run(args) -> exit status; heavy imports stay inside run(), so that
+# `structinit --help` stays fast.
+MODULE_COMMANDS = [demo, attention, cka, ablate, report]
+# The config fields each training command sets from its own flags: --set must not.
+OWNED = {"train": {"out_dir": "--out", "init": "--init", "init_options": "--init", "seed": "--seed"},
+         "compare": {"out_dir": "--out", "init": "--inits", "seed": "--seeds"}}
+
+
+def _add_debug_flag(p: argparse.ArgumentParser, default) -> None:
+    # SUPPRESS on the sub-commands: their default would overwrite a --debug given before them
+    p.add_argument("--debug", action="store_true", default=default, help="show the traceback of an error")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="structinit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug_flag(parser, False)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_train = sub.add_parser("train", help="train one model")
+    add_training_flags(p_train, OWNED["train"])
+    p_train.add_argument("--init", default="impulse", help="scheme, with options: impulse:target_mass=0.3")
+    p_train.add_argument("--seed", type=int, default=0, help="seed of the data order, the model and its init")
+    p_train.add_argument("--out", default=None, help="run folder (default runs/<recipe>-<init>-seed<k>)")
+    p_train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+
+    p_cmp = sub.add_parser("compare", help="train several inits × seeds and summarise")
+    add_training_flags(p_cmp, OWNED["compare"])
+    p_cmp.add_argument("--inits", default="pytorch,timm,mimetic,impulse",
+                       help="comma-separated init specs: pytorch,impulse:pe_scale=1.0,target_mass=0.3,mimetic")
+    p_cmp.add_argument("--init", action="append", default=[], metavar="SPEC",
+                       help="an extra init with options, e.g. impulse:target_mass=0.3,pe_scale=2 (repeatable)")
+    p_cmp.add_argument("--seeds", default="3", help="a count (3 → seeds 0,1,2) or a list (0,4,7)")
+    p_cmp.add_argument("--out", default=None, help="comparison folder (default runs/compare-<recipe>)")
+    subs = [p_train, p_cmp]
+    for module in MODULE_COMMANDS:
+        subs.append(sub.add_parser(module.COMMAND, help=module.HELP, description=module.__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter))
+        module.add_arguments(subs[-1])
+    for p in subs:
+        _add_debug_flag(p, argparse.SUPPRESS)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from structinit.harness.tasks import train
+
+    with user_input("init"):
+        init, options = parse_init_spec(args.init)
+    out = args.out or f"runs/{run_name(args)}-{spec_label(args.init)}-seed{args.seed}"
+    cfg = config_from_args(args, OWNED["train"], init=init, init_options=options, seed=args.seed, out_dir=out)
+    result = train(cfg, resume=args.resume, progress=not args.no_progress, wait=args.wait)
+    if os.environ.get("RANK", "0") == "0":
+        print({k: round(v, 4) for k, v in result["final"].items()}, f"→ {out}/result.json")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from structinit.harness.compare import compare
+    from structinit.harness.summary import format_summary
+
+    with user_input("init"):
+        inits = split_init_specs(args.inits) + args.init
+    seeds = parse_seeds(args.seeds)
+    cfg = config_from_args(args, OWNED["compare"])
+    out = args.out or f"runs/compare-{run_name(args)}"
+    summary = compare(cfg, inits, seeds, out, progress=not args.no_progress, wait=args.wait)
+    print(format_summary(summary) + f"\n→ {out}/summary.md, summary.json, accuracy.png, report.html")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns the exit status (errors in the input: 2, see the module docstring)."""
+    args = _parser().parse_args(argv)
+    commands = {"train": _train, "compare": _compare, **{m.COMMAND: m.run for m in MODULE_COMMANDS}}
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        keep = {"train": "; the last finished epoch is kept: run it again with --resume to continue",
+                "compare": "; finished runs and epochs are kept: run it again to continue"}.get(args.command, "")
+        print(f"structinit {args.command}: interrupted{keep}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        code = exit_code(err)
+        if args.debug or code is None:  # a bug, or asked for: the whole traceback
+            raise
+        print(format_error(err, args.command), file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""A run's configuration, where every field says once what it is.
+
+Each field is declared with :func:`option`, which keeps beside its default the field's
+:class:`Facts`: one line of help (the command line's ``--help`` text and the report's
+"meaning" column), its flag (``--lr``; a field without one is set with ``--set KEY=VALUE``)
+and its check. The command line's flags, ``--set``'s type checks, error messages written in
+flags and the report's configuration table are all generated from these facts.
+
+:class:`RunConfig` holds what every run has (model, init, optimiser, seeds, folder);
+:class:`TrainConfig` (images) and :class:`SequenceConfig` (synthetic sequence tasks) add their
+task's fields. A subclass may redeclare a field to change its default; it keeps the base's
+facts unless it declares its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+__all__ = ["Facts", "RunConfig", "SequenceConfig", "TrainConfig", "check_config", "config_from_dict", "facts",
+           "flag_of", "option"]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the command line and the report know of a field."""
+
+    help: str
+    flag: str | None = None                 # its own flag, e.g. "--lr"; None: --set only
+    parse: Callable[[str], Any] | None = None  # the flag's argparse type (default: from the annotation)
+    metavar: str | None = None
+    check: str | None = None                # "count" (int ≥ 1), "positive" (finite > 0) or "natural" (int ≥ 0)
+    spec_of: str | None = None              # the flag reads "name:key=value,…": the options go to this field
+
+
+def option(default: Any = MISSING, *, help: str, flag: str | bool = False, factory: Callable[[], Any] | None = None,
+           **facts: Any) -> Any:
+    """A dataclass field with its :class:`Facts`; ``flag=True`` spells the flag from the name
+    (``batch_size`` → ``--batch-size``)."""
+    return dataclasses.field(default=default, default_factory=factory if factory else MISSING,
+                             metadata={"facts": Facts(help, flag if isinstance(flag, str) else None, **facts),
+                                       "own_flag": flag is True})
+
+
+def facts(config: type | object, name: str) -> Facts:
+    """The facts of field ``name``: the nearest declaration in the class hierarchy that has them."""
+    kind = config if isinstance(config, type) else type(config)
+    for cls in kind.__mro__:
+        field = getattr(cls, "__dataclass_fields__", {}).get(name)
+        if field is not None and "facts" in field.metadata:
+            found = field.metadata["facts"]
+            return dataclasses.replace(found, flag=flag_of(cls, name))
+    raise KeyError(f"{kind.__name__} has no field {name!r}")
+
+
+def flag_of(config: type, name: str) -> str | None:
+    """The flag of field ``name`` of ``config`` (a class declaring it with :func:`option`)."""
+    field = config.__dataclass_fields__[name]
+    meta = field.metadata
+    return "--" + name.replace("_", "-") if meta.get("own_flag") else meta["facts"].flag
+
+
+def _check(name: str, value: Any, rule: str | None) -> None:
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    ok = {None: True, "count": whole and value >= 1, "natural": whole and value >= 0,
+          "positive": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and value > 0}[rule]
+    if not ok:
+        expected = {"count": "a positive whole number", "natural": "a whole number ≥ 0",
+                    "positive": "a positive finite number"}[rule]
+        raise ValueError(f"{name}={value!r}: expected {expected}")
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Check every field that declares a check; errors are input errors naming the field."""
+    from structinit.harness.errors import user_input
+
+    for field in dataclasses.fields(cfg):
+        rule = facts(cfg, field.name).check
+        value = getattr(cfg, field.name)
+        if value is not None or field.default is not None:  # an optional field may be None
+            with user_input(field.name):
+                _check(field.name, value, rule)
+
+
+def config_from_dict(kind: type, values: dict[str, Any]) -> RunConfig:
+    """A ``kind`` config from a result's or checkpoint's dict (JSON gives betas back as a list;
+    fields a newer version dropped are ignored)."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    config = {k: v for k, v in values.items() if k in names}
+    if isinstance(config.get("betas"), list):
+        config["betas"] = tuple(config["betas"])
+    return kind(**config)
+
+
+@dataclass
+class RunConfig:
+    """What every run depends on, whatever it trains on (saved in its checkpoint and result)."""
+
+    model: str = option("vit_cpu_patch4_32", flag=True,
+                        help="the model trained (structinit.list_models(), or timm/<name>)")
+    model_kwargs: dict[str, Any] = option(factory=dict, help="extra arguments of the model")  # noqa: RUF009
+    init: str = option("pytorch", help="the initialisation scheme")
+    init_options: dict[str, Any] = option(factory=dict, help="the scheme's options ({} = its defaults)")  # noqa: RUF009
+    batch_size: int = option(128, flag=True, check="count", help="examples per optimisation step")
+    lr: float = option(1e-3, flag=True, check="positive", help="peak learning rate (AdamW; warm-up, then cosine decay)")
+    min_lr: float = option(1e-5, help="learning rate at the end of the cosine decay")
+    warmup_lr: float = option(1e-5, help="learning rate at the start of warm-up")
+    weight_decay: float = option(0.05, help="AdamW weight decay, on weight matrices only (not on the model's "
+                                 "no_weight_decay() parameters, biases or norms)")
+    eps: float = option(1e-8, help="AdamW epsilon")
+    betas: tuple[float, float] = option((0.9, 0.999), help="AdamW betas")
+    grad_clip: float | None = option(1.0, help="gradient norm clipped to this (None = off)")
+    precision: str = option("auto", flag=True, help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware "
+                            "has it natively, else fp32)")
+    compile: bool = option(False, flag=True, help="torch.compile the model")
+    ema_decay: float | None = option(None, flag=True, help="decay of an exponential moving average of the weights, "
+                                     "also evaluated and exported (None = off)")
+    eval_every: int = option(1, flag=True, check="count",
+                             help="evaluate every N epochs (sequence tasks: every N steps, and checkpoint then)")
+    seed: int = option(0, help="seed of the data order and augmentation")
+    init_seed: int | None = option(None, help="seed of the model and init (None = the run's seed)")
+    out_dir: str = option("runs/run", flag="--out", help="the run folder")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _radius(text: str) -> float:
+    """A radius from the command line: a number (``0.1412``) or a fraction (``36/255``), read
+    without eval.
+
+    Examples:
+        >>> _radius("36/255") == 36 / 255, _radius("0.5")
+        (True, 0.5)
+    """
+    import argparse
+
+    num, slash, den = text.partition("/")
+    try:
+        return float(num) / float(den) if slash else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or a fraction such as 36/255") from None
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """An image-classification run (:mod:`structinit.harness.tasks.image`)."""
+
+    dataset: str = option("digits", flag=True,
+                          help="the images and labels: digits, cifar10, mnist, … (structinit.data.DATASETS)")
+    data_dir: str | None = option(None, flag=True, help="where the dataset's files are read from")
+    download: bool = option(False, flag=True, help="fetch the dataset if missing")
+    train_size: int | None = option(None, flag=True, check="count",
+                                    help="training images used, class-stratified (None = all)")
+    holdout: int = option(0, check="natural", help="training images set aside to measure accuracy "
+                          "(0 = use the test split)")
+    holdout_mode: str = option("last", help="which images are set aside: 'last' in order, or 'stratified'")
+    test_prefix: int | None = option(None, help="also score the first N test images")
+    epochs: int = option(30, flag=True, check="count", help="passes over the training images")
+    warmup_epochs: float = option(2.0, help="epochs of learning-rate warm-up")
+    label_smoothing: float = option(0.1, help="label smoothing of the cross-entropy loss")
+    loss: str = option("ce", flag=True, help="ce (cross-entropy) or hinge (the multi-class hinge loss of "
+                       "certified training)")
+    hinge_margin: float | None = option(None, help="margin of the hinge loss (None = √2·certify_eps/min(std), "
+                                        "else 0.5)")
+    certify_eps: float | None = option(None, flag="--certify", parse=_radius, metavar="EPS",
+                                       help="ℓ₂ radius in pixel space, e.g. 36/255: adds certified (and final PGD) "
+                                       "accuracy")
+    augment: str = option("crop4,flip", flag=True, help="data augmentation, applied to whole batches")
+
+
+@dataclass
+class SequenceConfig(RunConfig):
+    """A synthetic sequence-task run (:mod:`structinit.harness.tasks.sequence`): copying or
+    multi-query associative recall, a fresh batch every step."""
+
+    model: str = "mamba_seq_2x64"
+    init: str = "default"
+    task: str = option("copy", flag="--task", spec_of="task_options", metavar="SPEC",
+                       help="a sequence task instead of images: copy:length=64,vocab=16 or mqar:pairs=8,length=64")
+    task_options: dict[str, Any] = option(factory=dict, help="the task's options ({} = its defaults)")  # noqa: RUF009
+    steps: int = option(2000, flag=True, check="count", help="optimiser steps of a --task run (a fresh batch each)")
+    batch_size: int = option(64, flag=True, check="count", help="sequences per optimisation step")
+    warmup_steps: int = option(100, check="natural", help="steps of learning-rate warm-up")
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.98)
+    precision: str = "fp32"
+    eval_every: int = option(250, flag=True, check="count", help="evaluate (and checkpoint) every N steps")
+    heldout_size: int = option(1000, check="count", help="held-out sequences, the same for every seed and init")
+    seed: int = option(0, help="seed of the training stream")
+    out_dir: str = "runs/seq"

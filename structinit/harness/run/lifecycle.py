@@ -1,0 +1,243 @@
+"""The training loop every run shares, top to bottom in one function (nanoGPT / airbench style).
+
+A run is a config and a :class:`Task`: the task knows its data (image batches, generated
+sequences), its loss and its evaluation; this loop does the rest, the same way for every
+task: lock the run folder, resume from the last checkpoint, refuse a checkpoint that started
+from other initial weights, return a finished run's result, train in chunks (an epoch of
+images, ``eval_every`` steps of sequences), stop on a non-finite loss without overwriting the
+last good checkpoint, write an atomic checkpoint and the metric log after every chunk, and
+export the weights and the result at the end.
+
+Every random choice comes from generators seeded by (seed, chunk or step, rank), so a killed
+run resumed with ``resume=True`` repeats exactly the computation it would have done: on CPU
+the final weights are bit-identical to an uninterrupted run. Distributed data parallel runs
+under ``torchrun`` (gloo on CPUs, NCCL on GPUs): each rank takes its share of every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from structinit.harness.errors import NonFiniteLossError, RunIOError, user_input
+from structinit.harness.run.checkpoint import (
+    EMA_WEIGHTS,
+    WEIGHTS,
+    MetricsLog,
+    check_same_init,
+    init_fingerprint,
+    resume_state,
+    save_checkpoint,
+    save_weights,
+    write_json,
+)
+from structinit.harness.run.device import Placement, describe_device, placement, precision_name, versions
+from structinit.harness.run.folder import check_out_dir, lock_run
+from structinit.harness.run.optim import EMA, cosine_lr, param_groups
+from structinit.utils.optional_imports import require
+
+__all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "run_task"]
+
+CHECKPOINT, RESULT = "checkpoint.pt", "result.json"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Steps [first, last) of a run, after which it checkpoints (and evaluates if ``evaluate``)."""
+
+    number: int  # 1-based: the epoch, or the chunk of eval_every steps
+    first: int
+    last: int
+    evaluate: bool
+
+
+class Task(Protocol):
+    """What a run trains on; :mod:`structinit.harness.tasks` has the image and sequence tasks."""
+
+    cfg: Any
+    unit: str  # what a chunk is called in messages: "epoch", "step"
+    examples: str  # what a batch holds: "images", "sequences" (the row's <examples>_per_s)
+    state_keys: tuple[str, ...]  # what its checkpoint must hold to resume
+    added_fields: dict[str, Any]  # config fields added since older checkpoints: the value they ran with
+
+    def check(self, where: Placement) -> torch.dtype | None:
+        """Every check that needs no data (input errors); the autocast dtype."""
+
+    def prepare(self, where: Placement) -> nn.Module:
+        """Load the data onto ``where.device``; the model, constructed and initialised (on the CPU)."""
+
+    def schedule(self) -> tuple[list[Chunk], int, int]:
+        """(the chunks, total steps, warm-up steps)."""
+
+    def batches(self, chunk: Chunk, where: Placement) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's (input, target) of every step of ``chunk``, on the device."""
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
+
+    def count(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(right predictions, scored predictions, the loss's weight in the chunk's mean)."""
+
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict: ...
+
+    def row(self, chunk: Chunk) -> dict[str, Any]:
+        """What a metric row and the checkpoint say of ``chunk`` beyond ``step``."""
+
+    def result(self, history: list[dict]) -> dict[str, Any]:
+        """The task's part of result.json (its ``final`` metrics among them)."""
+
+
+def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
+    """Train ``task``, checkpointing after every chunk; return the result (also written to
+    ``out_dir/result.json``). ``resume=True`` returns a finished run's result and continues a
+    half-finished one from its last checkpoint. The settings and ``out_dir`` are checked before
+    anything is loaded or written (input errors, :mod:`structinit.harness.errors`). While the
+    run trains its folder is locked: another process on it raises
+    :class:`~structinit.harness.errors.RunLockedError`, or with ``wait=True`` waits."""
+    where = placement()
+    with user_input("out_dir"):
+        check_out_dir(task.cfg.out_dir)
+    dtype = task.check(where)
+    with lock_run(task.cfg.out_dir, wait=wait, enabled=where.writes):
+        try:
+            return _train(task, resume, progress, where, dtype)
+        except RunIOError as err:  # one line: what failed, and that the run can go on from its checkpoint
+            ckpt = Path(task.cfg.out_dir) / CHECKPOINT
+            keep = (f"the last good checkpoint {ckpt} is kept: free some space (or fix the folder) and run again "
+                    "with resume=True (--resume)") if ckpt.exists() else "no checkpoint was written yet"
+            raise RunIOError(f"{err}; {keep}") from err.__cause__
+
+
+def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) -> dict[str, Any]:
+    cfg, device = task.cfg, where.device
+    out = Path(cfg.out_dir)
+    ckpt_path, result_path = out / CHECKPOINT, out / RESULT
+    state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields)
+    model = task.prepare(where)
+    fingerprint = init_fingerprint(model)
+    if state is not None:
+        with user_input("resume"):
+            check_same_init(state, fingerprint, ckpt_path)
+        if state.get("finished") and result_path.exists():
+            return json.loads(result_path.read_text())
+    model = model.to(device)
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    chunks, total, warmup = task.schedule()
+    done, history, wall_before = 0, [], 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        if ema is not None:
+            ema.state = {k: v.to(device) for k, v in state["ema"].items()}
+        history, wall_before = state["history"], state["wall_s"]
+        done = state["step"] if "step" in state else chunks[state["epoch"] - 1].last if state["epoch"] else 0
+    # The step each process that trained this run started from: [0] for a run never stopped,
+    # [0, 120] for one resumed from its step-120 checkpoint.
+    starts = [*(state.get("starts", []) if state else []), done]
+    log = MetricsLog(out, history) if where.writes else None
+    if log is not None:
+        log.flush()  # metric files agree with the checkpoint, even after a kill
+    net = model
+    if where.world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    net = torch.compile(net) if cfg.compile else net
+    run_start = time.perf_counter()
+    for chunk in (c for c in chunks if c.first >= done):
+        loss_sum = torch.zeros((), device=device)
+        right = torch.zeros((), device=device)
+        scored = torch.zeros((), device=device)
+        weight = 0
+        bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
+        t0 = time.perf_counter()
+        for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
+            lr = cosine_lr(step, total, warmup, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = net(x)
+            loss = task.loss(logits, y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            if cfg.grad_clip:
+                scaler.unscale_(opt)
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(opt)
+            scaler.update()
+            if ema is not None:
+                ema.update(model)
+            good, n, w = task.count(logits.detach(), y)
+            loss_sum += loss.detach() * w
+            right, scored, weight = right + good, scored + n, weight + w
+            if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
+                bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
+                bar.update(step + 1 - chunk.first - bar.n)
+        if bar is not None:
+            bar.close()
+        seconds = time.perf_counter() - t0
+        totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
+                                               torch.tensor(float(weight), dtype=torch.float64, device=device)]))
+        if not math.isfinite(float(totals[0])):
+            raise NonFiniteLossError(
+                f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not finite "
+                f"(lr {lr:.3g}); stopped without overwriting {ckpt_path}, which holds the run up to step {chunk.first}")
+        row = {**task.row(chunk), "step": chunk.last, "lr": lr, "train_loss": float(totals[0]) / float(totals[3]),
+               "train_acc": float(totals[1]) / max(1.0, float(totals[2])),
+               f"{task.examples}_per_s": (chunk.last - chunk.first) * cfg.batch_size / seconds,
+               "wall_s": wall_before + time.perf_counter() - run_start}
+        if chunk.evaluate:
+            row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1])
+            if ema is not None:  # the averaged weights too, then the live ones back
+                live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                model.load_state_dict(ema.state)
+                row |= {f"ema_{k}": v for k, v in task.evaluate(model, dtype, where, False, robust=False).items()
+                        if k.endswith("_acc")}
+                model.load_state_dict(live)
+        history = [*history, row]
+        if where.writes:
+            save_checkpoint(ckpt_path, {
+                "config": cfg.to_dict(), **task.row(chunk), "step": chunk.last, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+                "ema": None if ema is None else ema.state, "history": history, "wall_s": row["wall_s"],
+                "finished": chunk is chunks[-1], "init_fingerprint": fingerprint, "starts": starts,
+            })
+            log.append(row)
+        if where.world > 1:
+            torch.distributed.barrier()
+    result = {"config": cfg.to_dict(), "seed": cfg.seed, "world_size": where.world, "versions": versions(),
+              "precision": precision_name(dtype), "device": describe_device(device),
+              "wall_s": history[-1]["wall_s"] if history else 0.0, "history": history,
+              "init_fingerprint": fingerprint, "starts": starts, **task.result(history)}
+    if where.writes:
+        _export(out, model, ema, cfg, fingerprint)  # before result.json: a finished run always has them
+        write_json(result_path, result)
+    return result
+
+
+def _export(out: Path, model: nn.Module, ema: EMA | None, cfg, fingerprint: str) -> None:
+    """The final weights as ``out/model.safetensors`` (and ``model_ema.safetensors`` with EMA),
+    the files timm and Hugging Face load from; the header holds the config (JSON), the init
+    fingerprint and the structinit version, so the file alone says how it was made."""
+    metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
+                "structinit_version": versions()["structinit"]}
+    save_weights(out / WEIGHTS, model.state_dict(), metadata)
+    if ema is not None:
+        save_weights(out / EMA_WEIGHTS, ema.state, metadata)
+
+
+def _progress(chunk: Chunk, chunks: int, unit: str, enabled: bool):
+    if not enabled:
+        return None
+    tqdm = require("tqdm", "the progress bar (progress=False or --no-progress turns it off)").tqdm
+    where = f"epoch {chunk.number}/{chunks}" if unit == "epoch" else f"steps {chunk.first + 1}–{chunk.last}"
+    return tqdm(total=chunk.last - chunk.first, desc=where, leave=False, dynamic_ncols=True)

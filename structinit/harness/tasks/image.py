@@ -1,0 +1,245 @@
+"""Image classification: the task of a :class:`~structinit.harness.config.TrainConfig` run.
+
+The whole dataset lives on the training device as uint8 tensors; each epoch draws a
+permutation seeded by (seed, epoch) and augments whole batches there with a generator seeded
+by (seed, epoch, rank). A chunk of the run is an epoch. Evaluation scores every held-out or
+test split (accuracy and cross-entropy), and with ``certify_eps`` the certified accuracy of
+models that declare a Lipschitz bound and, at the end, the ℓ₂ PGD accuracy
+(:mod:`structinit.harness.tasks.robustness`): certified training is an option of this task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from structinit.analysis.certify import logit_margins, multiclass_hinge_loss
+from structinit.harness.config import TrainConfig, check_config
+from structinit.harness.errors import user_input
+from structinit.harness.run.build import construct_and_plan
+from structinit.harness.run.device import Placement, resolve_precision
+from structinit.harness.run.lifecycle import Chunk
+from structinit.harness.tasks.robustness import (
+    check_certified_options,
+    hinge_margin,
+    model_lipschitz,
+    pgd_accuracy,
+    pixel_cert_threshold,
+)
+from structinit.utils import derived_generator
+
+__all__ = ["ImageTask", "check_data", "evaluate", "image_sizes", "load_data", "load_train_split", "plan_model"]
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """The checks of ``cfg``'s data that need no loading: the dataset's name, a ``data_dir``
+    where the dataset reads one, and that it exists unless it is to be downloaded."""
+    from structinit.data import DATASET_LOADERS, DatasetNotFoundError
+    from structinit.data.registry import _canonical
+
+    with user_input("dataset"):
+        name = _canonical(cfg.dataset)
+    mode = DATASET_LOADERS[name].root_mode
+    if mode == "ignored":  # bundled with a package: data_dir plays no part
+        return
+    with user_input("data_dir"):
+        if cfg.data_dir is None:
+            if mode == "required":
+                raise ValueError(f"dataset={name!r} reads your own images: data_dir is required, the folder with "
+                                 "one sub-folder of images per class")
+            return
+        if not Path(cfg.data_dir).expanduser().exists() and not (cfg.download and mode == "search"):
+            fetch = f"pass download=True (--download) to fetch {name} there, or " if mode == "search" else ""
+            raise DatasetNotFoundError(f"data_dir={cfg.data_dir} does not exist; {fetch}set data_dir to the folder "
+                                       f"that holds the {name} files")
+
+
+def load_train_split(cfg: TrainConfig):
+    """The whole training split of ``cfg.dataset`` (before any holdout or subset)."""
+    from structinit.data import load_dataset
+
+    with user_input("dataset"):
+        return load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
+
+
+def load_data(cfg: TrainConfig):
+    """(train set, {name: eval set}); the first eval set is the one a run is judged on."""
+    from structinit.data import holdout_split, load_dataset, stratified_subset
+
+    train_ds = load_train_split(cfg)
+    evals = {}
+    if cfg.holdout:
+        with user_input("holdout"):
+            train_ds, held = holdout_split(train_ds, cfg.holdout, seed=cfg.seed, mode=cfg.holdout_mode)
+        evals["holdout"] = held
+    else:
+        with user_input("dataset"):
+            test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
+        evals["test"] = test
+        if cfg.test_prefix:
+            evals[f"test_first{cfg.test_prefix}"] = test.subset(torch.arange(min(cfg.test_prefix, len(test))))
+    if cfg.train_size:
+        with user_input("train_size"):
+            train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
+    return train_ds, evals
+
+
+def image_sizes(image_shape: tuple[int, int, int], num_classes: int) -> dict[str, int]:
+    """The model arguments the data decides: classes, channels and image size."""
+    return {"num_classes": num_classes, "in_chans": image_shape[0], "img_size": image_shape[1]}
+
+
+def plan_model(cfg: TrainConfig, image_shape: tuple[int, int, int], num_classes: int):
+    """(model, plan): the run's model for images (C, H, W), its init planned, not written."""
+    return construct_and_plan(cfg, image_sizes(image_shape, num_classes))
+
+
+@torch.no_grad()
+def evaluate(model, images, labels, mean, std, batch_size, dtype, where: Placement,
+             cert_threshold: float | None = None):
+    """(accuracy, mean cross-entropy) over images[rank::world], reduced over ranks; with
+    ``cert_threshold`` also the certified accuracy, the fraction whose logit margin
+    f_y − max_{j≠y} f_j exceeds it (:func:`pixel_cert_threshold`): (accuracy, loss, certified)."""
+    model.eval()
+    device = images.device
+    correct, loss_sum, certified = (torch.zeros((), dtype=torch.float64, device=device) for _ in range(3))
+    idx = torch.arange(where.rank, len(images), where.world, device=device)
+    for start in range(0, len(idx), batch_size):
+        b = idx[start : start + batch_size]
+        x = (images[b].float() / 255 - mean) / std
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(x)
+        loss_sum += F.cross_entropy(logits.float(), labels[b], reduction="sum").double()
+        correct += (logits.argmax(-1) == labels[b]).sum().double()
+        if cert_threshold is not None:
+            certified += (logit_margins(logits.float(), labels[b]) > cert_threshold).sum().double()
+    totals = where.all_reduce(torch.stack([correct, loss_sum, certified,
+                                           torch.tensor(len(idx), dtype=torch.float64, device=device)]))
+    model.train()
+    acc, loss = float(totals[0] / totals[3]), float(totals[1] / totals[3])
+    return (acc, loss) if cert_threshold is None else (acc, loss, float(totals[2] / totals[3]))
+
+
+class ImageTask:
+    """Classify images: a chunk is an epoch; see the module docstring."""
+
+    unit, examples = "epoch", "images"
+    state_keys = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
+    # Fields added after runs were made: a checkpoint without one ran with this value, and resumes.
+    added_fields: ClassVar[dict[str, Any]] = {"loss": "ce", "hinge_margin": None, "certify_eps": None}
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+
+    def check(self, where: Placement) -> torch.dtype | None:
+        """Cheap checks first, so that a typo never waits for a dataset to load."""
+        from structinit.augment import Augment
+        from structinit.schemes.registry import get_scheme
+
+        cfg = self.cfg
+        check_config(cfg)
+        with user_input("batch_size"):
+            if cfg.batch_size % where.world:
+                raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {where.world} processes")
+        with user_input("augment"):
+            self.augment = Augment.parse(cfg.augment)
+        check_certified_options(cfg)
+        with user_input("precision"):
+            # a certificate rests on exact arithmetic: bf16 or fp16 would break the Lipschitz bound
+            if cfg.certify_eps is not None and cfg.precision in ("bf16", "fp16"):
+                raise ValueError(f"precision={cfg.precision!r} with certify_eps={cfg.certify_eps:.4g}: a certificate "
+                                 "needs fp32 arithmetic; set precision='fp32' (or 'auto', fp32 when certifying)")
+            dtype = resolve_precision("fp32" if cfg.certify_eps is not None else cfg.precision, where.device)
+        with user_input("init"):
+            get_scheme(cfg.init)  # the options are checked on the model, once the data says its size
+        check_data(cfg)
+        return dtype
+
+    def model_sizes(self) -> dict[str, int]:
+        """The model arguments the data decides (loads the training split's header and shape)."""
+        train_ds = load_train_split(self.cfg)
+        return image_sizes(train_ds.image_shape, train_ds.num_classes)
+
+    def prepare(self, where: Placement) -> nn.Module:
+        cfg, device = self.cfg, where.device
+        train_ds, evals = load_data(cfg)
+        self.images, self.labels = train_ds.images.to(device), train_ds.labels.to(device)
+        self.evals = {k: (v.images.to(device), v.labels.to(device)) for k, v in evals.items()}
+        self.mean = torch.tensor(train_ds.mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(train_ds.std, device=device).view(1, -1, 1, 1)
+        self.per_rank = cfg.batch_size // where.world
+        self.steps = (len(self.images) // where.world) // self.per_rank
+        with user_input("batch_size"):
+            if self.steps < 1:
+                raise ValueError(f"{len(self.images)} training images make no full batch of {cfg.batch_size}; "
+                                 "lower batch_size")
+        self.margin = hinge_margin(cfg, self.std)  # used with loss='hinge' only
+        model, plan = plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
+        plan.commit()
+        return model
+
+    def schedule(self) -> tuple[list[Chunk], int, int]:
+        cfg, n = self.cfg, self.steps
+        chunks = [Chunk(e + 1, e * n, (e + 1) * n, (e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs)
+                  for e in range(cfg.epochs)]
+        return chunks, n * cfg.epochs, round(cfg.warmup_epochs * n)
+
+    def batches(self, chunk: Chunk, where: Placement):
+        epoch, k = chunk.number - 1, self.per_rank
+        order = torch.randperm(len(self.images), generator=derived_generator(self.cfg.seed, epoch)).to(where.device)
+        mine = order[where.rank :: where.world][: self.steps * k]
+        aug_gen = derived_generator(self.cfg.seed, epoch, where.rank, 1)  # 1: augmentation
+        for i in range(self.steps):
+            idx = mine[i * k : (i + 1) * k]
+            yield (self.augment(self.images[idx], aug_gen).float() / 255 - self.mean) / self.std, self.labels[idx]
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.cfg.loss == "hinge":  # label_smoothing is a cross-entropy option: it plays no part here
+            return multiclass_hinge_loss(logits.float(), y, margin=self.margin)
+        return F.cross_entropy(logits.float(), y, label_smoothing=self.cfg.label_smoothing)
+
+    def count(self, logits: torch.Tensor, y: torch.Tensor):
+        return (logits.argmax(-1) == y).sum(), len(y), len(y)
+
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict:
+        """Accuracy and loss of every split; with ``certify_eps`` (and ``robust``), the
+        certified accuracy at ε in pixel space (models that declare a Lipschitz bound) and, at
+        the final evaluation only, the ℓ₂ PGD accuracy at ε."""
+        cfg, row, batch = self.cfg, {}, 2 * self.cfg.batch_size
+        bound = model_lipschitz(model)
+        threshold = None
+        if robust and cfg.certify_eps is not None and bound is not None:
+            # The model sees (x − mean)/std: its Lipschitz constant in pixel space is bound/min(std).
+            threshold = pixel_cert_threshold(cfg.certify_eps, bound, self.std)
+        for name, (x, y) in self.evals.items():
+            values = evaluate(model, x, y, self.mean, self.std, batch, dtype, where, cert_threshold=threshold)
+            row[f"{name}_acc"], row[f"{name}_loss"] = values[:2]
+            if threshold is not None:
+                row[f"{name}_cert_acc"] = values[2]
+            if robust and final and cfg.certify_eps is not None:
+                row[f"{name}_pgd_acc"] = pgd_accuracy(model, x, y, self.mean, self.std, cfg.certify_eps, batch,
+                                                      where, cfg.seed)
+        return row
+
+    def row(self, chunk: Chunk) -> dict[str, Any]:
+        return {"epoch": chunk.number}
+
+    def result(self, history: list[dict]) -> dict[str, Any]:
+        evaluated = [r for r in history if any(k.endswith("_acc") and k != "train_acc" for k in r)]
+        last = evaluated[-1] if evaluated else {}
+        return {"kind": "image", "epochs_done": len(history),
+                "final": {k: v for k, v in last.items() if k.endswith(("_acc", "_loss"))}}
+
+
+def eval_images(cfg: TrainConfig, n: int):
+    """(normalised first ``n`` images of the split a run is judged on, class count, their
+    description), never downloading: what a report shows attention maps of."""
+    _, evals = load_data(dataclasses.replace(cfg, download=False, train_size=None))
+    split, ds = next(iter(evals.items()))
+    n = min(n, len(ds))
+    return ds.normalised(n), ds.num_classes, f"the first {n} {split} images of {ds.name}"

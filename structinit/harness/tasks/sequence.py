@@ -1,0 +1,124 @@
+"""Synthetic sequence tasks (copying, multi-query associative recall): the task of a
+:class:`~structinit.harness.config.SequenceConfig` run.
+
+There is no dataset: every step draws a fresh batch from the task's generator, seeded by
+(seed, step), so a resumed run sees exactly the batches it would have seen. The held-out set
+is fixed per task configuration (the same for every training seed and init). A chunk of the
+run is ``eval_every`` steps, after which it evaluates and checkpoints. Token accuracy is
+scored on the answer positions only (targets of other positions are -100).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from structinit.harness.config import SequenceConfig, check_config
+from structinit.harness.errors import user_input
+from structinit.harness.run.build import construct_and_plan
+from structinit.harness.run.device import Placement, resolve_precision
+from structinit.harness.run.lifecycle import Chunk
+from structinit.utils import derived_generator
+
+__all__ = ["SequenceTask", "evaluate_sequences", "make_task"]
+
+
+def make_task(cfg: SequenceConfig):
+    """The task of ``cfg`` (:func:`structinit.data.sequence_tasks.make_task`); errors are input errors."""
+    from structinit.data.sequence_tasks import make_task as _make
+
+    with user_input("task"):
+        return _make(cfg.task, **cfg.task_options)
+
+
+@torch.no_grad()
+def evaluate_sequences(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
+                       dtype=None) -> dict[str, float]:
+    """Held-out token accuracy (over scored positions), exact-match rate (every scored position
+    of an example right) and mean loss per scored token."""
+    from structinit.data.sequence_tasks import sequence_accuracy
+
+    model.eval()
+    correct = scored = exact = loss_sum = 0.0
+    for start in range(0, len(inputs), batch_size):
+        x, y = inputs[start:start + batch_size], targets[start:start + batch_size]
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(x).float()
+        n_scored = float((y != -100).sum())
+        token_acc, sequence_acc = sequence_accuracy(logits, y)
+        correct += token_acc * n_scored
+        scored += n_scored
+        exact += sequence_acc * len(x)
+        loss_sum += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"))
+    model.train()
+    return {"holdout_acc": correct / scored, "holdout_exact": exact / len(inputs), "holdout_loss": loss_sum / scored}
+
+
+class SequenceTask:
+    """Predict the answer tokens of generated sequences: a chunk is ``eval_every`` steps."""
+
+    unit, examples = "step", "sequences"
+    state_keys = ("config", "step", "model", "optimizer", "history", "wall_s")
+    added_fields: ClassVar[dict[str, Any]] = {"precision": "fp32", "compile": False, "ema_decay": None}
+
+    def __init__(self, cfg: SequenceConfig):
+        self.cfg = cfg
+
+    def check(self, where: Placement) -> torch.dtype | None:
+        """Every check that builds nothing: a typo fails at once."""
+        from structinit.schemes.registry import get_scheme
+
+        check_config(self.cfg)
+        with user_input("batch_size"):
+            if self.cfg.batch_size % where.world:
+                raise ValueError(f"batch_size={self.cfg.batch_size} is not divisible by the {where.world} processes")
+        with user_input("precision"):
+            dtype = resolve_precision(self.cfg.precision, where.device)
+        with user_input("init"):
+            get_scheme(self.cfg.init)
+        self.task = make_task(self.cfg)
+        return dtype
+
+    def model_sizes(self) -> dict[str, int]:
+        task = make_task(self.cfg)
+        return {"vocab_size": task.vocab_size, "max_len": task.seq_len}
+
+    def prepare(self, where: Placement) -> nn.Module:
+        held_x, held_y = self.task.heldout(self.cfg.heldout_size)
+        self.held = held_x.to(where.device), held_y.to(where.device)
+        model, plan = construct_and_plan(self.cfg, self.model_sizes())
+        plan.commit()
+        return model
+
+    def schedule(self) -> tuple[list[Chunk], int, int]:
+        cfg = self.cfg
+        starts = range(0, cfg.steps, cfg.eval_every)
+        chunks = [Chunk(i + 1, s, min(s + cfg.eval_every, cfg.steps), True) for i, s in enumerate(starts)]
+        return chunks, cfg.steps, cfg.warmup_steps
+
+    def batches(self, chunk: Chunk, where: Placement):
+        for step in range(chunk.first, chunk.last):
+            x, y = self.task.batch(self.cfg.batch_size, derived_generator(self.cfg.seed, step))
+            yield x[where.rank :: where.world].to(where.device), y[where.rank :: where.world].to(where.device)
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+
+    def count(self, logits: torch.Tensor, y: torch.Tensor):
+        mask = y != -100
+        return ((logits.argmax(-1) == y) & mask).sum(), mask.sum(), 1
+
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict:
+        return evaluate_sequences(model, *self.held, 4 * self.cfg.batch_size, dtype)
+
+    def row(self, chunk: Chunk) -> dict[str, Any]:
+        return {}
+
+    def result(self, history: list[dict]) -> dict[str, Any]:
+        last = history[-1] if history else {}
+        return {"kind": "sequence", "task": self.task.name, "task_options": self.task.options(),
+                "steps_done": last.get("step", 0),
+                "final": {k: v for k, v in last.items() if k.startswith("holdout_")}}
