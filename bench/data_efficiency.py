@@ -35,7 +35,8 @@ def main() -> None:
     if not (args.data_dir / "cifar-10-batches-py").is_dir():
         sys.exit(f"error: {args.data_dir}/cifar-10-batches-py not found: pass --data-dir (CIFAR-10 python batches)")
     inits = split_init_specs(args.inits)
-    overrides = {"data_dir": str(args.data_dir)} | ({"epochs": args.epochs} if args.epochs else {})
+    # pinned, not "auto": a rerun on a CPU with native bf16 computes the same thing
+    overrides = {"data_dir": str(args.data_dir), "precision": "fp32"} | ({"epochs": args.epochs} if args.epochs else {})
     summary = compare(recipe("cpu-cifar", **overrides), inits, [int(s) for s in args.seeds.split(",")],
                       args.out, progress=False)
     print("\n### CIFAR-10, 5,000 training images, held-out accuracy (last 10,000 training images)\n")

@@ -75,7 +75,8 @@ def run_all(out: Path, settings: dict, models, inits, ssm_inits, seeds: int, ove
         for task, options_list in settings.items():
             for options in options_list:
                 for model in models:
-                    base = sequence_recipe("seq-cpu", model=model, task=task, task_options=options, **overrides)
+                    base = sequence_recipe("seq-cpu", model=model, task=task, task_options=options, precision="fp32",
+                                           **overrides)
                     print(f"=== seed {n - 1}: {task_spec(task, options)} {model}", flush=True)
                     compare(base, inits_of(model, inits, ssm_inits), list(range(n)), folder(out, task, options, model),
                             progress=progress)

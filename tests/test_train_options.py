@@ -141,3 +141,15 @@ def test_demo_rows_are_fidelity_summaries():
         expected.mass_first, expected.hit_first, expected.mass_mean, expected.hit_mean)
     assert impulse.hit_mean > pytorch.hit_mean  # the impulse is placed; a default init is at chance
     assert "| impulse analytic |" in format_table([impulse, pytorch], "t")
+
+
+def test_resume_compares_what_ran_not_how_it_was_spelt(tmp_path):
+    """precision='auto' is resolved per machine: a run made with auto resumes under the
+    precision auto became here (a benchmark that pins it keeps its finished runs), and is
+    refused under another."""
+    ran = "bf16" if _cpu_has_bf16() else "fp32"
+    first = train(digits(tmp_path, precision="auto", epochs=1), progress=False)
+    again = train(digits(tmp_path, precision=ran, epochs=1), resume=True, progress=False)
+    assert again["final"] == first["final"] and again["config"]["precision"] == "auto"  # the finished run, as it was
+    with pytest.raises(ValueError, match=r"different configuration \(precision differ\)"):
+        train(digits(tmp_path, precision="fp16", epochs=1), resume=True, progress=False)

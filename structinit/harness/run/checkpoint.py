@@ -200,11 +200,11 @@ def check_run_state(state: Any, path: Path, keys: tuple[str, ...] = RUN_STATE_KE
 
 
 def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[str, ...] = RUN_STATE_KEYS,
-                 defaults: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                 defaults: dict[str, Any] | None = None, as_ran=None) -> dict[str, Any] | None:
     """The checkpoint at ``path`` to continue from, or None if there is none yet. A run that
     exists is refused (as an input error) unless ``resume``, if the file is not a run checkpoint
     with ``keys`` (:func:`check_run_state`), or if it was written under another ``config``
-    (:func:`check_same_config`, with ``defaults`` for fields added since)."""
+    (:func:`check_same_config`, with ``defaults`` for fields added since and ``as_ran``)."""
     from structinit.harness.errors import user_input
 
     if not path.exists():
@@ -214,18 +214,22 @@ def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[s
             raise FileExistsError(f"{path} exists: pass resume=True (--resume) or choose another out_dir")
         state = load_checkpoint(path)
         check_run_state(state, path, keys)
-        check_same_config(state["config"], config, path, defaults)
+        check_same_config(state["config"], config, path, defaults, as_ran)
     return state
 
 
 def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path,
-                      defaults: dict[str, Any] | None = None) -> None:
+                      defaults: dict[str, Any] | None = None, as_ran=None) -> None:
     """Refuse to resume ``path`` (whose checkpoint holds ``saved``) under a different ``config``
     (both ``TrainConfig.to_dict()``; ``out_dir`` may differ). ``defaults``: the values of
     fields added since ``saved`` was written (a checkpoint without the field ran with that
-    value, so it still resumes)."""
+    value, so it still resumes). ``as_ran`` maps a config to what it does here (``precision``
+    ``'auto'`` to the precision it resolves to), so that a setting spelt another way but
+    running the same resumes."""
     now = {k: v for k, v in config.items() if k != "out_dir"}
     old = {**(defaults or {}), **{k: v for k, v in saved.items() if k != "out_dir"}}
+    if as_ran is not None:
+        now, old = as_ran(now), as_ran(old)
     now["betas"], old["betas"] = list(now["betas"]), list(old.get("betas", []))  # a tuple comes back as a list
     diff = sorted(k for k in set(now) | set(old) if now.get(k) != old.get(k))
     if diff:

@@ -39,7 +39,14 @@ from structinit.harness.run.checkpoint import (
     save_weights,
     write_json,
 )
-from structinit.harness.run.device import Placement, describe_device, placement, precision_name, versions
+from structinit.harness.run.device import (
+    Placement,
+    describe_device,
+    placement,
+    precision_name,
+    resolve_precision,
+    versions,
+)
 from structinit.harness.run.folder import check_out_dir, lock_run
 from structinit.harness.run.optim import EMA, cosine_lr, param_groups
 from structinit.utils.optional_imports import require
@@ -119,7 +126,8 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     cfg, device = task.cfg, where.device
     out = Path(cfg.out_dir)
     ckpt_path, result_path = out / CHECKPOINT, out / RESULT
-    state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields)
+    state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields,
+                         as_ran=lambda c: {**c, "precision": precision_name(resolve_precision(c["precision"], device))})
     model = task.prepare(where)
     fingerprint = init_fingerprint(model)
     if state is not None:
