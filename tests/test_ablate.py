@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from structinit.harness.ablation.measure import ablate
-from structinit.harness.ablation.variants import ABLATIONS, variants
+from structinit.harness.ablation import ABLATIONS, ablate, variants
 from structinit.harness.cli.main import main
 from structinit.harness.compare import check_specs
 from structinit.harness.recipes import recipe

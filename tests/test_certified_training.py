@@ -9,15 +9,14 @@ import math
 import pytest
 import torch
 
-from structinit.analysis.certify import certified_accuracy, pgd_l2_accuracy
+from structinit.analysis.certify import certified_accuracy, input_lipschitz, pgd_l2_accuracy, pixel_cert_threshold
 from structinit.harness.cli.main import main
 from structinit.harness.config import TrainConfig
 from structinit.harness.recipes import RECIPES, recipe
 from structinit.harness.run.checkpoint import load_checkpoint
 from structinit.harness.summary import format_summary, summarise
 from structinit.harness.tasks import train
-from structinit.harness.tasks.image import load_data
-from structinit.harness.tasks.robustness import PAPER_HINGE_MARGIN, hinge_margin, input_lipschitz, pixel_cert_threshold
+from structinit.harness.tasks.image import PAPER_HINGE_MARGIN, hinge_margin, load_data
 from structinit.models import create_model
 
 EPS = 36 / 255

@@ -129,18 +129,18 @@ def test_torch_compile_trains_what_eager_trains(tmp_path):
 
 def test_demo_rows_are_fidelity_summaries():
     from structinit.analysis import fidelity_summary, impulse_fidelity
-    from structinit.harness.cli.demo import fidelity_rows, format_table
+    from structinit.analysis.fidelity import fidelity_rows, format_fidelity_table
     from structinit.models import create_model
     from structinit.schemes import init_
 
     inits = [("impulse analytic", "impulse", {"solver": "analytic"}), ("pytorch", "pytorch", {})]
-    impulse, pytorch = fidelity_rows("vit_cpu_patch2_8", seed=3, inits=inits)
+    impulse, pytorch = fidelity_rows("vit_cpu_patch2_8", inits, seed=3)
     expected = fidelity_summary(impulse_fidelity(init_(create_model("vit_cpu_patch2_8"), "impulse", seed=3,
                                                        solver="analytic")))
     assert (impulse.mass_first, impulse.hit_first, impulse.mass_mean, impulse.hit_mean) == (
         expected.mass_first, expected.hit_first, expected.mass_mean, expected.hit_mean)
     assert impulse.hit_mean > pytorch.hit_mean  # the impulse is placed; a default init is at chance
-    assert "| impulse analytic |" in format_table([impulse, pytorch], "t")
+    assert "| impulse analytic |" in format_fidelity_table([impulse, pytorch], "t")
 
 
 def test_resume_compares_what_ran_not_how_it_was_spelt(tmp_path):

@@ -16,7 +16,8 @@ from torch import nn
 
 from structinit.utils import check_int, check_number, make_generator
 
-__all__ = ["certified_accuracy", "empirical_lipschitz", "logit_margins", "multiclass_hinge_loss", "pgd_l2_accuracy"]
+__all__ = ["certified_accuracy", "empirical_lipschitz", "input_lipschitz", "logit_margins", "model_lipschitz",
+           "multiclass_hinge_loss", "pgd_l2_accuracy", "pixel_cert_threshold"]
 
 
 def _check_logits(logits: torch.Tensor, y: torch.Tensor) -> None:
@@ -183,3 +184,32 @@ def pgd_l2_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: flo
     with torch.no_grad():
         adv_right = model(prep(x + delta)).argmax(-1) == y
     return int((clean_right & adv_right).sum()) / len(y)
+
+
+def input_lipschitz(std: torch.Tensor | tuple[float, ...]) -> float:
+    """The ℓ₂ Lipschitz constant of an input normalisation x ↦ (x − mean)/std from
+    pixels in [0, 1]: a diagonal map with entries 1/std_c, so its operator norm is
+    1/min_c std_c. A model that is L-Lipschitz on normalised inputs is L/min(std)-Lipschitz in
+    pixel space (exactly the bound of the composition; the paper mean-centres only, std = 1).
+
+    Examples:
+        >>> round(input_lipschitz((0.5, 0.25, 1.0)), 6)
+        4.0
+    """
+    values = std.flatten().tolist() if isinstance(std, torch.Tensor) else list(std)
+    return 1.0 / min(values)
+
+
+def pixel_cert_threshold(eps: float, model_lipschitz: float, std) -> float:
+    """The logit margin that certifies a prediction at ℓ₂ radius ``eps`` in pixel space [0, 1]
+    for a model that is ``model_lipschitz``-Lipschitz on normalised inputs:
+    √2·ε·L_model·(1/min std) (:func:`structinit.analysis.certify.certified_accuracy` with
+    lipschitz = L_model/min(std))."""
+    return math.sqrt(2) * eps * model_lipschitz * input_lipschitz(std)
+
+
+def model_lipschitz(model: nn.Module) -> float | None:
+    """The ℓ₂ Lipschitz bound a model declares (``model.lipschitz_bound``, e.g. 1.0 for the
+    Cayley KWLarge), or None: a model without a proven bound gets no certificate, only PGD."""
+    bound = getattr(model, "lipschitz_bound", None)
+    return None if bound is None else float(bound)

@@ -3,6 +3,7 @@ argmax hit rate, with the position-only pseudo input or with real images."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -164,3 +165,50 @@ def fidelity_summary(fid: dict[str, torch.Tensor]) -> FidelitySummary:
     return FidelitySummary(mass[0].nanmean().item(), hit[0].nanmean().item(),
                            mass.nanmean().item(), hit.nanmean().item())
 
+
+@dataclass
+class FidelityRow:
+    """One init's row: its time and :class:`~structinit.analysis.FidelitySummary`'s four numbers."""
+
+    label: str
+    seconds: float
+    mass_first: float
+    hit_first: float
+    mass_mean: float
+    hit_mean: float
+
+
+def fidelity_rows(model_name: str, inits: Sequence[tuple[str, str, dict]], images: torch.Tensor | None = None,
+                  seed: int = 0) -> list[FidelityRow]:
+    """One row per init ``(label, scheme, options)`` of a fresh ``model_name``: the init's
+    wall time and its impulse fidelity (layer 1 and mean over layers; position-only input
+    unless ``images``). Schemes that place no impulse are scored against enumerated offsets,
+    the chance level to beat; schemes not registered are skipped."""
+    import time
+
+    from structinit.functional.targets import enumerated_offsets
+    from structinit.models import create_model
+    from structinit.schemes.registry import init_, schemes
+
+    rows = []
+    for label, scheme, opts in inits:
+        if scheme not in schemes():
+            continue
+        model = create_model(model_name)
+        start = time.perf_counter()
+        init_(model, scheme, seed=seed, **opts)
+        seconds = time.perf_counter() - start
+        offsets = None if scheme == "impulse" else enumerated_offsets(model.blocks[0].attn.num_heads)
+        summary = fidelity_summary(impulse_fidelity(model, images, offsets=offsets))
+        rows.append(FidelityRow(label, seconds, **dataclasses.asdict(summary)))
+    return rows
+
+
+def format_fidelity_table(rows: list[FidelityRow], title: str) -> str:
+    """The rows as a markdown table under a ``###`` title."""
+    lines = [f"### {title}", "", "| init | time (s) | mass L1 | hit L1 | mass mean | hit mean |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.label} | {r.seconds:.3f} | {r.mass_first:.3f} | {r.hit_first:.3f} | "
+                     f"{r.mass_mean:.3f} | {r.hit_mean:.3f} |")
+    return "\n".join(lines)

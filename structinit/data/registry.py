@@ -22,8 +22,8 @@ from structinit.data.imagefolder import load_image_folder
 from structinit.data.svhn import load_svhn
 from structinit.utils import Registry
 
-__all__ = ["DATASETS", "DATASET_LOADERS", "DatasetLoader", "FASHION_MNIST_DEBIAN_ROOT", "default_root",
-           "load_dataset"]
+__all__ = ["DATASETS", "DATASET_LOADERS", "DatasetLoader", "FASHION_MNIST_DEBIAN_ROOT", "canonical_name",
+           "default_root", "load_dataset"]
 
 # Debian/Ubuntu package dataset-fashion-mnist installs the official IDX .gz files here.
 FASHION_MNIST_DEBIAN_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -84,7 +84,9 @@ def default_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "structinit" / "datasets"
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """The registered name of dataset ``name`` (aliases and spellings such as ``CIFAR-10``
+    resolved); a ValueError listing the supported datasets otherwise."""
     key = str(name).strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
     if key not in DATASET_LOADERS:
@@ -109,7 +111,7 @@ def load_dataset(
     Returns images uint8 (N, C, H, W): cifar10/cifar100/svhn (N, 3, 32, 32), mnist/fashion_mnist
     (N, 1, 28, 28), digits (N, 1, 8, 8).
     """
-    name = _canonical(name)
+    name = canonical_name(name)
     check_split(split)
     entry = DATASET_LOADERS[name]
     unknown = set(options) - entry.options

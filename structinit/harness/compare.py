@@ -22,10 +22,11 @@ from typing import Any
 
 from structinit.harness.config import RunConfig
 from structinit.harness.errors import input_parameter, user_input
-from structinit.harness.run.build import construct_and_plan
+from structinit.harness.report import page as report_page
 from structinit.harness.run.checkpoint import atomic_write_bytes, write_json
 from structinit.harness.run.device import placement
 from structinit.harness.run.folder import check_out_dir
+from structinit.harness.run.lifecycle import check_run, construct_and_plan
 from structinit.harness.specs import parse_init_spec, spec_label
 from structinit.harness.summary import format_summary, summarise
 from structinit.harness.tasks import make_task, train
@@ -76,7 +77,7 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
     out = Path(out_dir)
     with user_input("out_dir"):
         check_out_dir(out)
-    make_task(base).check(placement())
+    check_run(make_task(dataclasses.replace(base, out_dir=str(out))), placement())
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     for seed in seeds:  # seed-major: a complete table for the first seed comes first
@@ -89,20 +90,13 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
     plot_curves(runs, out / "accuracy.png")
-    _write_report(out)
-    return summary
-
-
-def _write_report(out: Path) -> None:
-    """``out/report.html``; the comparison succeeds without it, with a one-line warning."""
-    from structinit.harness.report.page import REPORT, write_report
-
     try:
-        write_report(out)
+        report_page.write_report(out)
     except Exception as err:  # a page to read the results by: failing to draw it must not fail the comparison
-        lines = str(err).strip().splitlines()
-        print(f"warning: {out / REPORT} not written ({type(err).__name__}: {lines[0] if lines else 'no message'})",
-              file=sys.stderr, flush=True)
+        first = (str(err).strip().splitlines() or ["no message"])[0]
+        print(f"warning: {out / report_page.REPORT} not written ({type(err).__name__}: {first})", file=sys.stderr,
+              flush=True)
+    return summary
 
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:

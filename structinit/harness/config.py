@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 __all__ = ["Facts", "RunConfig", "SequenceConfig", "TrainConfig", "check_config", "config_from_dict", "facts",
-           "flag_of", "option"]
+           "option"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class Facts:
     flag: str | None = None                 # its own flag, e.g. "--lr"; None: --set only
     parse: Callable[[str], Any] | None = None  # the flag's argparse type (default: from the annotation)
     metavar: str | None = None
-    check: str | None = None                # "count" (int ≥ 1), "positive" (finite > 0) or "natural" (int ≥ 0)
+    check: str | tuple | None = None        # "count" (int ≥ 1), "positive" (finite > 0), "natural" (int ≥ 0),
+    #                                         or the tuple of the values allowed
+    expected: str | None = None             # what a failed check says is expected (default: from the check)
     spec_of: str | None = None              # the flag reads "name:key=value,…": the options go to this field
 
 
@@ -51,27 +53,24 @@ def facts(config: type | object, name: str) -> Facts:
     for cls in kind.__mro__:
         field = getattr(cls, "__dataclass_fields__", {}).get(name)
         if field is not None and "facts" in field.metadata:
-            found = field.metadata["facts"]
-            return dataclasses.replace(found, flag=flag_of(cls, name))
+            found = field.metadata["facts"]  # flag=True spells the flag from the name
+            own = "--" + name.replace("_", "-") if field.metadata["own_flag"] else found.flag
+            return dataclasses.replace(found, flag=own)
     raise KeyError(f"{kind.__name__} has no field {name!r}")
 
 
-def flag_of(config: type, name: str) -> str | None:
-    """The flag of field ``name`` of ``config`` (a class declaring it with :func:`option`)."""
-    field = config.__dataclass_fields__[name]
-    meta = field.metadata
-    return "--" + name.replace("_", "-") if meta.get("own_flag") else meta["facts"].flag
-
-
-def _check(name: str, value: Any, rule: str | None) -> None:
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    ok = {None: True, "count": whole and value >= 1, "natural": whole and value >= 0,
-          "positive": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and value > 0}[rule]
+def _check(name: str, value: Any, rule: str | tuple | None, expected: str | None) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    whole = number and isinstance(value, int)
+    if isinstance(rule, tuple):
+        ok, default = value in rule, " or ".join(map(repr, rule))
+    else:
+        ok = {None: True, "count": whole and value >= 1, "natural": whole and value >= 0,
+              "positive": number and math.isfinite(value) and value > 0}[rule]
+        default = {"count": "a positive whole number", "natural": "a whole number ≥ 0",
+                   "positive": "a positive finite number"}.get(rule)
     if not ok:
-        expected = {"count": "a positive whole number", "natural": "a whole number ≥ 0",
-                    "positive": "a positive finite number"}[rule]
-        raise ValueError(f"{name}={value!r}: expected {expected}")
+        raise ValueError(f"{name}={value!r}: expected {expected or default}")
 
 
 def check_config(cfg: RunConfig) -> None:
@@ -79,11 +78,11 @@ def check_config(cfg: RunConfig) -> None:
     from structinit.harness.errors import user_input
 
     for field in dataclasses.fields(cfg):
-        rule = facts(cfg, field.name).check
+        fact = facts(cfg, field.name)
         value = getattr(cfg, field.name)
         if value is not None or field.default is not None:  # an optional field may be None
             with user_input(field.name):
-                _check(field.name, value, rule)
+                _check(field.name, value, fact.check, fact.expected)
 
 
 def config_from_dict(kind: type, values: dict[str, Any]) -> RunConfig:
@@ -114,8 +113,10 @@ class RunConfig:
     eps: float = option(1e-8, help="AdamW epsilon")
     betas: tuple[float, float] = option((0.9, 0.999), help="AdamW betas")
     grad_clip: float | None = option(1.0, help="gradient norm clipped to this (None = off)")
-    precision: str = option("auto", flag=True, help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware "
-                            "has it natively, else fp32)")
+    precision: str = option("auto", flag=True, check=("auto", "fp32", "bf16", "fp16"),
+                            expected="auto, fp32, bf16 or fp16",
+                            help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware has it natively, "
+                            "else fp32)")
     compile: bool = option(False, flag=True, help="torch.compile the model")
     ema_decay: float | None = option(None, flag=True, help="decay of an exponential moving average of the weights, "
                                      "also evaluated and exported (None = off)")
@@ -130,13 +131,7 @@ class RunConfig:
 
 
 def _radius(text: str) -> float:
-    """A radius from the command line: a number (``0.1412``) or a fraction (``36/255``), read
-    without eval.
-
-    Examples:
-        >>> _radius("36/255") == 36 / 255, _radius("0.5")
-        (True, 0.5)
-    """
+    """A radius from the command line: a number (``0.1412``) or a fraction (``36/255``), read without eval."""
     import argparse
 
     num, slash, den = text.partition("/")
@@ -158,18 +153,23 @@ class TrainConfig(RunConfig):
                                     help="training images used, class-stratified (None = all)")
     holdout: int = option(0, check="natural", help="training images set aside to measure accuracy "
                           "(0 = use the test split)")
-    holdout_mode: str = option("last", help="which images are set aside: 'last' in order, or 'stratified'")
+    holdout_mode: str = option("last", check=("last", "stratified"),
+                               help="which images are set aside: 'last' in order, or 'stratified'")
     test_prefix: int | None = option(None, help="also score the first N test images")
     epochs: int = option(30, flag=True, check="count", help="passes over the training images")
     warmup_epochs: float = option(2.0, help="epochs of learning-rate warm-up")
     label_smoothing: float = option(0.1, help="label smoothing of the cross-entropy loss")
-    loss: str = option("ce", flag=True, help="ce (cross-entropy) or hinge (the multi-class hinge loss of "
-                       "certified training)")
-    hinge_margin: float | None = option(None, help="margin of the hinge loss (None = √2·certify_eps/min(std), "
+    loss: str = option("ce", flag=True, check=("ce", "hinge"), help="ce (cross-entropy) or hinge (the multi-class "
+                       "hinge loss of certified training)", expected="'ce' (cross-entropy) or 'hinge' (the "
+                       "multi-class hinge loss of certified training)")
+    hinge_margin: float | None = option(None, check="positive", help="margin of the hinge loss, with loss='hinge' "
+                                        "only (None = √2·certify_eps/min(std), else 0.5)",
+                                        expected="a margin > 0, or None for the default (√2·certify_eps/min(std), "
                                         "else 0.5)")
-    certify_eps: float | None = option(None, flag="--certify", parse=_radius, metavar="EPS",
+    certify_eps: float | None = option(None, flag="--certify", parse=_radius, metavar="EPS", check="positive",
                                        help="ℓ₂ radius in pixel space, e.g. 36/255: adds certified (and final PGD) "
-                                       "accuracy")
+                                       "accuracy", expected="an ℓ₂ radius > 0 in pixel space [0, 1], e.g. 36/255 ≈ "
+                                       "0.1412, or None for no certification")
     augment: str = option("crop4,flip", flag=True, help="data augmentation, applied to whole batches")
 
 

@@ -1,13 +1,10 @@
 """Which errors come from the user's input, and what input each one concerns.
 
-A command line should print a misspelt option, missing data, an unusable output folder or the
-checkpoint of another run as one line, and keep its traceback for a bug. The class of an
-error cannot tell them apart: a ``ValueError`` raised while checking a TrainConfig is the
-user's, one raised deep inside the training loop is a bug. So the place decides: the checks
-run inside :func:`user_input`, which marks what they raise with the parameter it concerns
-(``"out_dir"``, ``"dataset"``, ``"init"`` …), and :func:`input_parameter` reads the mark
-back. The exception itself is unchanged (same class, same message), so library callers and
-their ``except`` clauses see exactly what they saw before.
+The class of an error cannot tell a typo from a bug: a ``ValueError`` raised while checking a
+config is the user's, one raised deep inside the training loop is a bug. So the place decides:
+checks run inside :func:`user_input`, which marks what they raise with the parameter it
+concerns (``"out_dir"``, ``"init"`` …), and :func:`input_parameter` reads the mark back; the
+exception itself is unchanged, so library callers see exactly what they saw before.
 """
 
 from __future__ import annotations

@@ -81,16 +81,17 @@ def load_run(path: str | Path) -> FinishedRun:
     return FinishedRun(path, result)
 
 
-def find_runs(folder: str | Path) -> list[FinishedRun]:
-    """Every finished run under ``folder`` (a run folder itself, or a comparison folder with
-    ``<init>/seed<k>`` runs), in sorted path order; an error if there is none."""
+def find_runs(folder: str | Path, depth: int = 2, required: bool = True) -> list[FinishedRun]:
+    """Every finished run in ``folder`` or up to ``depth`` folders below it (a comparison keeps
+    them in ``<init>/seed<k>``, an ablation in ``runs/<variant>/<init>/seed<k>``), deepest
+    first, in sorted path order; an error if there is none and ``required``."""
     folder = Path(folder).expanduser()
     if (folder / RESULT).is_file():
         return [load_run(folder)]
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} does not exist (or is not a folder); pass a run or comparison folder")
-    runs = [load_run(p.parent) for p in sorted(folder.glob(f"*/*/{RESULT}")) + sorted(folder.glob(f"*/{RESULT}"))]
-    if not runs:
+    runs = [load_run(p.parent) for d in range(depth, 0, -1) for p in sorted(folder.glob("*/" * d + RESULT))]
+    if not runs and required:
         raise FileNotFoundError(f"{folder} holds no finished run (no {RESULT} in it or in <init>/seed<k>/ below it)")
     return runs
 
@@ -126,15 +127,3 @@ def load_trained_weights(model: nn.Module, path: Path) -> None:
         raise ValueError(f"{path}: holds weights of another architecture than {type(model).__name__} "
                          f"({'; '.join(parts)}); pass the run folder the weights came from")
     model.load_state_dict(tensors)
-
-
-def test_images(dataset: str, data_dir: str | None, n: int):
-    """(normalised, in [0, 1]) of the first ``n`` test images of ``dataset``, normalised with
-    the dataset's channel statistics as training does."""
-
-    from structinit.data import load_dataset
-    from structinit.harness.errors import user_input
-
-    with user_input("dataset"):
-        test = load_dataset(dataset, data_dir, "test")
-    return test.normalised(n), test.images[:n].float() / 255

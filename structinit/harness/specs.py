@@ -85,16 +85,11 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
     from structinit.harness.errors import user_input
     from structinit.utils import is_int
 
-    text = seeds if isinstance(seeds, str) else None
+    value = parse_literal(seeds) if isinstance(seeds, str) else seeds  # "3" → 3, "0,4,7" → (0, 4, 7)
     with user_input("seeds"):
-        try:
-            if isinstance(seeds, str):
-                seeds = int(seeds) if seeds.strip().isdigit() else [int(s) for s in seeds.split(",")]
-            if is_int(seeds) and seeds >= 1:
-                return list(range(int(seeds)))
-            if isinstance(seeds, (list, tuple)) and seeds and all(is_int(s) for s in seeds):
-                return [int(s) for s in seeds]
-        except ValueError:
-            pass
-        given = f"--seeds {text!r}" if text is not None else f"seeds={seeds!r}"  # the command line's words
+        if is_int(value) and value >= 1:
+            return list(range(int(value)))
+        if isinstance(value, (list, tuple)) and value and all(is_int(s) for s in value):
+            return [int(s) for s in value]
+        given = f"--seeds {seeds!r}" if isinstance(seeds, str) else f"seeds={seeds!r}"  # the command line's words
         raise ValueError(f"{given}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7)")

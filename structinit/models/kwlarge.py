@@ -64,7 +64,7 @@ class KWLarge(nn.Sequential):
             linear(hidden, num_classes),
         )
         self.num_classes, self.img_size, self.conv = num_classes, img_size, conv
-        # The ℓ₂ Lipschitz bound the harness certifies with (structinit.harness.tasks.robustness.model_lipschitz):
+        # The ℓ₂ Lipschitz bound the harness certifies with (structinit.analysis.certify.model_lipschitz):
         # every layer of the Cayley network is 1-Lipschitz; the plain one has no bound.
         self.lipschitz_bound = 1.0 if conv == "cayley" else None
 

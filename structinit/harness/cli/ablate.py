@@ -4,7 +4,7 @@
     structinit ablate solvers --recipe digits --seeds 3
     structinit ablate sharpness --recipe digits --train --set epochs=10
 
-Every variant of the ablation (``structinit.harness.ablation.variants``: pseudo, kernel, heads,
+Every variant of the ablation (``structinit.harness.ablation``: pseudo, kernel, heads,
 offsets, sharing, sharpness, pe-scale, solvers) is built as a training run would build it
 (same recipe, model and init seed) and measured at init: impulse fidelity (mean attention mass
 on each head's target and argmax hit rate, layer 1 and mean over layers) with the
@@ -28,8 +28,7 @@ HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from structinit.harness.ablation.measure import DEFAULT_STEPS
-    from structinit.harness.ablation.variants import ABLATIONS, PUBLISHED_GD_STEPS
+    from structinit.harness.ablation import ABLATIONS, DEFAULT_STEPS, PUBLISHED_GD_STEPS
     from structinit.harness.recipes import RECIPES
 
     p.add_argument("name", choices=list(ABLATIONS), metavar="NAME",
@@ -54,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from structinit.harness.ablation.measure import OWNED, ablate, format_table
+    from structinit.harness.ablation import OWNED, ablate, format_table
     from structinit.harness.cli.flags import check_set_item
     from structinit.harness.config import TrainConfig
 

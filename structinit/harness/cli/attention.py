@@ -52,9 +52,9 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
     """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-    from structinit.harness.finished import test_images
+    from structinit.harness.tasks.image import test_images
 
-    return (None, None) if dataset is None else test_images(dataset, data_dir, n)
+    return (None, None) if dataset is None else test_images(dataset, data_dir, n)[:2]
 
 
 def _position_maps(model, chosen, layout):
@@ -129,7 +129,7 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
     from structinit.adapters import infer_layout
     from structinit.analysis import attention_figure, comparison_figure, overlay_figure
     from structinit.harness.errors import user_input
-    from structinit.harness.specs import parse_init_spec, split_init_specs
+    from structinit.harness.specs import parse_init_spec, spec_label, split_init_specs
     from structinit.models import create_model
     from structinit.schemes.registry import init_
 
@@ -147,7 +147,7 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
         layers_here = _resolve_layers(model, layers)
         layout = infer_layout(model)
         maps, shown = _maps(model, layers_here, images, layout)
-        tag = spec.replace(":", "_").replace(",", "_").replace("=", "-")
+        tag = spec_label(spec)
         source = "position-only input" if images is None else "first test image"
         attention_figure(maps, shown, layer_names=[f"layer {i}" for i in layers_here], path=out / f"maps_{tag}.png",
                          title=f"{args.model}, init {spec}, {source}")

@@ -33,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
     from structinit.analysis import cka_figure, cka_matrix
     from structinit.harness.errors import user_input
-    from structinit.harness.finished import load_run, models_of, test_images
+    from structinit.harness.finished import load_run, models_of
     from structinit.harness.run.folder import check_out_dir
+    from structinit.harness.tasks.image import test_images
 
     with user_input("run"):
         runs = [load_run(args.run_a), load_run(args.run_b)]
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     with user_input("out_dir"):
         check_out_dir(out)
     cfg = runs[0].config
-    images, _ = test_images(cfg.dataset, args.data_dir or cfg.data_dir, args.images)
+    images, _, _ = test_images(cfg.dataset, args.data_dir or cfg.data_dir, args.images)
     models = []
     for r in runs:
         with user_input("run"):

@@ -16,67 +16,20 @@ import io
 import json
 import re
 from collections.abc import Iterable, Sequence
+from importlib import resources
 
-__all__ = ["config_html", "esc", "figure", "figure_png", "json_html", "markdown", "note", "page", "png_data_uri",
+__all__ = ["config_html", "esc", "figure", "figure_png", "json_html", "markdown", "note", "page",
            "split_config", "table", "versions_html"]
 
-CSS = """
-:root { --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0b5cad;
-        --note: #fff8c5; --note-line: #d4a72c; }
-* { box-sizing: border-box; }
-body { margin: 0; color: var(--ink); background: #fff; line-height: 1.5;
-       font: 15px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-main { max-width: 1080px; margin: 0 auto; padding: 28px 32px 48px; }
-h1 { font-size: 1.75em; margin: 0 0 4px; line-height: 1.25; }
-.subtitle { color: var(--muted); margin: 0 0 18px; }
-h2 { font-size: 1.3em; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
-h3 { font-size: 1.08em; margin: 22px 0 8px; }
-p { margin: 8px 0; max-width: 78ch; }
-.intro { font-size: 1.03em; background: var(--soft); border-left: 4px solid var(--accent);
-         padding: 12px 16px; max-width: none; }
-nav.toc { margin: 14px 0 0; color: var(--muted); font-size: 0.95em; }
-nav.toc a { color: var(--accent); text-decoration: none; margin-right: 14px; white-space: nowrap; }
-nav.toc a:hover { text-decoration: underline; }
-table { border-collapse: collapse; margin: 10px 0 6px; font-size: 0.95em; }
-th, td { border: 1px solid var(--line); padding: 5px 10px; text-align: left; vertical-align: top; }
-th { background: var(--soft); font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tbody tr:nth-child(even) td { background: #fbfcfd; }
-tr.best td { font-weight: 600; background: #eef6ff; }
-.scroll { overflow-x: auto; max-width: 100%; }
-figure { margin: 14px 0 22px; }
-figure img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; }
-figcaption, .caption { color: var(--muted); font-size: 0.92em; margin-top: 6px; max-width: 90ch; }
-code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 0.9em;
-       background: var(--soft); padding: 1px 4px; border-radius: 3px; }
-pre { background: var(--soft); border: 1px solid var(--line); padding: 10px; font-size: 0.85em;
-      white-space: pre-wrap; overflow-wrap: anywhere; }
-.note { background: var(--note); border: 1px solid var(--note-line); border-radius: 4px; padding: 8px 12px;
-        margin: 10px 0; max-width: 90ch; }
-footer { margin-top: 40px; padding-top: 10px; border-top: 1px solid var(--line); color: var(--muted);
-         font-size: 0.88em; }
-"""
+# The page's style and script, kept beside this module as the files they are; inlined in every page.
+CSS = (resources.files(__package__) / "page.css").read_text(encoding="utf-8")
+SCRIPT = (resources.files(__package__) / "page.js").read_text(encoding="utf-8")
 
-# Counts the images the browser decoded (naturalWidth > 0) once everything has loaded: the
-# browser test reads it back from the DOM next to the data-images-total the page was written with.
-SCRIPT = """
-window.addEventListener("load", function () {
-  var images = document.images, decoded = 0;
-  for (var i = 0; i < images.length; i++) {
-    if (images[i].complete && images[i].naturalWidth > 0) { decoded++; }
-  }
-  document.body.dataset.imagesDecoded = String(decoded);
-});
-"""
 
 
 def esc(value: object) -> str:
     """``value`` as text, HTML-escaped (quotes too: safe inside attributes)."""
     return html.escape(str(value), quote=True)
-
-
-def png_data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def figure_png(fig) -> bytes:
@@ -94,7 +47,8 @@ def figure_png(fig) -> bytes:
 
 def figure(png: bytes, alt: str, caption_html: str) -> str:
     """An embedded PNG with its caption (``caption_html`` is HTML: escape its text first)."""
-    return (f'<figure><img src="{png_data_uri(png)}" alt="{esc(alt)}">'
+    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return (f'<figure><img src="{uri}" alt="{esc(alt)}">'
             f"<figcaption>{caption_html}</figcaption></figure>")
 
 

@@ -38,7 +38,7 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     folder = Path(folder).expanduser()
     ablation = any((folder / name).is_file() for name in ABLATION_FILES)
     with user_input("folder"):
-        runs = _runs_if_any(folder) if ablation else find_runs(folder)
+        runs = find_runs(folder, depth=4, required=False) if ablation else find_runs(folder)
     with user_input("out_dir"):
         target = report_path(folder, out)
     make = _ablation_page if ablation else _compare_page
@@ -65,15 +65,6 @@ def report_path(folder: Path, out: str | Path | None) -> Path:
 
 def _can_write(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
-
-
-def _runs_if_any(folder: Path, depth: int = 4) -> list:
-    """The finished runs up to ``depth`` folders below ``folder`` (an ablation keeps them in
-    ``runs/<variant>/<init>/seed<k>``), or none."""
-    from structinit.harness.finished import load_run
-
-    found = [p for d in range(1, depth + 1) for p in sorted(folder.glob("/".join(["*"] * d) + "/result.json"))]
-    return [load_run(p.parent) for p in found]
 
 
 def group_runs(runs, specs=()) -> dict[str, list]:

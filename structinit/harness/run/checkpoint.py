@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -272,15 +273,8 @@ class MetricsLog:
     def flush(self) -> None:
         lines = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.history)
         atomic_write_bytes(self.folder / "metrics.jsonl", lambda f: f.write(lines.encode()))
-        keys = sorted({k for r in self.history for k in r})
-
-        def write_csv(f):
-            import io
-
-            text = io.StringIO()
-            w = csv.DictWriter(text, fieldnames=keys)
-            w.writeheader()
-            w.writerows(self.history)
-            f.write(text.getvalue().encode())
-
-        atomic_write_bytes(self.folder / "metrics.csv", write_csv)
+        table = io.StringIO()
+        writer = csv.DictWriter(table, fieldnames=sorted({k for r in self.history for k in r}))
+        writer.writeheader()
+        writer.writerows(self.history)
+        atomic_write_bytes(self.folder / "metrics.csv", lambda f: f.write(table.getvalue().encode()))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from structinit.harness.config import check_config
 from structinit.harness.errors import NonFiniteLossError, RunIOError, user_input
 from structinit.harness.run.checkpoint import (
     EMA_WEIGHTS,
@@ -49,9 +50,10 @@ from structinit.harness.run.device import (
 )
 from structinit.harness.run.folder import check_out_dir, lock_run
 from structinit.harness.run.optim import EMA, cosine_lr, param_groups
+from structinit.schemes.plan import Plan
 from structinit.utils.optional_imports import require
 
-__all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "run_task"]
+__all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "check_run", "construct_and_plan", "run_task"]
 
 CHECKPOINT, RESULT = "checkpoint.pt", "result.json"
 
@@ -75,30 +77,17 @@ class Task(Protocol):
     state_keys: tuple[str, ...]  # what its checkpoint must hold to resume
     added_fields: dict[str, Any]  # config fields added since older checkpoints: the value they ran with
 
-    def check(self, where: Placement) -> torch.dtype | None:
-        """Every check that needs no data (input errors); the autocast dtype."""
-
-    def prepare(self, where: Placement) -> nn.Module:
-        """Load the data onto ``where.device``; the model, constructed and initialised (on the CPU)."""
-
-    def schedule(self) -> tuple[list[Chunk], int, int]:
-        """(the chunks, total steps, warm-up steps)."""
-
-    def batches(self, chunk: Chunk, where: Placement) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's (input, target) of every step of ``chunk``, on the device."""
-
+    def check(self) -> str: ...  # its own checks that load nothing (input errors); the precision it runs in
+    def prepare(self, where: Placement) -> dict[str, Any]: ...  # load the data; the model arguments it decides
+    def schedule(self) -> tuple[list[Chunk], int, int]: ...  # (the chunks, total steps, warm-up steps)
+    def batches(self, chunk: Chunk, where: Placement) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    #   this rank's (input, target) of every step of the chunk, on the device
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
-
-    def count(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(right predictions, scored predictions, the loss's weight in the chunk's mean)."""
-
+    def count(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]: ...
+    #   (right predictions, scored predictions, the loss's weight in the chunk's mean)
     def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict: ...
-
-    def row(self, chunk: Chunk) -> dict[str, Any]:
-        """What a metric row and the checkpoint say of ``chunk`` beyond ``step``."""
-
-    def result(self, history: list[dict]) -> dict[str, Any]:
-        """The task's part of result.json (its ``final`` metrics among them)."""
+    def row(self, chunk: Chunk) -> dict[str, Any]: ...  # what a metric row and checkpoint say beyond "step"
+    def result(self, history: list[dict]) -> dict[str, Any]: ...  # its part of result.json, "final" among it
 
 
 def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
@@ -109,9 +98,7 @@ def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool
     run trains its folder is locked: another process on it raises
     :class:`~structinit.harness.errors.RunLockedError`, or with ``wait=True`` waits."""
     where = placement()
-    with user_input("out_dir"):
-        check_out_dir(task.cfg.out_dir)
-    dtype = task.check(where)
+    dtype = check_run(task, where)
     with lock_run(task.cfg.out_dir, wait=wait, enabled=where.writes):
         try:
             return _train(task, resume, progress, where, dtype)
@@ -122,13 +109,50 @@ def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool
             raise RunIOError(f"{err}; {keep}") from err.__cause__
 
 
+def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
+    """``cfg.model`` built with ``sizes`` (what the data decides) and ``cfg.model_kwargs``,
+    constructed under ``init_seed`` (construction draws from the global RNG, which is forked
+    and restored), and ``cfg.init`` planned on it but not written (``plan.commit()`` does)."""
+    from structinit.models import create_model
+    from structinit.schemes.registry import plan_init
+
+    kwargs = {**sizes, **cfg.model_kwargs}
+    seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
+    with torch.random.fork_rng(devices=[]), user_input("model"):  # construction draws from the global RNG
+        torch.manual_seed(seed)
+        model = create_model(cfg.model, **kwargs)
+    with user_input("init"):
+        return model, plan_init(model, cfg.init, seed=seed, **cfg.init_options)
+
+
+def check_run(task: Task, where: Placement) -> torch.dtype | None:
+    """Every check of ``task``'s run that loads nothing, cheap ones first so that a typo never
+    waits for a dataset: the folder, the config's fields, the batch split over processes, the
+    init's name, the task's own checks; returns the autocast dtype (None: fp32)."""
+    from structinit.schemes.registry import get_scheme
+
+    cfg = task.cfg
+    with user_input("out_dir"):
+        check_out_dir(cfg.out_dir)
+    check_config(cfg)
+    with user_input("batch_size"):
+        if cfg.batch_size % where.world:
+            raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {where.world} processes")
+    with user_input("init"):
+        get_scheme(cfg.init)  # its options are checked on the model, once the data says its size
+    precision = task.check()
+    with user_input("precision"):
+        return resolve_precision(precision, where.device)
+
+
 def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) -> dict[str, Any]:
     cfg, device = task.cfg, where.device
     out = Path(cfg.out_dir)
     ckpt_path, result_path = out / CHECKPOINT, out / RESULT
     state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields,
                          as_ran=lambda c: {**c, "precision": precision_name(resolve_precision(c["precision"], device))})
-    model = task.prepare(where)
+    model, plan = construct_and_plan(cfg, task.prepare(where))  # the one place a run's model is made
+    plan.commit()
     fingerprint = init_fingerprint(model)
     if state is not None:
         with user_input("resume"):

@@ -1,11 +1,13 @@
-"""Image classification: the task of a :class:`~structinit.harness.config.TrainConfig` run.
+"""Image classification: the task of a :class:`~structinit.harness.config.TrainConfig` run,
+certified robustness included (Trockman & Kolter, ICLR 2021; the maths is in
+:mod:`structinit.analysis.certify`).
 
 The whole dataset lives on the training device as uint8 tensors; each epoch draws a
 permutation seeded by (seed, epoch) and augments whole batches there with a generator seeded
 by (seed, epoch, rank). A chunk of the run is an epoch. Evaluation scores every held-out or
 test split (accuracy and cross-entropy), and with ``certify_eps`` the certified accuracy of
 models that declare a Lipschitz bound and, at the end, the ℓ₂ PGD accuracy
-(:mod:`structinit.harness.tasks.robustness`): certified training is an option of this task.
+(:func:`pgd_accuracy`): certified training is an option of this task.
 """
 
 from __future__ import annotations
@@ -18,32 +20,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.analysis.certify import logit_margins, multiclass_hinge_loss
-from structinit.harness.config import TrainConfig, check_config
-from structinit.harness.errors import user_input
-from structinit.harness.run.build import construct_and_plan
-from structinit.harness.run.device import Placement, resolve_precision
-from structinit.harness.run.lifecycle import Chunk
-from structinit.harness.tasks.robustness import (
-    check_certified_options,
-    hinge_margin,
+from structinit.analysis.certify import (
+    logit_margins,
     model_lipschitz,
-    pgd_accuracy,
+    multiclass_hinge_loss,
+    pgd_l2_accuracy,
     pixel_cert_threshold,
 )
+from structinit.harness.config import TrainConfig
+from structinit.harness.errors import user_input
+from structinit.harness.run.device import Placement
+from structinit.harness.run.lifecycle import Chunk, construct_and_plan
 from structinit.utils import derived_generator
 
-__all__ = ["ImageTask", "check_data", "evaluate", "image_sizes", "load_data", "load_train_split", "plan_model"]
+__all__ = ["PAPER_HINGE_MARGIN", "ImageTask", "check_data", "eval_images", "evaluate", "hinge_margin", "image_sizes",
+           "load_data", "load_train_split", "pgd_accuracy", "plan_model", "test_images"]
 
 
 def check_data(cfg: TrainConfig) -> None:
     """The checks of ``cfg``'s data that need no loading: the dataset's name, a ``data_dir``
     where the dataset reads one, and that it exists unless it is to be downloaded."""
     from structinit.data import DATASET_LOADERS, DatasetNotFoundError
-    from structinit.data.registry import _canonical
+    from structinit.data.registry import canonical_name
 
     with user_input("dataset"):
-        name = _canonical(cfg.dataset)
+        name = canonical_name(cfg.dataset)
     mode = DATASET_LOADERS[name].root_mode
     if mode == "ignored":  # bundled with a package: data_dir plays no part
         return
@@ -99,6 +100,48 @@ def plan_model(cfg: TrainConfig, image_shape: tuple[int, int, int], num_classes:
     return construct_and_plan(cfg, image_sizes(image_shape, num_classes))
 
 
+# ----------------------------------------------------------------------------- certified robustness
+# The PGD evaluation (certify_eps set, final evaluation only): ℓ₂ PGD with this many steps of
+# ε/4 (Trockman & Kolter's evaluation) on the first PGD_EXAMPLES images of each split; it costs
+# about 3·PGD_STEPS forward passes per image, so a 10,000-image split is subsampled.
+PGD_STEPS = 10
+PGD_EXAMPLES = 1000
+# The paper's hinge margin (the Trockman & Kolter repo's multi_margin_loss default), used when
+# certify_eps is not set.
+PAPER_HINGE_MARGIN = 0.5
+
+
+def hinge_margin(cfg: TrainConfig, std) -> float:
+    """The margin of the hinge loss: ``cfg.hinge_margin``, or by default the margin that
+    certifies at ``certify_eps`` a 1-Lipschitz model in pixel space, √2·ε/min(std) (the margin
+    ≈ √2·ε·L recipe of Trockman & Kolter, with L the normalisation's Lipschitz constant), or
+    without ``certify_eps`` the paper's constant 0.5."""
+    if cfg.hinge_margin is not None:
+        return float(cfg.hinge_margin)
+    if cfg.certify_eps is not None:
+        return pixel_cert_threshold(cfg.certify_eps, 1.0, std)
+    return PAPER_HINGE_MARGIN
+
+
+def pgd_accuracy(model, images, labels, mean, std, eps, batch_size, where: Placement, seed: int) -> float:
+    """ℓ₂ PGD accuracy at radius ``eps`` in pixel space (:func:`structinit.analysis.certify.
+    pgd_l2_accuracy`, PGD_STEPS steps, fp32) over the first PGD_EXAMPLES images (this rank's
+    share), reduced over ranks; the random starts come from ``seed``."""
+    model.eval()
+    idx = torch.arange(where.rank, min(len(images), PGD_EXAMPLES), where.world, device=images.device)
+    gen = derived_generator(seed, 2)  # 2: the attack's random starts
+    right = 0.0
+    for start in range(0, len(idx), batch_size):
+        b = idx[start : start + batch_size]
+        x = images[b].float() / 255
+        acc = pgd_l2_accuracy(model, x, labels[b], eps, steps=PGD_STEPS, preprocess=lambda t: (t - mean) / std,
+                              clamp=(0.0, 1.0), generator=gen)
+        right += acc * len(b)
+    totals = where.all_reduce(torch.tensor([right, float(len(idx))], dtype=torch.float64, device=images.device))
+    model.train()
+    return float(totals[0] / totals[1].clamp_min(1))
+
+
 @torch.no_grad()
 def evaluate(model, images, labels, mean, std, batch_size, dtype, where: Placement,
              cert_threshold: float | None = None):
@@ -136,36 +179,30 @@ class ImageTask:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
 
-    def check(self, where: Placement) -> torch.dtype | None:
-        """Cheap checks first, so that a typo never waits for a dataset to load."""
+    def check(self) -> str:
         from structinit.augment import Augment
-        from structinit.schemes.registry import get_scheme
 
         cfg = self.cfg
-        check_config(cfg)
-        with user_input("batch_size"):
-            if cfg.batch_size % where.world:
-                raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {where.world} processes")
         with user_input("augment"):
             self.augment = Augment.parse(cfg.augment)
-        check_certified_options(cfg)
+        with user_input("hinge_margin"):
+            if cfg.hinge_margin is not None and cfg.loss != "hinge":
+                raise ValueError(f"hinge_margin={cfg.hinge_margin!r} applies to loss='hinge' only (loss={cfg.loss!r}); "
+                                 "set loss='hinge' or leave hinge_margin at None")
+        check_data(cfg)
         with user_input("precision"):
             # a certificate rests on exact arithmetic: bf16 or fp16 would break the Lipschitz bound
             if cfg.certify_eps is not None and cfg.precision in ("bf16", "fp16"):
                 raise ValueError(f"precision={cfg.precision!r} with certify_eps={cfg.certify_eps:.4g}: a certificate "
                                  "needs fp32 arithmetic; set precision='fp32' (or 'auto', fp32 when certifying)")
-            dtype = resolve_precision("fp32" if cfg.certify_eps is not None else cfg.precision, where.device)
-        with user_input("init"):
-            get_scheme(cfg.init)  # the options are checked on the model, once the data says its size
-        check_data(cfg)
-        return dtype
+        return "fp32" if cfg.certify_eps is not None else cfg.precision
 
     def model_sizes(self) -> dict[str, int]:
         """The model arguments the data decides (loads the training split's header and shape)."""
         train_ds = load_train_split(self.cfg)
         return image_sizes(train_ds.image_shape, train_ds.num_classes)
 
-    def prepare(self, where: Placement) -> nn.Module:
+    def prepare(self, where: Placement) -> dict[str, int]:
         cfg, device = self.cfg, where.device
         train_ds, evals = load_data(cfg)
         self.images, self.labels = train_ds.images.to(device), train_ds.labels.to(device)
@@ -179,9 +216,7 @@ class ImageTask:
                 raise ValueError(f"{len(self.images)} training images make no full batch of {cfg.batch_size}; "
                                  "lower batch_size")
         self.margin = hinge_margin(cfg, self.std)  # used with loss='hinge' only
-        model, plan = plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
-        plan.commit()
-        return model
+        return image_sizes(train_ds.image_shape, train_ds.num_classes)
 
     def schedule(self) -> tuple[list[Chunk], int, int]:
         cfg, n = self.cfg, self.steps
@@ -234,6 +269,16 @@ class ImageTask:
         last = evaluated[-1] if evaluated else {}
         return {"kind": "image", "epochs_done": len(history),
                 "final": {k: v for k, v in last.items() if k.endswith(("_acc", "_loss"))}}
+
+
+def test_images(dataset: str, data_dir: str | None, n: int, download: bool = False):
+    """(normalised, in [0, 1], class count) of the first ``n`` test images of ``dataset``,
+    normalised with the dataset's channel statistics as training does."""
+    from structinit.data import load_dataset
+
+    with user_input("dataset"):
+        test = load_dataset(dataset, data_dir, "test", download=download)
+    return test.normalised(n), test.images[:n].float() / 255, test.num_classes
 
 
 def eval_images(cfg: TrainConfig, n: int):

@@ -16,10 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from structinit.harness.config import SequenceConfig, check_config
+from structinit.harness.config import SequenceConfig
 from structinit.harness.errors import user_input
-from structinit.harness.run.build import construct_and_plan
-from structinit.harness.run.device import Placement, resolve_precision
+from structinit.harness.run.device import Placement
 from structinit.harness.run.lifecycle import Chunk
 from structinit.utils import derived_generator
 
@@ -67,31 +66,18 @@ class SequenceTask:
     def __init__(self, cfg: SequenceConfig):
         self.cfg = cfg
 
-    def check(self, where: Placement) -> torch.dtype | None:
-        """Every check that builds nothing: a typo fails at once."""
-        from structinit.schemes.registry import get_scheme
-
-        check_config(self.cfg)
-        with user_input("batch_size"):
-            if self.cfg.batch_size % where.world:
-                raise ValueError(f"batch_size={self.cfg.batch_size} is not divisible by the {where.world} processes")
-        with user_input("precision"):
-            dtype = resolve_precision(self.cfg.precision, where.device)
-        with user_input("init"):
-            get_scheme(self.cfg.init)
+    def check(self) -> str:
         self.task = make_task(self.cfg)
-        return dtype
+        return self.cfg.precision
 
     def model_sizes(self) -> dict[str, int]:
         task = make_task(self.cfg)
         return {"vocab_size": task.vocab_size, "max_len": task.seq_len}
 
-    def prepare(self, where: Placement) -> nn.Module:
+    def prepare(self, where: Placement) -> dict[str, int]:
         held_x, held_y = self.task.heldout(self.cfg.heldout_size)
         self.held = held_x.to(where.device), held_y.to(where.device)
-        model, plan = construct_and_plan(self.cfg, self.model_sizes())
-        plan.commit()
-        return model
+        return self.model_sizes()
 
     def schedule(self) -> tuple[list[Chunk], int, int]:
         cfg = self.cfg

@@ -1,11 +1,8 @@
-"""Measuring an ablation (``structinit ablate NAME``): every variant of
-:mod:`structinit.harness.ablation.variants` built as a training run would build it (same
-recipe, model and init seed) and measured at init: impulse fidelity with the position-only
-pseudo input and with real test images, the init's wall time, and at layer 1 the mean
-attention distance and the mass inside the variant's k×k neighbourhood; optionally trained
-with ``compare`` for its accuracy. Writes ``ablation.md``, ``ablation.json`` and
-``ablation.png``.
-"""
+"""The ablations of ``structinit ablate NAME`` (what each measures: that command's help): one
+reviewer question each, as variants. A variant is an init spec (``impulse:kernel_size=5``)
+and, where the question is about the architecture, model keyword arguments (``num_heads``).
+The ``gd`` variants fit ``--steps`` steps: the published 10,000 take minutes a variant on
+2 CPU cores, so an ablation runs a reduced fit and says so."""
 
 from __future__ import annotations
 
@@ -14,15 +11,113 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from structinit.harness.ablation.variants import ABLATIONS, PUBLISHED_GD_STEPS, Variant, variants
 from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.run.device import versions
 from structinit.harness.specs import parse_seeds
+from structinit.harness.summary import mean_std
 
-__all__ = ["ablate", "command_line", "format_markdown", "format_table", "plot_ablation"]
+__all__ = ["ABLATIONS", "PUBLISHED_GD_STEPS", "Ablation", "Variant", "ablate", "command_line", "format_markdown",
+           "format_table", "plot_ablation", "variants"]
+
+PUBLISHED_GD_STEPS = 10_000  # the 2024 paper's fit length
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of an ablation: a short label, the init spec, and model keyword arguments."""
+
+    label: str
+    spec: str
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """A folder name for the variant's runs (unique within its ablation)."""
+        text = self.label.replace("=", "-").replace(" ", "_")
+        return "".join(ch if ch.isalnum() or ch in "._-+" else "_" for ch in text)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """A question, and how to build its variants from the gd step count."""
+
+    title: str
+    question: str
+    build: Callable[[int], list[Variant]]
+
+
+def _gd(steps: int, extra: str = "") -> str:
+    return f"impulse:solver=gd,steps={steps}{',' + extra if extra else ''}"
+
+
+def _pseudo(steps: int) -> list[Variant]:
+    kinds = ("pe", "uniform", "gaussian", "pe+uniform", "pe+gaussian")  # structinit.functional.PSEUDO_INPUTS
+    return [Variant(f"pseudo={kind}", _gd(steps, f"pseudo={kind}")) for kind in kinds]
+
+
+def _kernel(steps: int) -> list[Variant]:
+    return [Variant(f"kernel_size={k}", f"impulse:kernel_size={k}") for k in (3, 5, 7)]
+
+
+def _heads(steps: int) -> list[Variant]:
+    return [Variant(f"num_heads={h}", "impulse", {"num_heads": h}) for h in (2, 4, 8)]
+
+
+def _offsets(steps: int) -> list[Variant]:
+    return [Variant(f"offsets={kind}", f"impulse:offsets={kind}") for kind in ("random", "enumerated")]
+
+
+def _sharing(steps: int) -> list[Variant]:
+    return [
+        Variant("analytic, shared offsets", "impulse:per_layer_offsets=False"),
+        Variant("analytic, per-layer offsets", "impulse:per_layer_offsets=True"),
+        Variant("gd, shared solution", _gd(steps, "share_solution=True")),
+        Variant("gd, per-layer solution", _gd(steps, "share_solution=False")),
+        Variant("gd, per-layer solution and offsets", _gd(steps, "share_solution=False,per_layer_offsets=True")),
+    ]
+
+
+def _sharpness(steps: int) -> list[Variant]:
+    return [Variant(f"target_mass={m}", f"impulse:target_mass={m}") for m in (0.3, 0.5, 0.7, 0.9)]
+
+
+def _pe_scale(steps: int) -> list[Variant]:
+    return [Variant(f"pe_scale={s:g}", f"impulse:pe_scale={s!r}") for s in (0.5, 1.0, 2.0, 4.0)]
+
+
+def _solvers(steps: int) -> list[Variant]:
+    return [Variant("analytic", "impulse:solver=analytic"), Variant("closed_form", "impulse:solver=closed_form"),
+            Variant(f"gd ({steps} steps)", _gd(steps))]
+
+
+ABLATIONS: dict[str, Ablation] = {
+    "pseudo": Ablation("pseudo input of the gd fit", "Does the fit need the position embedding, or does noise do "
+                       "(the 2024 paper's Table 6)?", _pseudo),
+    "kernel": Ablation("kernel size", "How does the impulse's kernel size (3, 5, 7) change fidelity and "
+                       "accuracy?", _kernel),
+    "heads": Ablation("heads at fixed width", "How many heads (narrower heads) can carry the impulse?", _heads),
+    "offsets": Ablation("offset choice", "Random offsets per head, or the enumerated ones (centre, up, right, "
+                        "left, …)?", _offsets),
+    "sharing": Ablation("shared vs per-layer", "One offset draw and one solution for every layer, or new ones per "
+                        "layer?", _sharing),
+    "sharpness": Ablation("sharpness (target_mass)", "How sharp should the maps be at init?", _sharpness),
+    "pe-scale": Ablation("position-embedding scale", "How large should the written sin-cos PE be?", _pe_scale),
+    "solvers": Ablation("solvers and their cost", "What do the analytic, closed-form (2025) and gd (2024) "
+                        "solvers cost, and how faithful are they?", _solvers),
+}
+
+
+def variants(name: str, steps: int = 1000) -> list[Variant]:
+    """The variants of the ablation ``name``, its gd variants fitted for ``steps`` steps."""
+    if name not in ABLATIONS:
+        raise ValueError(f"ablation {name!r}: unknown; valid: {', '.join(ABLATIONS)}")
+    return ABLATIONS[name].build(steps)
+
 
 DEFAULT_STEPS = 1000  # gd steps: well under a second a fit on vit_cpu_patch4_32 (2 cores); published: 10,000
 
@@ -64,17 +159,6 @@ def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any])
             text = text.replace("'", '"')
         parts += ["--set", f"{key}={text}"]
     return shlex.join(parts)
-
-
-def _test_images(cfg, n: int):
-    """The first ``n`` test images of ``cfg.dataset``, normalised as training normalises
-    (the training split's per-channel statistics), and the split's class count."""
-
-    from structinit.data import load_dataset
-
-    with user_input("dataset"):
-        test = load_dataset(cfg.dataset, cfg.data_dir, "test", download=cfg.download)
-    return test.normalised(n), test.num_classes
 
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
@@ -143,18 +227,13 @@ def _measure(cfg, shape, classes, images, repeats: int) -> tuple[dict[str, float
     return values, seconds
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "per_seed": values}
-
-
 def _row(variant: Variant, per_seed: list[dict[str, float]], seconds: list[float], steps: int) -> dict[str, Any]:
     from structinit.harness.specs import parse_init_spec
 
     gd = parse_init_spec(variant.spec)[1].get("solver") == "gd"
     init_s = statistics.median(seconds)
     return {"label": variant.label, "spec": variant.spec, "model_kwargs": variant.model_kwargs, "key": variant.key,
-            "metrics": {key: _stats([m[key] for m in per_seed]) for key, _ in METRICS},
+            "metrics": {key: mean_std([m[key] for m in per_seed], "per_seed") for key, _ in METRICS},
             "init_s": init_s, "init_s_all": seconds, "gd_steps": steps if gd else None,
             "init_s_published_steps": init_s / steps * PUBLISHED_GD_STEPS if gd and steps else None,
             "accuracy": None}
@@ -276,7 +355,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     from structinit.harness.compare import compare
     from structinit.harness.recipes import recipe as make_recipe
     from structinit.harness.run.folder import check_out_dir
-    from structinit.harness.tasks.image import check_data
+    from structinit.harness.tasks.image import check_data, test_images
 
     ablation_variants = variants(name, _count("steps", steps, "--steps"))
     seed_list, n_images = parse_seeds(seeds), _count("images", images, "--images")
@@ -291,7 +370,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     with user_input("out_dir"):
         check_out_dir(out)
     check_data(cfg)
-    x, classes = _test_images(cfg, n_images)
+    x, _, classes = test_images(cfg.dataset, cfg.data_dir, n_images, download=cfg.download)
     shape, runs_dir = tuple(x.shape[1:]), out / "runs"
     configs = {v.key: [_variant_config(cfg, v, seed, runs_dir) for seed in seed_list] for v in ablation_variants}
     for v in ablation_variants:
@@ -320,6 +399,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
         for v, row in zip(ablation_variants, result["rows"]):
             summary = compare(_variant_base(cfg, v), [v.spec], seed_list, runs_dir / v.key, progress=progress,
                               wait=wait)[v.spec]
-            row["accuracy"] = {"metric": summary["metric"], **_stats(summary["accs"]), "seeds": summary["seeds"]}
+            row["accuracy"] = {"metric": summary["metric"], **mean_std(summary["accs"], "per_seed"),
+                               "seeds": summary["seeds"]}
         _write(result, out)
     return result
