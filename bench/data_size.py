@@ -1,0 +1,214 @@
+"""Where structured init pays: held-out accuracy against training-set size, on three datasets.
+
+Protocol (every run):
+- model ``vit_cpu_patch4_32`` (the ``cpu-cifar`` ViT: D 128, depth 6, 4 heads, patch 4), sized
+  to the data: 8×8 tokens on CIFAR-10, 7×7 on the 28×28 MNISTs;
+- a class-stratified training subset of ``size`` images, drawn per seed from the training
+  split minus its last 10,000 images, which are the held-out set every run is judged on;
+- the same optimiser budget for every size: ``--steps`` AdamW steps of 125 images, 10 % of
+  them warm-up, then cosine decay (the ``cpu-cifar`` optimiser settings). With 125 images a
+  batch, every size below divides into whole batches and the budget into whole epochs, so
+  each run takes exactly the same steps and sees the same number of images: the size is the
+  only variable. A fixed number of epochs instead would give the large sets more steps;
+- augmentation that fits the data: crop (pad 4) and horizontal flips on CIFAR-10 and
+  Fashion-MNIST (its classes are left-right symmetric), crop only on MNIST (a flipped digit is
+  another glyph);
+- inits ``pytorch``, ``timm``, ``mimetic``, ``impulse`` at their defaults, 3 seeds; fp32.
+
+Sizes: CIFAR-10 1k–10k, the MNISTs 500–5k (10× each). Runs go seed-major through
+``compare`` into ``--out``/<dataset>-<size>, so an interrupted study continues where it
+stopped (rerun the same command) and a complete table for seed 0 comes first.
+
+    OMP_NUM_THREADS=2 .venv/bin/python bench/data_size.py --data-dir ../shared/datasets
+    .venv/bin/python bench/data_size.py --report-only        # table and figures from finished runs
+
+Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (the table, per seed) and
+two figures into ``--figures``: accuracy against size (log x, band = min–max over seeds) and
+each init's gain over ``pytorch`` (paired by seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from structinit.harness.compare import compare
+from structinit.harness.recipes import recipe
+from structinit.harness.run.checkpoint import atomic_write_bytes
+from structinit.harness.summary import primary_metric
+
+INITS = ("pytorch", "timm", "mimetic", "impulse")
+BATCH = 125
+WARMUP = 0.1  # of the budget
+
+
+@dataclass(frozen=True)
+class Study:
+    """One dataset of the study: its sizes and the settings that differ from the base recipe."""
+
+    name: str
+    sizes: tuple[int, ...]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    recipe: str = "cpu-cifar"
+
+
+STUDIES = {
+    "cifar10": Study("CIFAR-10", (1000, 2000, 5000, 10000), {"dataset": "cifar10", "augment": "crop4,flip"}),
+    "mnist": Study("MNIST", (500, 1000, 2000, 5000), {"dataset": "mnist", "augment": "crop4"}),
+    "fashion_mnist": Study("Fashion-MNIST", (500, 1000, 2000, 5000),
+                           {"dataset": "fashion_mnist", "augment": "crop4,flip", "data_dir": None}),
+}
+
+
+def run_config(study: Study, size: int, steps: int, data_dir: str | None, batch: int = BATCH):
+    """The config of every run at ``size``: ``steps`` steps of ``batch`` images, exactly."""
+    per_epoch, rest = divmod(size, batch)
+    if rest or steps % per_epoch:
+        raise ValueError(f"size {size} with batch {batch} makes {size / batch:g} batches an epoch, and {steps} "
+                         "steps are not whole epochs of it; choose sizes and steps that divide")
+    overrides = {"data_dir": data_dir, **study.overrides, "train_size": size, "batch_size": batch,
+                 "epochs": steps // per_epoch, "warmup_epochs": WARMUP * steps / per_epoch,
+                 "eval_every": steps // per_epoch, "precision": "fp32"}
+    return recipe(study.recipe, **overrides)
+
+
+def run_study(studies: dict[str, Study], inits, seeds, steps: int, out: Path, data_dir: str | None,
+              batch: int = BATCH) -> None:
+    """Train every (seed, dataset, size, init), seed-major, reusing finished runs."""
+    for seed in seeds:
+        for key, study in studies.items():
+            for size in study.sizes:
+                cfg = run_config(study, size, steps, data_dir, batch)
+                print(f"=== seed {seed} · {study.name} · {size} images", flush=True)
+                compare(cfg, list(inits), [seed], out / f"{key}-{size}", progress=False)
+
+
+def collect(studies: dict[str, Study], inits, out: Path) -> dict[str, Any]:
+    """{dataset: {size: {init: {seed: accuracy}}}} of every finished run under ``out``."""
+    table: dict[str, Any] = {}
+    for key, study in studies.items():
+        for size in study.sizes:
+            for init in inits:
+                for path in sorted((out / f"{key}-{size}" / init).glob("seed*/result.json")):
+                    final = json.loads(path.read_text())["final"]
+                    seed = int(path.parent.name.removeprefix("seed"))
+                    table.setdefault(key, {}).setdefault(size, {}).setdefault(init, {})[seed] = \
+                        final[primary_metric(final)]
+    return table
+
+
+def gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> list[float]:
+    """Per seed that both ran: accuracy of ``init`` minus that of ``base`` (paired by seed)."""
+    common = sorted(set(by_init.get(init, {})) & set(by_init.get(base, {})))
+    return [by_init[init][s] - by_init[base][s] for s in common]
+
+
+def _stat(values: list[float]) -> str:
+    if not values:
+        return "–"
+    spread = f" ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else ""
+    return f"{100 * statistics.fmean(values):.2f}{spread}"
+
+
+def format_table(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
+    """Markdown: one row per (dataset, size, init): mean ± std, gain over pytorch, per seed."""
+    lines = ["| dataset | images | init | held-out acc % (mean ± std) | gain over pytorch (points) | per seed (%) |",
+             "|---|---:|---|---:|---:|---|"]
+    for key, study in studies.items():
+        for size in study.sizes:
+            by_init = table.get(key, {}).get(size, {})
+            for init in inits:
+                accs = by_init.get(init, {})
+                per_seed = ", ".join(f"s{s}: {100 * a:.2f}" for s, a in sorted(accs.items())) or "not run yet"
+                gain = "—" if init == "pytorch" else _stat(gains(by_init, init))
+                lines.append(f"| {study.name} | {size:,} | {init} | {_stat(list(accs.values()))} | {gain} | "
+                             f"{per_seed} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path) -> list[Path]:
+    """accuracy vs size and gain over pytorch vs size, one panel per dataset (log x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, ylabel in (("data_size_accuracy", "held-out accuracy (%)"),
+                         ("data_size_gain", "gain over pytorch (points)")):
+        fig, axes = plt.subplots(1, len(studies), figsize=(4.2 * len(studies), 3.6), dpi=110, squeeze=False)
+        for ax, (key, study) in zip(axes[0], studies.items()):
+            for init in inits:
+                if name.endswith("gain") and init == "pytorch":
+                    ax.axhline(0.0, color="grey", lw=0.8)
+                    continue
+                xs, mean, low, high = [], [], [], []
+                for size in study.sizes:
+                    by_init = table.get(key, {}).get(size, {})
+                    values = gains(by_init, init) if name.endswith("gain") else list(by_init.get(init, {}).values())
+                    if values:
+                        xs.append(size)
+                        mean.append(100 * statistics.fmean(values))
+                        low.append(100 * min(values))
+                        high.append(100 * max(values))
+                if xs:
+                    line, = ax.plot(xs, mean, marker="o", label=init)
+                    ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+            ax.set_xscale("log")
+            ax.set_xticks(study.sizes, [f"{s:,}" for s in study.sizes])
+            ax.minorticks_off()
+            ax.set_title(study.name)
+            ax.set_xlabel("training images")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle("lines: mean over seeds; bands: min–max over seeds"
+                     + ("; gain paired by seed" if name.endswith("gain") else ""), fontsize=9)
+        fig.tight_layout()
+        path = figures / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, lambda f, fig=fig: fig.savefig(f, format="png"))
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
+    """Write data_size.json, data_size.md and the figures from the finished runs; the table."""
+    table = collect(studies, inits, out)
+    text = format_table(studies, inits, table)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "data_size.json", lambda f: f.write(json.dumps(table, indent=1).encode()))
+    atomic_write_bytes(out / "data_size.md", lambda f: f.write(text.encode()))
+    plot(studies, inits, table, figures)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default="../shared/datasets", help="where CIFAR-10 and MNIST are")
+    ap.add_argument("--datasets", default=",".join(STUDIES), help=f"any of {', '.join(STUDIES)}")
+    ap.add_argument("--inits", default=",".join(INITS), help="init specs, comma-separated")
+    ap.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated")
+    ap.add_argument("--steps", type=int, default=400, help="optimiser steps of every run (default 400)")
+    ap.add_argument("--out", default="runs/data-size", help="where the runs go (resumable)")
+    ap.add_argument("--figures", default="docs/figures", help="where the two figures go")
+    ap.add_argument("--report-only", action="store_true", help="no training: table and figures of finished runs")
+    args = ap.parse_args()
+    unknown = set(args.datasets.split(",")) - set(STUDIES)
+    if unknown:
+        sys.exit(f"error: --datasets: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STUDIES)}")
+    studies = {k: STUDIES[k] for k in args.datasets.split(",")}
+    inits, out = args.inits.split(","), Path(args.out)
+    if not args.report_only:
+        run_study(studies, inits, [int(s) for s in args.seeds.split(",")], args.steps, out, args.data_dir)
+    print(report(studies, inits, out, Path(args.figures)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""bench/data_size.py: every size gets the same optimiser budget, the study resumes, and the
+table's gains are the per-seed differences of the runs' own held-out accuracies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from data_size import Study, collect, gains, report, run_config, run_study
+
+DIGITS = Study("digits", (50, 100), {"holdout": 200, "augment": "none"}, recipe="digits")
+
+
+def test_every_size_gets_the_same_steps_and_warm_up():
+    configs = [run_config(DIGITS, size, 8, None, batch=25) for size in DIGITS.sizes]
+    steps = [c.epochs * (c.train_size // c.batch_size) for c in configs]
+    warmup = [c.warmup_epochs * (c.train_size // c.batch_size) for c in configs]
+    assert steps == [8, 8] and warmup == pytest.approx([0.8, 0.8])
+    assert all(c.eval_every == c.epochs and c.precision == "fp32" for c in configs)  # one evaluation, at the end
+    with pytest.raises(ValueError, match="divide"):
+        run_config(DIGITS, 60, 8, None, batch=25)  # 2.4 batches an epoch
+    with pytest.raises(ValueError, match="divide"):
+        run_config(DIGITS, 75, 8, None, batch=25)  # 8 steps are not whole epochs of 3
+
+
+def test_the_study_runs_resumes_and_reports(tmp_path):
+    inits, studies, out = ["pytorch", "impulse"], {"digits": DIGITS}, tmp_path / "runs"
+    run_study(studies, inits, [0, 1], 8, out, None, batch=25)
+    results = sorted(out.glob("digits-*/*/seed*/result.json"))
+    assert len(results) == 8 and all(json.loads(p.read_text())["history"][-1]["step"] == 8 for p in results)
+    stamps = {p: p.stat().st_mtime_ns for p in results}
+    run_study(studies, inits, [0, 1], 8, out, None, batch=25)  # finished runs are reused, not retrained
+    assert {p: p.stat().st_mtime_ns for p in results} == stamps
+
+    table = collect(studies, inits, out)
+    acc = {(p.parts[-4], p.parts[-3], p.parts[-2]): json.loads(p.read_text())["final"]["holdout_acc"] for p in results}
+    for size in DIGITS.sizes:
+        by_init = table["digits"][size]
+        assert gains(by_init, "impulse") == [acc[(f"digits-{size}", "impulse", f"seed{s}")]
+                                             - acc[(f"digits-{size}", "pytorch", f"seed{s}")] for s in (0, 1)]
+    text = report(studies, inits, out, tmp_path / "figures")
+    assert text.count("| digits |") == 4 and "s0: " in text and "s1: " in text
+    for name in ("data_size_accuracy", "data_size_gain"):
+        assert (tmp_path / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "data_size.json").read_text())["digits"]["50"]["impulse"]["0"] == table["digits"][50][
+        "impulse"][0]
