@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install structinit with pinned dependencies. Idempotent.
+# Create .venv (if missing) and install structinit with pinned dependencies (extras harness, dev
+# and docs). Idempotent.
 # On a machine with a GPU (`nvidia-smi -L` lists one, or STRUCTINIT_CUDA=1; STRUCTINIT_CUDA=0
 # forces the CPU install) torch is the CUDA build 2.14.1 instead of the CPU wheel 2.13.0, with
 # ci/constraints.txt's other pins, and check_cpu_only.sh is skipped. Then: bash scripts/gpu_check.sh.
@@ -22,7 +23,7 @@ if [ "$STRUCTINIT_CUDA" = 1 ]; then
     trap 'rm -f "$constraints"' EXIT
     sed "s/^torch==.*/torch==$CUDA_TORCH/" ci/constraints.txt >"$constraints"
     .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraints" "torch==$CUDA_TORCH"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[harness,dev]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[harness,dev,docs]"
     echo "setup: GPU host ($GPU_WHY): installed torch==$CUDA_TORCH, a CUDA build, with ci/constraints.txt's" \
         "other pins; skipped check_cpu_only.sh (it refuses CUDA packages)"
     .venv/bin/python -c 'import torch; ok = torch.cuda.is_available(); print(f"setup: torch {torch.__version__},",
@@ -31,5 +32,5 @@ if [ "$STRUCTINIT_CUDA" = 1 ]; then
     exit 0
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -c ci/constraints.txt torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -c ci/constraints.txt -e ".[harness,dev]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -c ci/constraints.txt -e ".[harness,dev,docs]"
 bash scripts/check_cpu_only.sh
