@@ -7,9 +7,9 @@ For each model × scheme the table shows ✓ (or ✗ and the error's first line)
 images resized to the model's input size; sklearn's digits when CIFAR-10 is absent) at
 layer 1 and averaged over layers (:func:`structinit.impulse_fidelity`). Small configurations
 are used where a package allows them without leaving the architecture family; the models
-the README names keep their names and sizes.
+the documentation names keep their names and sizes.
 
-    .venv-zoo/bin/python bench/zoo.py                      # the README's zoo table (≈ 4 min on 2 cores)
+    .venv-zoo/bin/python bench/zoo.py                      # the zoo table of docs/results/zoo.md (≈ 4 min on 2 cores)
     .venv-zoo/bin/python bench/zoo.py --models tv_vit_b_16 --schemes impulse
 
 It needs the zoo venv (``bash scripts/setup_zoo.sh``); ``tests/zoo`` runs the same catalogue.

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Set everything up, lint, and run the test suite (slow tests excluded; add -m slow to run them).
+# Set everything up, lint, build the documentation site (mkdocs --strict: a broken link, page or
+# docstring fails), and run the test suite (slow tests excluded; add -m slow to run them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check structinit tests bench
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"  # not --quiet: it hides warnings from --strict
 .venv/bin/python -m pytest -q "$@"

@@ -150,7 +150,7 @@ def plan_covariance(model: nn.Module, *, sigma0: float = 0.52, v_sigma: float = 
     (:func:`~structinit.functional.fit_depth_schedule`): the learned filters correlate over more
     taps with depth. The trained filters carry more than the default total variance; ``trace``
     keeps the default's 1/3, as the init is meant to change the shape, not the scale. The
-    fitted values are in ``docs/measurements.md``; reproduce them with
+    fitted values are in ``docs/results/convmixer.md``; reproduce them with
     ``bench/calibrate_covariance.py runs/cm/pytorch``.
     """
     check_number("sigma0", sigma0, low=0, low_open=True)

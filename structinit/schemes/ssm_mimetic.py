@@ -69,14 +69,14 @@ def plan_ssm_mimetic(
       (:func:`~structinit.functional.ssm.mimetic_bc`; a fresh Z per layer). Needs d_state ≤ d_inner.
       α = β = 0.7 is the attention mimetic's W_q W_kᵀ setting (the paper's constants were not
       published). The benchmark's ablation (``bench/sequence_benchmark.py --ablation``, results
-      in the README) cannot tell it from ``bc=False``, α = 0 or α = 1: the effect comes from A
-      and Δ. It stays on because no variant beat it, and α > 0 keeps W_C ≠ W_B (α = 0 gives
+      in ``docs/results/sequence.md``) cannot tell it from ``bc=False``, α = 0 or α = 1: the
+      effect comes from A and Δ. It stays on because no variant beat it, and α > 0 keeps W_C ≠ W_B (α = 0 gives
       W_C = W_B = the first N channels).
     * **Conv ≈ identity** (``conv_identity``, default False): the depthwise ``conv1d`` passes
       the current token through: last tap 1, the other taps 0, bias 0. The paper reports it
       interacts differently with Mamba-1 and Mamba-2, hence the switch. Off by default because
       it hurts copying in the benchmark's ablation (``bench/sequence_benchmark.py --ablation``,
-      results in the README).
+      results in ``docs/results/sequence.md``).
 
     Everything else keeps what it has: D (1 in mambapy), in/out projections, the dt rows of
     ``x_proj``, norms and embeddings. ``layers`` picks SSM layers by index (module order).
