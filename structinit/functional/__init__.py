@@ -47,6 +47,7 @@ from structinit.functional.impulse_solvers import (
     make_impulse_solver,
 )
 from structinit.functional.mimetic import NOISE, mimetic_factors, mimetic_noise, mimetic_qk, mimetic_vo
+from structinit.functional.mixer import token_mixing_impulse
 from structinit.functional.orthogonal import (
     cayley_kernel,
     centre_tap,
@@ -81,4 +82,5 @@ __all__ = [
     "cayley", "cayley_conv_matrices", "cayley_kernel", "centre_tap", "conv_weight_from_fft", "delta_orthogonal_kernel",
     "fft_circular_conv", "fft_conv_weight", "orthogonal_matrix", "orthogonality_error", "semi_orthogonal_cayley",
     "space_to_depth", "impulse_bias_table", "impulse_logit", "offset_row", "relative_position_index",
+    "token_mixing_impulse",
 ]  # fmt: skip
