@@ -50,3 +50,16 @@ def test_timm_state_dict_loads_strictly_into_ours_with_the_same_logits(name):
     x = images(ours)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+
+
+def test_our_mixer_and_timms_share_state_dicts_and_logits():
+    timm_mixer = pytest.importorskip("timm.models.mlp_mixer")
+    torch.manual_seed(0)
+    ours = structinit.create_model("mixer_cpu_patch4_32").eval()
+    theirs = timm_mixer.MlpMixer(num_classes=10, img_size=32, patch_size=4, num_blocks=6, embed_dim=128).eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), ours(x), rtol=1e-5, atol=1e-5)
+    ours.load_state_dict(timm_mixer.MlpMixer(num_classes=10, img_size=32, patch_size=4, num_blocks=6,
+                                             embed_dim=128).state_dict(), strict=True)
