@@ -129,6 +129,7 @@ CASES: list[Case] = [
     Case("convit/mimetic", "convit_cpu_patch2_32", "mimetic", "attention"),
     Case("gpt/mimetic", "gpt_seq_2x64", "mimetic", "attention"),
     Case("mamba/mimetic", "mamba_seq_2x64", "mimetic", "ssm"),
+    Case("mixer/impulse", "mixer_cpu_patch4_32", "impulse", "token_mixing"),
 ]
 
 

@@ -369,7 +369,7 @@ def test_adapter_registration_is_keyed_by_qualified_name():
     "structinit.utils.registry", "structinit.functional.attention", "structinit.functional.impulse_solvers",
     "structinit.schemes.records", "structinit.schemes.registry", "structinit.schemes.impulse",
     "structinit.schemes.mimetic", "structinit.models.registry", "structinit.functional.relative",
-    "structinit.functional.mixer", "structinit.models.mixer",
+    "structinit.functional.mixer", "structinit.models.mixer", "structinit.schemes.token_mixing",
 ])
 def test_docstring_examples_run(module):
     import doctest

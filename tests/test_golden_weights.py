@@ -28,6 +28,7 @@ from golden_helpers import (
     regenerate,
     scheme_weights,
 )
+from structinit.schemes.registry import TARGETS
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,7 @@ def test_scheme_weights_match_the_golden_fingerprints(case, golden):
 def test_every_registered_scheme_has_a_golden_case(golden):
     """A newly registered scheme (or one registered for a new target) needs a case here."""
     covered = {(c.scheme, c.target) for c in CASES}
-    registered = {(name, target) for target in ("model", "attention", "conv", "ssm")
-                  for name in structinit.schemes(target)}
+    registered = {(name, target) for target in TARGETS for name in structinit.schemes(target)}
     assert registered <= covered, f"schemes without a golden case: {sorted(registered - covered)}"
     assert set(golden["schemes"]) == {c.id for c in CASES}, "the golden file's cases differ from CASES: regenerate"
 

@@ -40,6 +40,7 @@ from structinit.adapters.ssm import (
     ssm_adapter_for,
     unregister_ssm_adapter,
 )
+from structinit.adapters.token_mixing import find_token_mixing_layers, is_token_mixing, token_grid
 from structinit.adapters.trace import traced_discovery
 
 __all__ = [
@@ -48,7 +49,8 @@ __all__ = [
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
     "SeparateQKVAdapter", "FusedLinearAdapter", "traced_discovery",
     "TokenLayout", "adapter_for", "find_attention_layers", "grid_pos_embed",
-    "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise",
+    "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise", "find_token_mixing_layers",
+    "is_token_mixing", "token_grid",
     "register_adapter", "select_layers", "unregister_adapter",
     "SSM_ADAPTERS", "SSMAdapter", "HuggingFaceMambaAdapter", "MambapyAdapter", "find_ssm_layers", "is_ssm",
     "register_ssm_adapter", "ssm_adapter_for", "unregister_ssm_adapter",

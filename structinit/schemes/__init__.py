@@ -5,7 +5,10 @@ Every scheme module is imported here, so the registry is complete whoever import
 """
 
 # The schemes register themselves on import.
-from structinit.schemes import conv_filters  # registers the depthwise-conv schemes
+from structinit.schemes import (
+    conv_filters,  # registers the depthwise-conv schemes
+    token_mixing,  # noqa: F401  registers impulse for MLP-Mixer token mixing
+)
 from structinit.schemes.baselines import (
     default_init_,
     jax_init_,

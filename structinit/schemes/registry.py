@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import adapter_for, is_depthwise, is_ssm
+from structinit.adapters import adapter_for, is_depthwise, is_ssm, is_token_mixing
 from structinit.schemes.plan import Plan
 from structinit.utils import OptionError, Registry, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
 
 # 'model': every layer of the model (framework defaults); the others: the layers of one kind.
-TARGETS = ("model", "attention", "conv", "ssm")
+TARGETS = ("model", "attention", "conv", "ssm", "token_mixing")
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,7 @@ _PRESENT: dict[str, Callable[[nn.Module], bool]] = {
     "attention": lambda model: any(adapter_for(m) is not None for m in model.modules()),
     "conv": lambda model: any(is_depthwise(m) for m in model.modules()),
     "ssm": lambda model: any(is_ssm(m) for m in model.modules()),
+    "token_mixing": lambda model: any(is_token_mixing(m) for m in model.modules()),
 }
 
 
@@ -238,7 +239,7 @@ def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, 
     A name registered once is that entry (``target`` is then an unknown option, as before).
     For a name registered for several targets, ``target=`` picks one; otherwise the entry whose
     layers the model has (attention layers → 'attention', depthwise convs → 'conv', SSM layers →
-    'ssm'); a model
+    'ssm', MLP-Mixer token mixing → 'token_mixing'); a model
     with both needs ``target=``; a model with neither gets the first entry (and its error).
     """
     entries = scheme_entries(name)
