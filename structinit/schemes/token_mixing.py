@@ -39,13 +39,14 @@ def plan_token_mixing_impulse(model: nn.Module, *, kernel_size: int = 3, offsets
     check_choice("offsets", offsets, ("random", "enumerated"))
     check_number("margin", margin, low=0, low_open=True)
     layers = find_token_mixing_layers(model)
+    grids = [token_grid(model, mlp.fc1.in_features) for _, mlp in layers]
+    for grid in dict.fromkeys(grids):
+        check_kernel_size(kernel_size, grid)  # before any tap is drawn
     gen = make_generator(generator, seed)
     taps = (random_offsets(len(layers), kernel_size, generator=gen) if offsets == "random"
             else enumerated_offsets(len(layers), kernel_size))
     plan = Plan()
-    for (name, mlp), offset in zip(layers, taps):
-        grid = token_grid(model, mlp.fc1.in_features)
-        check_kernel_size(kernel_size, grid)
+    for (name, mlp), grid, offset in zip(layers, grids, taps):
         w1, b1, w2, b2 = token_mixing_impulse(grid, offset, mlp.fc1.out_features, margin)
         if (b1.any() or b2.any()) and (mlp.fc1.bias is None or mlp.fc2.bias is None):
             raise ValueError(f"{name}: hidden={mlp.fc1.out_features} < 2N = {2 * mlp.fc1.in_features} needs biases on "

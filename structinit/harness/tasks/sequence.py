@@ -71,7 +71,7 @@ class SequenceTask:
         return self.cfg.precision
 
     def model_sizes(self) -> dict[str, int]:
-        task = make_task(self.cfg)
+        task = getattr(self, "task", None) or make_task(self.cfg)  # check() has built it, unless called first
         return {"vocab_size": task.vocab_size, "max_len": task.seq_len}
 
     def prepare(self, where: Placement) -> dict[str, int]:
