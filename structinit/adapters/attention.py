@@ -13,9 +13,12 @@ works too). Register your own with :func:`register_adapter`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
+from structinit.adapters.relative import RelativeBias, call_logit_terms, find_relative_bias
 from structinit.functional.attention import attention_probs
 
 Views = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
@@ -108,11 +111,27 @@ class AttentionAdapter:
             k = k_norm(k)
         return q, k
 
-    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
-        """softmax(q kᵀ · scale), shape (..., heads, T, T), for input tokens x (..., T, D);
-        causal (keys after the query masked) when the module says so (:attr:`causal`)."""
+    @functools.cached_property
+    def relative(self) -> RelativeBias | None:
+        """The module's relative position bias (Swin, BEiT), or None
+        (:func:`~structinit.adapters.relative.find_relative_bias`)."""
+        return find_relative_bias(self.module)
+
+    def call_terms(self, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor | None:
+        """The additive logit terms the module received with tokens ``x`` (B, T, D) in a call
+        (Swin's window mask, BEiT's shared relative bias), as (B, 1 or heads, T, T), or None."""
+        return call_logit_terms(args, kwargs, x.shape[0], self.num_heads, x.shape[-2])
+
+    def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
+        """softmax(q kᵀ · scale + relative bias + terms), shape (..., heads, T, T), for input
+        tokens x (..., T, D): the module's relative position bias if it has one
+        (:attr:`relative`), the call's ``terms`` (:meth:`call_terms`) if given; causal (keys after
+        the query masked) when the module says so (:attr:`causal`)."""
         q, k = self.qk_features(x)
-        return attention_probs(q, k, self.scale, causal=self.causal)
+        bias = None if self.relative is None else self.relative.bias().to(q.dtype)
+        if terms is not None:
+            bias = terms.to(q.dtype) if bias is None else bias + terms.to(q.dtype)
+        return attention_probs(q, k, self.scale, causal=self.causal, bias=bias)
 
     @property
     def causal(self) -> bool:
@@ -153,6 +172,11 @@ class FusedQKVAdapter(AttentionAdapter):
     def linear_views(self) -> Views:
         qkv, proj, n = self.module.qkv, self.module.proj, self.num_heads * self.head_dim
         b = qkv.bias
+        if b is None:  # BEiT keeps q/v biases apart from the Linear (and k's as a zero buffer)
+            parts = [getattr(self.module, f"{name}_bias", None) for name in "qkv"]
+            if any(isinstance(t, nn.Parameter) for t in parts):
+                return {name: (qkv.weight[i * n : (i + 1) * n], t if isinstance(t, torch.Tensor) else None)
+                        for i, (name, t) in enumerate(zip("qkv", parts))} | {"o": (proj.weight, _bias(proj))}
         return {
             name: (qkv.weight[i * n : (i + 1) * n], None if b is None else b[i * n : (i + 1) * n])
             for i, name in enumerate("qkv")

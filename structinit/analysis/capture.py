@@ -18,14 +18,20 @@ def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.T
     return adapter.input_tokens(args, kwargs)
 
 
-def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Tensor], None]) -> None:
+def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *, with_terms: bool = False) -> None:
     """One forward pass of ``inputs`` without gradients; ``fn(i, x)`` gets the (B, T, D) tokens
     that the q/k of ``layers[i]`` (a list of (name, adapter)) are computed from, as the layer is
-    called (the input of the adapter's ``input_module``)."""
+    called (the input of the adapter's ``input_module``). With ``with_terms``, ``fn(i, x, terms)``
+    also gets the additive logit terms of the call (Swin's window mask; see
+    :meth:`~structinit.AttentionAdapter.call_terms`), or None."""
     handles = []
     for i, (_, ad) in enumerate(layers):
         def hook(module, args, kwargs, i=i, ad=ad):
-            fn(i, layer_input(ad, args, kwargs).detach())
+            x = layer_input(ad, args, kwargs).detach()
+            if with_terms:
+                fn(i, x, ad.call_terms(*_module_call(ad, module, args, kwargs), x))
+            else:
+                fn(i, x)
         handles.append(ad.input_module.register_forward_pre_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
@@ -35,24 +41,31 @@ def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[[int, torch.Te
             h.remove()
 
 
+def _module_call(ad: AttentionAdapter, hooked: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's arguments as the attention module received them (the hook may sit on its q/k
+    projection instead, which sees no mask)."""
+    return (args, kwargs) if hooked is ad.module else ((), {})
+
+
 def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None) -> list[torch.Tensor]:
     """Attention probabilities of every (chosen) attention layer for one forward pass of
     ``inputs``: a list of (B, heads, T, T) float tensors, T including prefix tokens.
 
     Works on any model an adapter understands: each layer's input is captured with a hook
-    and its map recomputed from the adapter's q/k weights. Holds all maps in memory; for
+    and its map recomputed from the adapter's q/k weights, its relative position bias and the
+    additive terms of the call (Swin's windows: B·windows maps of the window's tokens). Holds all maps in memory; for
     large batches use :func:`impulse_fidelity`, which reduces them on the fly.
     """
     chosen = select_layers(find_attention_layers(model), layers)
     maps: list[torch.Tensor | None] = [None] * len(chosen)
 
-    def keep(i, x):
-        maps[i] = chosen[i][1].attention_probs(x.float())
+    def keep(i, x, terms):
+        maps[i] = chosen[i][1].attention_probs(x.float(), terms)
 
     was_training = model.training
     model.eval()
     try:
-        run_with_hooks(model, inputs, chosen, keep)
+        run_with_hooks(model, inputs, chosen, keep, with_terms=True)
     finally:
         model.train(was_training)
     check_all_called(chosen, [m is not None for m in maps])

@@ -12,6 +12,7 @@ from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.relative import reachable
 from structinit.analysis.capture import check_all_called, run_with_hooks
 from structinit.functional.attention import layer_norm_tokens
 from structinit.functional.targets import Offset, target_index
@@ -52,12 +53,33 @@ def recorded_layout(model: nn.Module, chosen, grid=None, num_prefix_tokens=None)
         raise ValueError(f"the chosen layers were initialised with different token layouts "
                          f"{sorted(map(str, distinct))}; measure them separately (layers=)")
     layout = distinct.pop()
-    for arg, value, recorded in (("grid", grid, layout.grid), ("num_prefix_tokens", num_prefix_tokens,
-                                                               layout.num_prefix_tokens)):
-        if value is not None and (tuple(value) if arg == "grid" else value) != recorded:
-            raise ValueError(f"{arg}={value!r}, but the impulse init recorded {arg}={recorded!r} on these layers; "
-                             f"omit {arg}= to use the recorded layout")
+    _check_agrees(layout, grid, num_prefix_tokens, "the impulse init recorded")
     return layout
+
+
+def _check_agrees(layout: TokenLayout, grid, num_prefix_tokens, source: str) -> None:
+    for arg, value, known in (("grid", grid, layout.grid), ("num_prefix_tokens", num_prefix_tokens,
+                                                            layout.num_prefix_tokens)):
+        if value is not None and (tuple(value) if arg == "grid" else value) != known:
+            raise ValueError(f"{arg}={value!r}, but {source} {arg}={known!r} on these layers; "
+                             f"omit {arg}= to use it")
+
+
+def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> list[TokenLayout]:
+    """The token layout of each chosen layer: its window for a layer with a relative position
+    bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the model's layout
+    (:func:`recorded_layout`)."""
+    plain = [(name, ad) for name, ad in chosen if ad.relative is None]
+    model_layout = recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
+    out = []
+    for _, ad in chosen:
+        if ad.relative is None:
+            out.append(model_layout)
+            continue
+        window = TokenLayout(ad.relative.grid, ad.relative.num_prefix_tokens)
+        _check_agrees(window, grid, num_prefix_tokens, "the relative position bias fixes")
+        out.append(window)
+    return out
 
 
 def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,6 +94,16 @@ def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.
         raise ValueError(f"pos_embed has {rows.shape[0]} rows, but the layout has {layout.num_patches} grid "
                          f"tokens ({layout.grid[0]}×{layout.grid[1]}); pass the (N, D) grid rows")
     return layer_norm_tokens(rows[None]).float()
+
+
+def layer_position_input(model: nn.Module, adapter, layout: TokenLayout,
+                         pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+    """What a layer attends with position alone: for a relative-bias layer, content-free zero
+    tokens (1, P + N, D), so that its map is softmax of the bias; otherwise
+    :func:`position_only_input` (1, N, D)."""
+    if adapter.relative is not None:
+        return torch.zeros(1, layout.num_tokens, adapter.dim)
+    return position_only_input(model, layout, pos_embed)
 
 
 @torch.no_grad()
@@ -91,11 +123,17 @@ def impulse_fidelity(
     Returns ``{'mass': (layers × heads), 'hit': (layers × heads)}``: the mean attention
     probability on each head's target token, and the fraction of rows whose argmax (over all
     tokens, prefix tokens included) is the target — over grid rows whose target lies inside
-    the grid, and over all images.
+    the grid and is not masked in the call, and over all images. Layers with fewer heads than
+    the widest have NaN in the extra columns.
 
     With ``images`` the model runs forward and each layer sees its real input. With
     ``images=None`` every layer is fed the position-only pseudo input LayerNorm(PE) (the
-    grid rows of the model's position embedding, or ``pos_embed``), as in the papers.
+    grid rows of the model's position embedding, or ``pos_embed``), as in the papers; a layer
+    with a relative position bias gets content-free zero tokens instead.
+
+    A layer with a relative position bias (Swin's window attention, BEiT) is scored on its own
+    window: its grid is the window, its queries are every window of every image, and a pair the
+    call masks (Swin's shifted windows join regions that are not neighbours) is not a target.
 
     Offsets and the token layout are read from each layer (recorded by
     :func:`structinit.impulse_init_`) unless ``offsets`` gives one list of (dy, dx) per head
@@ -104,41 +142,43 @@ def impulse_fidelity(
     grid: a mismatch is an error that names both numbers, never a silently wrong score.
     """
     chosen = select_layers(find_attention_layers(model), layers)
-    layout = recorded_layout(model, chosen, grid, num_prefix_tokens)
+    layouts = layer_layouts(model, chosen, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
     heads = max(ad.num_heads for _, ad in chosen)
     mass = torch.full((len(chosen), heads), float("nan"))
     hit = torch.full((len(chosen), heads), float("nan"))
     sums = torch.zeros(len(chosen), heads, 2, dtype=torch.float64)
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
-    p = layout.num_prefix_tokens
-    targets = [[target_index(layout.grid, o) for o in layer] for layer in offs]
+    targets = [[target_index(lay.grid, o) for o in layer] for lay, layer in zip(layouts, offs)]
 
-    def reduce(i: int, x: torch.Tensor, real: bool) -> None:
-        prefix = p if real else 0
-        if real:  # real tokens: prefix + grid, in the layout the init recorded
-            layout.check_tokens(x.shape[-2], f"attention layer {chosen[i][0]!r}")
-        probs = chosen[i][1].attention_probs(x.float())  # (B, H, T, T)
+    def reduce(i: int, x: torch.Tensor, terms: torch.Tensor | None, real: bool) -> None:
+        if real:  # real tokens: prefix + grid, in the layer's layout
+            layouts[i].check_tokens(x.shape[-2], f"attention layer {chosen[i][0]!r}")
+        prefix = x.shape[-2] - layouts[i].num_patches  # the position-only input of a plain layer has none
+        probs = chosen[i][1].attention_probs(x.float(), terms)  # (B, H, T, T)
         arg = probs.argmax(-1)
+        open_pairs = reachable(terms)  # (B, 1 or H, T, T) or None
         for h, t in enumerate(targets[i]):
-            rows = torch.nonzero(t >= 0).squeeze(1)
-            cols = t[rows] + prefix
-            on_target = probs[:, h, rows + prefix, cols]
-            sums[i, h, 0] += on_target.double().sum()
-            sums[i, h, 1] += (arg[:, h, rows + prefix] == cols).double().sum()
-            counts[i, h] += on_target.numel()
+            rows = torch.nonzero(t >= 0).squeeze(1) + prefix
+            cols = t[rows - prefix] + prefix
+            on_target = probs[:, h, rows, cols]
+            hits = (arg[:, h, rows] == cols).double()
+            weight = (torch.ones_like(on_target, dtype=torch.float64) if open_pairs is None else
+                      open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols].double().expand_as(hits))
+            sums[i, h, 0] += (on_target.double() * weight).sum()
+            sums[i, h, 1] += (hits * weight).sum()
+            counts[i, h] += weight.sum()
 
     if images is None:
-        x = position_only_input(model, layout, pos_embed)
-        for i in range(len(chosen)):
-            reduce(i, x, real=False)
+        for i, ((_, ad), lay) in enumerate(zip(chosen, layouts)):
+            reduce(i, layer_position_input(model, ad, lay, pos_embed), None, real=False)
     else:
         was_training = model.training
         model.eval()
         try:
             for start in range(0, images.shape[0], batch_size):
                 run_with_hooks(model, images[start : start + batch_size], chosen,
-                               lambda i, x: reduce(i, x, real=True))
+                               lambda i, x, terms: reduce(i, x, terms, real=True), with_terms=True)
         finally:
             model.train(was_training)
         check_all_called(chosen, (counts.sum(1) > 0).tolist())

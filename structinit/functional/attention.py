@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = False) -> torch.Tensor:
-    r"""Attention probabilities softmax(scale · q kᵀ) over the last axis; with ``causal``,
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = False,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Attention probabilities softmax(scale · q kᵀ + bias) over the last axis; with ``causal``,
     query i sees keys j ≤ i only (the mask of a decoder, aligned at the first token).
 
     Args:
@@ -16,6 +17,8 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool
         k: keys (..., S, r).
         scale: the softmax scale the attention applies (usually r^−½).
         causal: mask keys after the query (logit −∞).
+        bias: an additive logit term broadcastable to (..., T, S): a relative position bias,
+            a window mask.
 
     Returns:
         (..., T, S) probabilities; each row sums to one.
@@ -28,6 +31,8 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool
         tensor([1., 0., 0.])
     """
     logits = q @ k.transpose(-2, -1) * scale
+    if bias is not None:
+        logits = logits + bias
     if causal:
         t, s = logits.shape[-2:]
         future = torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1)

@@ -8,8 +8,10 @@ from structinit.models.layers_orthogonal import CayleyConv2d, CayleyLinear, Grou
 from structinit.models.mixer import MixerBlock, MlpMixer
 from structinit.models.registry import MODELS, create_model, list_models, register_model
 from structinit.models.sequence import CausalTransformer, MambaLM
+from structinit.models.swin import SwinTransformer, SwinTransformerBlock, WindowAttention
 from structinit.models.vit import VisionTransformer
 
 __all__ = ["GPSA", "MODELS", "CausalTransformer", "CayleyConv2d", "CayleyLinear", "ConViT", "ConvMixer",
            "ConvMixerBlock", "GroupSort", "KWLarge", "LipschitzAvgPool", "MambaLM", "MixerBlock", "MlpMixer",
-           "SpaceToDepth", "VisionTransformer", "convmixer_num_params", "create_model", "list_models", "register_model"]
+           "SpaceToDepth", "SwinTransformer", "SwinTransformerBlock", "VisionTransformer", "WindowAttention",
+           "convmixer_num_params", "create_model", "list_models", "register_model"]

@@ -3,8 +3,8 @@ parametrised truncated-normal / Kaiming-uniform, and 'default' (the constructor'
 nothing written). All but 'default' write every Linear / Conv / norm weight
 of the model, plus the learned position embedding and prefix tokens wherever the model keeps
 them (timm's ``pos_embed`` / ``cls_token`` / ``reg_token``, Hugging Face's
-``embeddings.position_embeddings`` / ``cls_token`` …); a fixed (``requires_grad=False``)
-position embedding is left alone."""
+``embeddings.position_embeddings`` / ``cls_token`` …) and every relative position bias table
+(Swin, BEiT: trunc-normal 0.02); a fixed (``requires_grad=False``) position embedding is left alone."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import adapter_for, find_position_embedding
+from structinit.adapters.relative import TABLE
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.utils import check_choice, check_number, make_generator
@@ -122,7 +123,25 @@ def _plan_weights(
     for t in tokens:
         value = prefix(tuple(t.shape)) if prefix else nn.init.normal_(_empty(t.shape), std=1e-6, generator=gen)
         plan.add([(t, value)])
+    _plan_relative_tables(model, plan, gen)
     return plan
+
+
+def _relative_tables(model: nn.Module) -> list[nn.Parameter]:
+    """Every learned relative position bias table (Swin, BEiT), once each."""
+    found = {}
+    for m in model.modules():
+        table = getattr(m, TABLE, None)
+        if isinstance(table, nn.Parameter) and table.requires_grad:
+            found.setdefault(id(table), table)
+    return list(found.values())
+
+
+def _plan_relative_tables(model: nn.Module, plan: Plan, gen: torch.Generator) -> None:
+    """Relative position bias tables ← trunc-normal 0.02, the init of Swin's and BEiT's
+    authors (and timm's), whatever the scheme does to the weights."""
+    for table in _relative_tables(model):
+        plan.add([(table, nn.init.trunc_normal_(_empty(table.shape), std=0.02, a=-2, b=2, generator=gen))])
 
 
 def _position_and_prefix(model: nn.Module) -> tuple[nn.Parameter | None, list[nn.Parameter]]:
@@ -187,6 +206,7 @@ def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, 
         plan.add([(pos, torch.randn(pos.shape, generator=gen) * 0.02)])
     for t in tokens:
         plan.add([(t, torch.zeros(t.shape))])
+    _plan_relative_tables(model, plan, gen)
     return _finish(model, plan)
 
 

@@ -25,6 +25,7 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
+from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
@@ -102,6 +103,12 @@ def plan_impulse(
             'uniform', 'gaussian', 'pe+uniform', 'pe+gaussian'), ``share_solution=True`` (one
             fit copied to every layer), ``callback(step, loss)``.
 
+    Attention with a relative position bias (Swin's window attention, BEiT) carries position
+    in its table, not in the tokens: there each head's impulse is the table entry of its offset,
+    solved for ``target_mass`` with content logits at zero, every other entry 0; q/k keep their
+    weights, no solver runs, and options about a position embedding are refused (see
+    :mod:`structinit.schemes.relative_impulse`). The grid is each layer's window.
+
     Prefix (class/register) tokens are not on the grid: their rows and columns get whatever
     the written q/k weights give their inputs (a zero class token gives logit 0, a uniform
     row and an ordinary column); no head targets them and fidelity ignores their rows.
@@ -121,9 +128,24 @@ def plan_impulse(
     solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
+    reserve_given = reserve
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     chosen = select_layers(find_attention_layers(model), layers)
+    relative = [ad.relative is not None for _, ad in chosen]
+    if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
+        if not all(relative):
+            raise ValueError("some chosen attention layers have a relative position bias and others do not; "
+                             "initialise them separately (layers=)")
+        check_relative_options(chosen, solver, solver_options, {
+            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given})
+        gen = make_generator(generator, seed)
+        per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
+                                     per_layer_offsets, gen)
+        plan = Plan()
+        plan_relative_impulse(plan, chosen, per_layer, kernel_size, solver_obj.target_mass)
+        _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
+        return plan
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
     dims = sorted({ad.dim for _, ad in chosen})
@@ -149,13 +171,18 @@ def plan_impulse(
         record = {"offsets": list(solved.offsets), "grid": layout.grid,
                   "num_prefix_tokens": layout.num_prefix_tokens, "solver": solver}
         plan.add_qk(ad, solved.wq, solved.wk, record=record)
-    if value_init == "mimetic":
-        for _, ad in chosen:
-            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta, generator=gen)
-            plan.add(ad.vo_writes(wv, wo))
+    _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
     if reservation is not None:
         reservation.plan(plan)
     return plan
+
+
+def _plan_values(plan: Plan, chosen, value_init: str, gamma: float, delta: float, gen) -> None:
+    """With ``value_init='mimetic'``, W_v W_o = γZ − δI on every chosen layer."""
+    if value_init == "mimetic":
+        for _, ad in chosen:
+            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=gamma, delta=delta, generator=gen)
+            plan.add(ad.vo_writes(wv, wo))
 
 
 def _check_adapter_is_the_real_attention(model: nn.Module, name: str, adapter) -> None:

@@ -30,11 +30,13 @@ def pristine_qk(built):
 
 def qk(model):
     """Every layer's W_q and W_k (not the biases: packages build them as zeros, and the schemes
-    write zeros too)."""
+    write zeros too), and its relative position bias table if it has one (Swin, BEiT), as one
+    tuple per layer."""
     out = []
     for _, ad in structinit.find_attention_layers(model):
         wq, _, wk, _ = ad.read_qk()
-        out += [wq.clone(), wk.clone()]
+        table = () if ad.relative is None else (ad.relative.table.detach().clone(),)
+        out.append((wq.clone(), wk.clone(), *table))
     return out
 
 
@@ -63,7 +65,12 @@ def test_every_scheme_inits_the_attention_without_hints(built, pristine_qk, sche
     structinit.init_(model, scheme, seed=0)
     after = qk(model)
     assert len(after) == len(pristine_qk)
-    assert all(not torch.equal(a, b) for a, b in zip(pristine_qk, after)), "the init left a q/k weight as built"
+    for before, now in zip(pristine_qk, after):
+        changed = [not torch.equal(a, b) for a, b in zip(before, now)]
+        if scheme == "impulse" and len(now) == 3:  # relative bias: the impulse is in the table
+            assert changed[2] and not changed[0] and not changed[1], "impulse must write the table, not q/k"
+        else:
+            assert changed[0] and changed[1], "the init left a q/k weight as built"
 
 
 BAD_CALLS = {

@@ -1,0 +1,157 @@
+"""Relative position biases of attention layers (Swin's window attention, BEiT), and the
+additive terms a layer receives with its call (Swin's shifted-window mask).
+
+A relative-position attention adds to head h's logit for query i and key j a learned entry
+``table[index[i, j], h]``. structinit finds one by structure: a Parameter
+``relative_position_bias_table`` of shape (R, heads) and a long buffer
+``relative_position_index`` of shape (T, T), on the attention module or on a child of it
+(timm's Swin and BEiT, Hugging Face's Swin and BEiT). The token layout is read from them: a
+``window_size`` (h, w) on the same module, and T − h·w prefix tokens in front (BEiT's class
+token, whose pairs use extra table rows).
+
+The table row of an offset is read from the module's own index, not from a formula: every
+(query, key) pair with key = query + (dy, dx) must share one row that no other pair uses,
+otherwise writing it would bias pairs that are not the offset's. That holds for timm's and
+Hugging Face's index and is checked, so a module with another convention gets a clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from structinit.functional.targets import Offset, target_index
+
+__all__ = ["MASKED_LOGIT", "RelativeBias", "call_logit_terms", "find_relative_bias", "reachable"]
+
+TABLE, INDEX = "relative_position_bias_table", "relative_position_index"
+# A call term at or below this counts as masking its pair (Swin adds −100; e^−30 ≈ 1e−13).
+MASKED_LOGIT = -30.0
+
+
+@dataclass(frozen=True)
+class RelativeBias:
+    """The relative position bias of one attention layer: ``table`` (R, heads) aliases the
+    module's Parameter, ``index`` (T, T) its buffer; tokens are ``num_prefix_tokens`` prefix
+    tokens then the row-major ``grid`` (the window)."""
+
+    owner: nn.Module
+    table: torch.Tensor
+    index: torch.Tensor
+    grid: tuple[int, int]
+    num_prefix_tokens: int
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.table.shape[1])
+
+    def bias(self) -> torch.Tensor:
+        """(heads, T, T): the logit term the layer adds, ``table[index]`` per head."""
+        t = self.index.shape[0]
+        return self.table[self.index.reshape(-1)].reshape(t, t, -1).permute(2, 0, 1)
+
+    def row_of(self, offset: Offset) -> int:
+        """The table row holding the bias of every pair whose key is the query moved by
+        ``offset``; a ValueError if the offset leaves the window or its pairs share no row of
+        their own (the index does not encode offsets)."""
+        h, w = self.grid
+        dy, dx = offset
+        if not (abs(dy) < h and abs(dx) < w):
+            raise ValueError(f"offset {tuple(offset)} lies outside the {h}×{w} window of {type(self.owner).__name__}, "
+                             f"whose offsets are within ±{h - 1} rows and ±{w - 1} columns; choose a smaller "
+                             "kernel_size")
+        t = target_index(self.grid, offset)
+        q = torch.nonzero(t >= 0).squeeze(1)
+        p = self.num_prefix_tokens
+        rows = self.index[q + p, t[q] + p].cpu()
+        row = int(rows[0])
+        if not bool((rows == row).all()) or int((self.index == row).sum()) != len(q):
+            raise ValueError(f"{type(self.owner).__name__}.{INDEX} does not give the offset {tuple(offset)} one table "
+                             "row of its own, so its bias cannot be set without biasing other pairs; structinit "
+                             "reads timm's and Hugging Face's relative index (row = a function of the offset)")
+        return row
+
+
+def _window(module: nn.Module) -> tuple[int, int] | None:
+    size = getattr(module, "window_size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size, size
+    if isinstance(size, (tuple, list, torch.Size)) and len(size) == 2 and all(isinstance(s, int) for s in size):
+        return int(size[0]), int(size[1])
+    return None
+
+
+def _holder(module: nn.Module) -> nn.Module | None:
+    """The module (itself or a child) that holds a table Parameter and an index tensor."""
+    for m in (module, *module.children()):
+        if isinstance(getattr(m, TABLE, None), nn.Parameter) and isinstance(getattr(m, INDEX, None), torch.Tensor):
+            return m
+    return None
+
+
+def find_relative_bias(module: nn.Module) -> RelativeBias | None:
+    """The :class:`RelativeBias` of an attention module, or None if it has none. A table and
+    an index whose shapes do not make a layout with the module's ``window_size`` are an error.
+
+    Examples:
+        >>> attn = structinit.create_model("swin_cpu_patch2_32").layers[0].blocks[0].attn
+        >>> rb = find_relative_bias(attn)
+        >>> rb.grid, rb.num_prefix_tokens, tuple(rb.bias().shape)
+        ((4, 4), 0, (2, 16, 16))
+    """
+    holder = _holder(module)
+    if holder is None:
+        return None
+    table, index = getattr(holder, TABLE), getattr(holder, INDEX)
+    grid = _window(holder) or _window(module)
+    name = type(module).__name__
+    if grid is None:
+        raise ValueError(f"{name} has a {TABLE} but no window_size (h, w) on {type(holder).__name__}; structinit "
+                         "reads the window from it")
+    area = grid[0] * grid[1]
+    t = index.shape[0] if index.ndim == 2 and index.shape[0] == index.shape[1] else -1
+    rows = (2 * grid[0] - 1) * (2 * grid[1] - 1)
+    if t not in (area, area + 1) or table.ndim != 2 or table.shape[0] < rows or index.dtype != torch.long \
+            or int(index.max()) >= table.shape[0] or int(index.min()) < 0:
+        raise ValueError(f"{name}: {TABLE} {tuple(table.shape)} and {INDEX} {tuple(index.shape)} do not fit the "
+                         f"window {grid[0]}×{grid[1]} (expected an index of shape ({area}, {area}) or "
+                         f"({area + 1}, {area + 1}) with a class token, and at least {rows} table rows)")
+    return RelativeBias(holder, table, index, grid, t - area)
+
+
+def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: int) -> torch.Tensor | None:
+    """The additive logit terms among a layer call's arguments besides its tokens, summed and
+    broadcast to (batch, 1 or heads, T, T); None if there is none.
+
+    A term is any floating tensor whose last two axes are (T, T): Swin's window mask
+    (windows, T, T), tiled over the images of the batch as the layer does; BEiT's shared
+    relative bias (1, heads, T, T); a (T, T) or (batch or 1, heads or 1, T, T) mask.
+    """
+    found = []
+    for value in (*args[1:], *kwargs.values()):
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim >= 2
+                and tuple(value.shape[-2:]) == (tokens, tokens)):
+            continue
+        v = value.detach().float()
+        if v.ndim == 2:
+            v = v[None, None]
+        elif v.ndim == 3 and batch % v.shape[0] == 0:  # one mask per window: images·windows in the batch
+            v = v.repeat(batch // v.shape[0], 1, 1)[:, None]
+        elif v.ndim == 3 and v.shape[0] == heads:
+            v = v[None]
+        elif v.ndim != 4:
+            continue
+        found.append(v)
+    if not found:
+        return None
+    total = found[0]
+    for v in found[1:]:
+        total = total + v
+    return total
+
+
+def reachable(terms: torch.Tensor | None) -> torch.Tensor | None:
+    """Where the call terms leave a pair attendable (above :data:`MASKED_LOGIT`), or None."""
+    return None if terms is None else terms > MASKED_LOGIT

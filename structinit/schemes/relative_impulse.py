@@ -1,0 +1,66 @@
+"""``impulse`` for attention with a relative position bias (Swin's window attention, BEiT).
+
+Such a layer carries position in a learned table indexed by the query–key offset, not in
+the tokens, so a head's impulse is one table entry: the row of its offset (dy, dx) holds
+β = log(m (n − 1) / (1 − m)) and every other row 0 (:func:`structinit.functional.impulse_logit`).
+With content logits q·k near zero, each query whose target key is in its window puts mass m
+on it; a query whose target lies outside the window (or across a shifted-window seam, where
+Swin's mask removes it) has no entry to raise, as a zero-padded convolution reads zeros
+there. q and k keep their weights: their logits are the content part, small at init next to
+β. Prefix (class) token pairs use rows of their own and get 0.
+
+Swin's stages see windows of their own size; offsets are drawn once for the widest layer and
+shared by all layers, as for a ViT, unless ``per_layer_offsets``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from structinit.functional.relative import impulse_logit
+from structinit.functional.targets import Offset, check_kernel_size
+from structinit.schemes.plan import Plan
+
+__all__ = ["RELATIVE_SOLVER", "plan_relative_impulse"]
+
+RELATIVE_SOLVER = "relative"
+# What the relative route reads of the options plan_impulse takes; the rest are about a
+# position embedding or a q/k solve and are refused (see check_relative_options).
+_READS_SOLVER_OPTIONS = ("target_mass",)
+
+
+def check_relative_options(chosen, solver: str, solver_options: dict, given: dict) -> None:
+    """Refuse, naming them, the options that only mean something for a position embedding:
+    the layers' position lives in their relative bias table."""
+    names = ", ".join(repr(n) for n, _ in chosen[:3]) + (" …" if len(chosen) > 3 else "")
+    why = (f"the chosen layers ({names}) carry position in a relative position bias table, which impulse "
+           "writes directly (one entry per head)")
+    if solver != "analytic":
+        raise ValueError(f"solver={solver!r}: {why}; no q/k solver runs. Leave solver at its default")
+    extra = sorted(set(solver_options) - set(_READS_SOLVER_OPTIONS))
+    if extra:
+        raise ValueError(f"{', '.join(extra)}: {why}; the only solver option read is target_mass")
+    for name, value in given.items():
+        if value is not None and not (name == "reserve" and value in ("none", "auto")):
+            raise ValueError(f"{name}={value!r}: {why}; {name} is about a position embedding, omit it")
+
+
+def plan_relative_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], kernel_size: int,
+                          target_mass: float) -> None:
+    """Add to ``plan`` the table of every chosen layer (each ``ad.relative`` set): head h of
+    layer i at offset ``per_layer[i][h]``, with its record (``solver='relative'``)."""
+    for (name, ad), offsets in zip(chosen, per_layer):
+        rb = ad.relative
+        check_kernel_size(kernel_size, rb.grid)
+        if rb.num_heads != ad.num_heads:
+            raise ValueError(f"layer {name!r}: its relative position bias table has {rb.num_heads} columns but the "
+                             f"layer {ad.num_heads} heads; structinit writes one column per head")
+        keys = rb.num_prefix_tokens + rb.grid[0] * rb.grid[1]
+        beta = impulse_logit(target_mass, keys)
+        rows = [rb.row_of(o) for o in offsets]
+        table = torch.zeros(tuple(rb.table.shape), dtype=torch.float64)
+        table[rows, torch.arange(len(rows))] = beta
+        plan.add([(rb.table, table)])
+        plan.records.append((ad.module, "impulse", {
+            "offsets": list(offsets), "grid": rb.grid, "num_prefix_tokens": rb.num_prefix_tokens,
+            "solver": RELATIVE_SOLVER, "logit": beta}))
