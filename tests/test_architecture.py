@@ -370,7 +370,7 @@ def test_adapter_registration_is_keyed_by_qualified_name():
     "structinit.schemes.records", "structinit.schemes.registry", "structinit.schemes.impulse",
     "structinit.schemes.mimetic", "structinit.models.registry", "structinit.functional.relative",
     "structinit.functional.mixer", "structinit.models.mixer", "structinit.schemes.token_mixing",
-    "structinit.models.swin",
+    "structinit.models.swin", "structinit.adapters.relative", "structinit.analysis.token_mixing",
 ])
 def test_docstring_examples_run(module):
     import doctest

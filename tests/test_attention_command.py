@@ -69,3 +69,22 @@ def test_errors_are_one_line_with_exit_2(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("structinit attention: error: ")
     assert re.search(message.replace("{tmp}", re.escape(str(tmp_path))), err), err
+
+
+def test_swin_windows_position_only(tmp_path):
+    """Windowed attention: each map is one window's (16 tokens of a 4×4 window), the table has fidelity."""
+    out = tmp_path / "swin"
+    assert main(["attention", "--model", "swin_cpu_patch2_32", "--init", "impulse,mimetic", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["comparison.png", "maps_impulse.png", "maps_mimetic.png"]
+    rows = [r for r in (out / "attention.md").read_text().splitlines() if r.startswith("| impulse")]
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "3", "5"] and all("| 1.000 | 0.500 |" in r for r in rows)
+
+
+def test_mixer_token_mixing_maps(tmp_path):
+    """A Mixer's token-mixing MLPs are drawn as one-head maps and scored against their taps."""
+    out = tmp_path / "mixer"
+    assert main(["attention", "--model", "mixer_cpu_patch4_32", "--init", "impulse,timm", "--layers", "0",
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["comparison.png", "maps_impulse.png", "maps_timm.png"]
+    table = (out / "attention.md").read_text()
+    assert "| impulse | 0 | 1.000 | 1.000 |" in table and "| timm | 0 | – |" in table

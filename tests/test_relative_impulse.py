@@ -200,7 +200,7 @@ def test_an_index_without_one_row_per_offset_is_refused():
     ({"pe_scale": 2.0}, "pe_scale"),
     ({"grid": (4, 4)}, "grid="),
     ({"reserve": "patch"}, "reserve="),
-    ({"kernel_size": 7}, "kernel_size=7"),
+    ({"kernel_size": 9, "offsets": [(4, 0)] * 2, "layers": [0]}, "outside the 4×4 window"),
 ])
 def test_options_about_a_position_embedding_are_refused_and_nothing_is_written(options, match):
     check_rejected(swin(), lambda m: structinit.init_(m, "impulse", seed=0, **options), ValueError, match)

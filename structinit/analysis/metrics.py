@@ -24,7 +24,7 @@ from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, select_layers
 from structinit.analysis.capture import check_all_called, run_with_hooks
-from structinit.analysis.fidelity import recorded_layout
+from structinit.analysis.fidelity import layer_layouts
 from structinit.utils import check_int, is_int
 from structinit.utils.checks import show
 
@@ -212,6 +212,11 @@ METRICS = ("distance", "distance_px", "entropy", "local_mass")
 
 
 @torch.no_grad()
+def _token_side(images: torch.Tensor, tokens_per_image: float) -> float:
+    """The side in pixels of a square token when an image holds ``tokens_per_image`` of them."""
+    return (images.shape[-2] * images.shape[-1] / tokens_per_image) ** 0.5
+
+
 def attention_metrics(
     model: nn.Module,
     images: torch.Tensor,
@@ -241,7 +246,9 @@ def attention_metrics(
     maps are recomputed from its captured input by its adapter and reduced at once (never
     all held). The token layout is the one the impulse init recorded on the layers, else
     :func:`structinit.infer_layout` (``grid`` / ``num_prefix_tokens`` where it cannot read
-    them); every layer's token count is checked against prefix + grid.
+    them); every layer's token count is checked against prefix + grid. A layer with a
+    relative position bias (Swin, BEiT) is measured on its window, with the mask of its call;
+    its ``distance_px`` counts the pixels its tokens span at that stage (after patch merging).
 
     Examples:
         >>> model = structinit.create_model("vit_micro_patch2_16")
@@ -256,19 +263,23 @@ def attention_metrics(
     kernel_size = _check_kernel(kernel_size)
     patch = _pair("patch_size", patch_size) if patch_size is not None else _model_patch_size(model)
     chosen = select_layers(find_attention_layers(model), layers)
-    layout: TokenLayout = recorded_layout(model, chosen, grid, num_prefix_tokens)
+    layouts: list[TokenLayout] = layer_layouts(model, chosen, grid, num_prefix_tokens)
     heads = max(ad.num_heads for _, ad in chosen)
-    names = [m for m in METRICS if m != "distance_px" or patch is not None]
+    windowed = all(ad.relative is not None for _, ad in chosen)
+    names = [m for m in METRICS if m != "distance_px" or patch is not None or windowed]
     sums = torch.zeros(len(chosen), heads, len(names), dtype=torch.float64)
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     called = [False] * len(chosen)
 
-    def reduce(i: int, x: torch.Tensor) -> None:
-        name, ad = chosen[i]
+    def reduce(i: int, x: torch.Tensor, terms: torch.Tensor | None) -> None:
+        (name, ad), layout = chosen[i], layouts[i]
         layout.check_tokens(x.shape[-2], f"attention layer {name!r}")
-        p, valid = _grid_rows(ad.attention_probs(x.float()), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
+        p, valid = _grid_rows(ad.attention_probs(x.float(), terms), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
+        # A window layer's token spans more pixels after patch merging: read its size off the
+        # token count per image (windows per image × window area).
+        size = patch if ad.relative is None else (_token_side(images, x.shape[0] * layout.num_patches / batch[0]),) * 2
         rows = {"distance": lambda: _row_distance(p, layout.grid),
-                "distance_px": lambda: _row_distance(p, layout.grid, patch),
+                "distance_px": lambda: _row_distance(p, layout.grid, size),
                 "entropy": lambda: _row_entropy(p),
                 "local_mass": lambda: _row_local(p, layout.grid, kernel_size)}
         for j, metric in enumerate(names):
@@ -280,7 +291,8 @@ def attention_metrics(
     model.eval()
     try:
         for start in range(0, images.shape[0], batch_size):
-            run_with_hooks(model, images[start : start + batch_size], chosen, reduce)
+            batch = images[start : start + batch_size].shape[:1]
+            run_with_hooks(model, images[start : start + batch_size], chosen, reduce, with_terms=True)
     finally:
         model.train(was_training)
     check_all_called(chosen, called)

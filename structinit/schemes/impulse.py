@@ -143,7 +143,7 @@ def plan_impulse(
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
         plan = Plan()
-        plan_relative_impulse(plan, chosen, per_layer, kernel_size, solver_obj.target_mass)
+        plan_relative_impulse(plan, chosen, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)

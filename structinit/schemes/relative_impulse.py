@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from structinit.functional.relative import impulse_logit
-from structinit.functional.targets import Offset, check_kernel_size
+from structinit.functional.targets import Offset
 from structinit.schemes.plan import Plan
 
 __all__ = ["RELATIVE_SOLVER", "plan_relative_impulse"]
@@ -45,13 +45,11 @@ def check_relative_options(chosen, solver: str, solver_options: dict, given: dic
             raise ValueError(f"{name}={value!r}: {why}; {name} is about a position embedding, omit it")
 
 
-def plan_relative_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], kernel_size: int,
-                          target_mass: float) -> None:
+def plan_relative_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], target_mass: float) -> None:
     """Add to ``plan`` the table of every chosen layer (each ``ad.relative`` set): head h of
     layer i at offset ``per_layer[i][h]``, with its record (``solver='relative'``)."""
     for (name, ad), offsets in zip(chosen, per_layer):
-        rb = ad.relative
-        check_kernel_size(kernel_size, rb.grid)
+        rb = ad.relative  # each offset must fit the window (row_of says so), not the whole kernel
         if rb.num_heads != ad.num_heads:
             raise ValueError(f"layer {name!r}: its relative position bias table has {rb.num_heads} columns but the "
                              f"layer {ad.num_heads} heads; structinit writes one column per head")

@@ -12,7 +12,10 @@ the run's config and checked against its fingerprint) and after training, side b
 same images, with impulse fidelity, mean attention distance, entropy and local mass of both.
 
 Without a dataset the maps come from the position-only pseudo input LayerNorm(PE) fed to
-every layer, as in the papers; with one, from the first ``--images`` test images.
+every layer, as in the papers (content-free tokens for a layer with a relative position bias);
+with one, from the first ``--images`` test images. A windowed layer (Swin) shows the first
+window's map, with no overlay; an MLP-Mixer shows each token-mixing MLP's N×N map
+(:mod:`structinit.analysis.token_mixing`) as one head, scored against its tap.
 """
 
 from __future__ import annotations
@@ -57,34 +60,49 @@ def _images(dataset: str | None, data_dir: str | None, n: int):
     return (None, None) if dataset is None else test_images(dataset, data_dir, n)[:2]
 
 
-def _position_maps(model, chosen, layout):
-    """Per chosen layer, (heads, N, N) attention of the position-only input LayerNorm(PE)."""
-    from structinit.analysis.fidelity import position_only_input
+def _is_mixer(model) -> bool:
+    """No attention, token-mixing MLPs: its maps are the MLPs' (structinit.analysis.token_mixing)."""
+    from structinit.adapters import adapter_for, is_token_mixing
 
-    x = position_only_input(model, layout)
-    return [ad.attention_probs(x)[0] for _, ad in chosen]
+    return (not any(adapter_for(m) is not None for m in model.modules())
+            and any(is_token_mixing(m) for m in model.modules()))
 
 
-def _maps(model, layers, images, layout):
-    """Per chosen layer: (heads, T, T) maps of the first image (or of position only), and
-    the layout they are drawn in (position-only maps have no prefix tokens)."""
-    from structinit.adapters import TokenLayout, find_attention_layers, select_layers
+def _maps(model, layers, images):
+    """Per chosen layer: the (heads, T, T) maps of the first image (its first window for a
+    windowed layer) or of position only; the layout they are drawn in; and whether one map
+    covers the whole image (so it can be laid over it)."""
+    from structinit.adapters import TokenLayout, find_attention_layers, select_layers, token_grid
     from structinit.analysis import attention_maps
+    from structinit.analysis.fidelity import layer_layouts, layer_position_input
+    from structinit.analysis.token_mixing import token_mixing_maps
+    from structinit.harness.cli.flags import UsageError
     from structinit.harness.errors import user_input
 
+    if _is_mixer(model):  # one map per layer, shown as one head
+        maps = token_mixing_maps(model, None if images is None else images[:1], layers)
+        return [m[None] for m in maps], TokenLayout(token_grid(model, maps[0].shape[-1])), True
     with user_input("layers"):
         chosen = select_layers(find_attention_layers(model), layers)
+        layouts = layer_layouts(model, chosen)
+    if len(set(layouts)) > 1:
+        raise UsageError(f"--layers: the chosen layers attend over different windows "
+                         f"({', '.join(sorted({f'{t.grid[0]}×{t.grid[1]}' for t in layouts}))}); choose layers of one")
     if images is None:
-        return _position_maps(model, chosen, layout), TokenLayout(layout.grid, 0)
-    return [m[0] for m in attention_maps(model, images[:1], layers=layers)], layout
+        maps = [ad.attention_probs(layer_position_input(model, ad, lay))[0] for (_, ad), lay in zip(chosen, layouts)]
+        shown = layouts[0] if chosen[0][1].relative is not None else TokenLayout(layouts[0].grid, 0)
+        return maps, shown, True
+    full = attention_maps(model, images[:1], layers=layers)
+    return [m[0] for m in full], layouts[0], all(m.shape[0] == 1 for m in full)
 
 
 def _resolve_layers(model, layers: list[int] | None) -> list[int]:
-    """The chosen attention-layer indices, checked and non-negative (default: first, middle, last)."""
-    from structinit.adapters import find_attention_layers, select_layers
+    """The chosen layer indices (attention, or a Mixer's token-mixing MLPs), checked and
+    non-negative (default: first, middle, last)."""
+    from structinit.adapters import find_attention_layers, find_token_mixing_layers, select_layers
     from structinit.harness.errors import user_input
 
-    found = find_attention_layers(model)
+    found = find_token_mixing_layers(model) if _is_mixer(model) else find_attention_layers(model)
     if layers is None:
         return sorted({0, len(found) // 2, len(found) - 1})
     with user_input("layers"):
@@ -94,17 +112,22 @@ def _resolve_layers(model, layers: list[int] | None) -> list[int]:
 
 def _metrics(model, images, layers, offsets=None) -> dict:
     """Per chosen layer and head: impulse fidelity (when the model has impulse offsets) and the
-    attention metrics, on ``images`` (or position only: fidelity alone)."""
+    attention metrics, on ``images`` (or position only: fidelity alone). A Mixer's token-mixing
+    maps get fidelity only (they are not probabilities)."""
     from structinit.analysis import attention_metrics, impulse_fidelity
+    from structinit.analysis.token_mixing import token_mixing_fidelity
 
     out = {}
     try:
-        fid = impulse_fidelity(model, images, layers=layers, offsets=offsets)
+        if _is_mixer(model):
+            fid = {k: v[:, None] for k, v in token_mixing_fidelity(model, images, layers).items()}
+        else:
+            fid = impulse_fidelity(model, images, layers=layers, offsets=offsets)
         out |= {"hit": fid["hit"].tolist(), "mass": fid["mass"].tolist()}
     except ValueError as err:
-        if "offsets" not in str(err):  # no impulse record: no fidelity to report; anything else is real
+        if "offsets" not in str(err) and "no impulse record" not in str(err):  # no record: no fidelity
             raise
-    if images is not None:
+    if images is not None and not _is_mixer(model):
         out |= {k: v.tolist() for k, v in attention_metrics(model, images, layers=layers).items()}
     return out
 
@@ -126,7 +149,6 @@ TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches)
 def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
     import torch
 
-    from structinit.adapters import infer_layout
     from structinit.analysis import attention_figure, comparison_figure, overlay_figure
     from structinit.harness.errors import user_input
     from structinit.harness.specs import parse_init_spec, spec_label, split_init_specs
@@ -145,13 +167,12 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
         with user_input("init"):
             init_(model, name, seed=args.seed, **options)
         layers_here = _resolve_layers(model, layers)
-        layout = infer_layout(model)
-        maps, shown = _maps(model, layers_here, images, layout)
+        maps, shown, whole = _maps(model, layers_here, images)
         tag = spec_label(spec)
         source = "position-only input" if images is None else "first test image"
         attention_figure(maps, shown, layer_names=[f"layer {i}" for i in layers_here], path=out / f"maps_{tag}.png",
                          title=f"{args.model}, init {spec}, {source}")
-        if raw is not None:
+        if raw is not None and whole:  # a window's map does not cover the image: no overlay
             overlay_figure(raw[0], maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
                            title=f"{args.model}, init {spec}, layer {layers_here[0]}")
         firsts[spec] = maps[0]
@@ -174,7 +195,7 @@ def _queries(args, layout) -> list[int]:
 
 
 def _run_figures(args, out: Path, layers) -> list[str]:
-    from structinit.adapters import find_attention_layers, infer_layout
+    from structinit.adapters import find_attention_layers
     from structinit.analysis import comparison_figure, overlay_figure
     from structinit.harness.errors import user_input
     from structinit.harness.finished import load_run, models_of
@@ -187,24 +208,38 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     with user_input("run"):
         initial, trained = models_of(run, tuple(images.shape[1:]), run.num_classes)
     layers = _resolve_layers(initial, layers)
-    layout = infer_layout(initial)
-    found = find_attention_layers(initial)
-    records = [get_record(found[i][1].module, "impulse") for i in layers]
-    offsets = [r["offsets"] for r in records] if all(records) else None
+    offsets = None
+    if not _is_mixer(initial):
+        found = find_attention_layers(initial)
+        records = [get_record(found[i][1].module, "impulse") for i in layers]
+        offsets = [r["offsets"] for r in records] if all(records) else None
     lines = [TABLE_HEAD]
     maps = {}
     for label, tag, model in (("at init", "init", initial), ("trained", "trained", trained)):
-        model_maps, shown = _maps(model, layers, images, layout)
+        if _is_mixer(model) and model is trained:  # the trained copy has no record: lend it the init's
+            _copy_mixer_records(initial, trained)
+        model_maps, shown, whole = _maps(model, layers, images)
         for layer, m in zip(layers, model_maps):
             maps[f"{label}, layer {layer}"] = m
         metrics = _metrics(model, images, layers, offsets=offsets)
         lines += [_summary_line(label, layer, metrics, r) for r, layer in enumerate(layers)]
-        overlay_figure(raw[0], model_maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
-                       title=f"{run.label}, {label}, layer {layers[0]}")
+        if whole:
+            overlay_figure(raw[0], model_maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
+                           title=f"{run.label}, {label}, layer {layers[0]}")
     ordered = {k: maps[k] for layer in layers for k in (f"at init, layer {layer}", f"trained, layer {layer}")}
     comparison_figure(ordered, shown, path=out / "before_after.png",
                       title=f"{run.label} ({cfg.model}): attention at init and after training, first test image")
     return lines
+
+
+def _copy_mixer_records(initial, trained) -> None:
+    """The init's impulse records of each token-mixing MLP, set on the trained twin (a record
+    lives only in the process that initialised the model)."""
+    from structinit.adapters import find_token_mixing_layers
+    from structinit.schemes.records import get_record, set_record
+
+    for (_, a), (_, b) in zip(find_token_mixing_layers(initial), find_token_mixing_layers(trained)):
+        set_record(b, "impulse", get_record(a, "impulse"))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,45 @@
+"""The token-mixing map of a Mixer block: the channel-averaged Jacobian of its token MLP, which
+for the impulse init is the shift matrix of the layer's tap."""
+
+import pytest
+import torch
+
+import structinit
+from structinit.analysis.token_mixing import token_mixing_fidelity, token_mixing_maps
+from structinit.models import MlpMixer
+
+
+def images(n=2, size=32):
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def test_the_map_is_the_jacobian_averaged_over_every_channel_and_image():
+    torch.manual_seed(0)
+    model = structinit.init_(MlpMixer(img_size=8, patch_size=2, num_blocks=2, embed_dim=8), "timm", seed=0).eval()
+    mlp, seen = model.blocks[1].mlp_tokens, {}
+    hook = mlp.register_forward_pre_hook(lambda m, a: seen.update(x=a[0].detach()))
+    (ours,) = token_mixing_maps(model, images(2, 8), layers=[1])
+    hook.remove()
+    rows = seen["x"].reshape(-1, seen["x"].shape[-1])  # (images · channels, N) = (16, 16)
+    jacobians = torch.stack([torch.autograd.functional.jacobian(mlp, row) for row in rows])
+    torch.testing.assert_close(ours, jacobians.mean(0), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens_ratio, route", [(0.5, "margin: hidden = N"), (1.0, "exact: hidden = 2N")])
+def test_impulse_maps_are_the_shift_matrix_on_any_input(tokens_ratio, route):
+    torch.manual_seed(0)
+    model = structinit.create_model("mixer_cpu_patch4_32", mlp_ratio=(tokens_ratio, 4.0))
+    structinit.init_(model, "impulse", seed=0)
+    for maps in (token_mixing_maps(model), token_mixing_maps(model, images())):
+        for block, m in zip(model.blocks, maps):
+            record = structinit.get_record(block.mlp_tokens)
+            s = structinit.impulse_matrix(record["grid"], record["offset"])
+            torch.testing.assert_close(m, s, atol=1e-5, rtol=0, msg=route)
+    fid = token_mixing_fidelity(model, images())
+    assert torch.equal(fid["hit"], torch.ones(6)) and torch.allclose(fid["mass"], torch.ones(6), atol=1e-5)
+
+
+def test_fidelity_without_a_record_names_the_layer():
+    model = structinit.init_(structinit.create_model("mixer_cpu_patch4_32"), "timm", seed=0)
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp_tokens.*no impulse record"):
+        token_mixing_fidelity(model)
