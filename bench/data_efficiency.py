@@ -7,6 +7,12 @@ trained with every seed (seed-major, resumable: rerun the same command to contin
 
     .venv/bin/python bench/data_efficiency.py                       # 4 inits × 3 seeds (≈ 85 min)
     .venv/bin/python bench/data_efficiency.py --inits pytorch,impulse --seeds 0
+
+The same protocol on the other architectures (``--model``; the ViT's recipe otherwise):
+
+    .venv/bin/python bench/data_efficiency.py --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin
+    .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --inits pytorch,timm,impulse \
+        --out runs/cpu-cifar-mixer                                  # mimetic needs attention
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ def main() -> None:
                     help="init specs, e.g. pytorch,impulse:pe_scale=2.0,target_mass=0.3")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=None, help="override the recipe's 30 epochs")
+    ap.add_argument("--model", default=None, help="a registered model instead of the recipe's ViT, "
+                                                   "e.g. swin_cpu_patch2_32, mixer_cpu_patch4_32")
     ap.add_argument("--out", default="runs/data-efficiency")
     args = ap.parse_args()
     if not (args.data_dir / "cifar-10-batches-py").is_dir():
@@ -37,9 +45,12 @@ def main() -> None:
     inits = split_init_specs(args.inits)
     # pinned, not "auto": a rerun on a CPU with native bf16 computes the same thing
     overrides = {"data_dir": str(args.data_dir), "precision": "fp32"} | ({"epochs": args.epochs} if args.epochs else {})
+    if args.model:
+        overrides["model"] = args.model
     summary = compare(recipe("cpu-cifar", **overrides), inits, [int(s) for s in args.seeds.split(",")],
                       args.out, progress=False)
-    print("\n### CIFAR-10, 5,000 training images, held-out accuracy (last 10,000 training images)\n")
+    model = args.model or recipe("cpu-cifar").model
+    print(f"\n### {model}, CIFAR-10, 5,000 training images, held-out accuracy (last 10,000 training images)\n")
     print(format_summary(summary))
     means = {k: v["mean"] for k, v in summary.items()}
     if {"pytorch", "timm", "mimetic", "impulse"} <= set(means):
