@@ -87,11 +87,13 @@ HF_SMALL = dict(image_size=32, patch_size=4, hidden_size=96, num_attention_heads
                 intermediate_size=192)
 
 
-def _huggingface(config: str, model: str, **kw) -> Callable[[], nn.Module]:
+def _huggingface(config: str, model: str, base: dict | None = None, **kw) -> Callable[[], nn.Module]:
+    """A Hugging Face model from its config: ``base`` (default the small ViT's) updated by ``kw``."""
     def build():
         import transformers
 
-        return getattr(transformers, model)(getattr(transformers, config)(**(HF_SMALL | kw)))
+        options = (HF_SMALL if base is None else base) | kw
+        return getattr(transformers, model)(getattr(transformers, config)(**options))
     return build
 
 
@@ -148,6 +150,16 @@ CATALOGUE: tuple[ZooModel, ...] = (
              32, "ViT, 32 px"),
     ZooModel("hf_DeiTForImageClassificationWithTeacher", "transformers",
              _huggingface("DeiTConfig", "DeiTForImageClassificationWithTeacher"), 32, "DeiT, distillation token"),
+    ZooModel("hf_SwinForImageClassification", "transformers",
+             _huggingface("SwinConfig", "SwinForImageClassification", dict(
+                 image_size=32, patch_size=2, embed_dim=48, depths=[2, 2, 2], num_heads=[2, 4, 8], window_size=4)),
+             32, "Swin, shifted 4×4 windows, flattened relative index, mask passed by position"),
+    ZooModel("hf_BeitForImageClassification", "transformers",
+             _huggingface("BeitConfig", "BeitForImageClassification", use_relative_position_bias=True), 32,
+             "BEiT, each layer's relative bias held beside the attention and handed to it"),
+    ZooModel("timm_beit_shared_rel_pos_bias", "timm",
+             _timm("beit_base_patch16_224", use_rel_pos_bias=False, use_shared_rel_pos_bias=True, depth=4), 224,
+             "BEiT-B (4 layers), one relative bias table shared by every layer"),
     ZooModel("hf_Dinov2Model", "transformers", _huggingface("Dinov2Config", "Dinov2Model"), 32,
              "DINOv2, LayerScale"),
     ZooModel("torch_TransformerEncoder_ViT", "torch", EncoderViT, 32, "nn.TransformerEncoder (this file)"),

@@ -226,3 +226,69 @@ def test_mimetic_on_swin_writes_qk_inside_windows():
     ad = structinit.find_attention_layers(model)[0][1]
     wq, _, wk, _ = ad.read_qk()
     assert wq.shape == (2, 48, 24) and not torch.equal(wq, wk)
+
+
+class BiasTable(nn.Module):
+    """A relative bias held apart from the attention (Hugging Face's BEiT keeps one per layer
+    beside it; timm's BEiT with a shared bias keeps one for the model), class token first."""
+
+    def __init__(self, num_heads=2, window=(4, 4)):
+        super().__init__()
+        self.window_size = window
+        template = BeitLikeAttention(num_heads=num_heads, window=window)
+        self.relative_position_bias_table = nn.Parameter(template.relative_position_bias_table.detach().clone())
+        self.register_buffer("relative_position_index", template.relative_position_index.clone(), persistent=False)
+
+    def forward(self):
+        return self.relative_position_bias_table[self.relative_position_index].permute(2, 0, 1)  # (H, T, T)
+
+
+class HandedAttention(BeitLikeAttention):
+    """BEiT's attention without a table of its own: the bias comes with the call."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        del self.relative_position_bias_table, self.relative_position_index
+
+    def forward(self, x, relative_position_bias=None):
+        b, t, d = x.shape
+        qkv = nn.functional.linear(x, self.qkv.weight, torch.cat([self.q_bias, self.k_bias, self.v_bias]))
+        q, k, v = qkv.reshape(b, t, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        attn = ((q * self.scale) @ k.transpose(-2, -1) + relative_position_bias).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class HandedBias(nn.Module):
+    def __init__(self, shared, depth=2):
+        super().__init__()
+        self.shared = BiasTable() if shared else None
+        parts = lambda: {"attn": HandedAttention(), **({} if shared else {"rel": BiasTable()})}
+        self.blocks = nn.ModuleList(nn.ModuleDict(parts()) for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + block["attn"](x, relative_position_bias=(self.shared or block["rel"])())
+        return x
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["beside each layer", "shared by the model"])
+def test_a_bias_handed_to_the_layer_is_found_written_and_measured(shared):
+    torch.manual_seed(0)
+    model = HandedBias(shared).eval()
+    structinit.init_(model, "impulse", seed=0, target_mass=0.7)
+    tables = [model.shared] if shared else [b["rel"] for b in model.blocks]
+    record = structinit.get_record(model.blocks[0]["attn"])
+    for table in tables:  # β = log(0.7 · 16 / 0.3) at each head's offset row, 0 elsewhere
+        assert torch.count_nonzero(table.relative_position_bias_table) == 2
+    assert record["num_prefix_tokens"] == 1 and record["logit"] == pytest.approx(math.log(0.7 * 16 / 0.3))
+    fid = structinit.impulse_fidelity(model)  # content-free: the handed bias alone
+    torch.testing.assert_close(fid["mass"], torch.full((2, 2), 0.7))
+    x = torch.randn(3, 17, 32)
+    maps = attention_maps(model, x)  # the handed bias arrives as a call term, counted once
+    bias = (model.shared or model.blocks[0]["rel"])()
+    attn = model.blocks[0]["attn"]
+    q, k = structinit.find_attention_layers(model)[0][1].qk_features(x)
+    torch.testing.assert_close(maps[0], ((q @ k.transpose(-2, -1)) * attn.scale + bias).softmax(-1))
+    if shared:
+        check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0, per_layer_offsets=True), ValueError,
+                       "share one relative position bias table")

@@ -1,5 +1,6 @@
-"""Which adapter understands which attention module, and finding every attention layer of a
-model. User adapters are tried before the built-in ones, most recently registered first."""
+"""Which adapter understands which attention module, finding every attention layer of a
+model, and the relative position bias each one uses. User adapters are tried before the
+built-in ones, most recently registered first."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from structinit.adapters.attention import (
     SeparateQKVAdapter,
 )
 from structinit.adapters.fused import FusedLinearAdapter
+from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.utils import Registry, is_int
 
 
@@ -152,3 +154,28 @@ def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "
             )
         out.append(found[i])
     return out
+
+
+def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | None:
+    """The relative position bias attention layer ``name`` of ``model`` uses: its own
+    (``adapter.relative``), else one its block holds beside it and hands it with each call
+    (Hugging Face's BEiT), else the only one the model holds outside its attention layers
+    (timm's BEiT with ``use_shared_rel_pos_bias``); None if there is none."""
+    if adapter.relative is not None:
+        return adapter.relative
+    parent = model.get_submodule(name.rpartition(".")[0]) if name else None
+    siblings = [] if parent is None else [c for c in parent.children() if c is not adapter.module]
+    for child in siblings:
+        if holds_relative_bias(child):
+            return _received(child)
+    outside = [m for m in model.modules() if holds_relative_bias(m) and not _inside_attention(model, m)]
+    return _received(outside[0]) if len(outside) == 1 else None
+
+
+def _inside_attention(model: nn.Module, holder: nn.Module) -> bool:
+    return any(holder in list(m.modules()) for m in model.modules() if adapter_for(m) is not None)
+
+
+def _received(holder: nn.Module) -> RelativeBias:
+    found = find_relative_bias(holder)
+    return RelativeBias(found.owner, found.table, found.index, found.grid, found.num_prefix_tokens, received=True)

@@ -4,8 +4,8 @@ additive terms a layer receives with its call (Swin's shifted-window mask).
 A relative-position attention adds to head h's logit for query i and key j a learned entry
 ``table[index[i, j], h]``. structinit finds one by structure: a Parameter
 ``relative_position_bias_table`` of shape (R, heads) and a long buffer
-``relative_position_index`` of shape (T, T), on the attention module or on a child of it
-(timm's Swin and BEiT, Hugging Face's Swin and BEiT). The token layout is read from them: a
+``relative_position_index`` of shape (T, T) (or a method that generates it), on the attention
+module or inside it (timm's Swin and BEiT, Hugging Face's Swin and BEiT). The token layout is read from them: a
 ``window_size`` (h, w) on the same module, and T − h·w prefix tokens in front (BEiT's class
 token, whose pairs use extra table rows).
 
@@ -17,6 +17,7 @@ Hugging Face's index and is checked, so a module with another convention gets a 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +25,11 @@ from torch import nn
 
 from structinit.functional.targets import Offset, target_index
 
-__all__ = ["MASKED_LOGIT", "RelativeBias", "call_logit_terms", "find_relative_bias", "reachable"]
+__all__ = ["MASKED_LOGIT", "RelativeBias", "call_logit_terms", "find_relative_bias", "holds_relative_bias",
+           "reachable", "relative_bias_holder"]
 
 TABLE, INDEX = "relative_position_bias_table", "relative_position_index"
+GENERATE = "generate_relative_position_index"
 # A call term at or below this counts as masking its pair (Swin adds −100; e^−30 ≈ 1e−13).
 MASKED_LOGIT = -30.0
 
@@ -35,13 +38,15 @@ MASKED_LOGIT = -30.0
 class RelativeBias:
     """The relative position bias of one attention layer: ``table`` (R, heads) aliases the
     module's Parameter, ``index`` (T, T) its buffer; tokens are ``num_prefix_tokens`` prefix
-    tokens then the row-major ``grid`` (the window)."""
+    tokens then the row-major ``grid`` (the window). ``received``: the layer does not hold it
+    but gets it with each call (Hugging Face's BEiT, timm's BEiT with a shared bias)."""
 
     owner: nn.Module
     table: torch.Tensor
     index: torch.Tensor
     grid: tuple[int, int]
     num_prefix_tokens: int
+    received: bool = False  # computed outside the layer and handed to it with each call
 
     @property
     def num_heads(self) -> int:
@@ -83,12 +88,28 @@ def _window(module: nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def _holder(module: nn.Module) -> nn.Module | None:
-    """The module (itself or a child) that holds a table Parameter and an index tensor."""
-    for m in (module, *module.children()):
-        if isinstance(getattr(m, TABLE, None), nn.Parameter) and isinstance(getattr(m, INDEX, None), torch.Tensor):
-            return m
-    return None
+def holds_relative_bias(module: nn.Module) -> bool:
+    """Whether ``module`` itself holds a table Parameter and its index: a tensor, or a
+    ``generate_relative_position_index(window_size)`` method (Hugging Face's BEiT)."""
+    return isinstance(getattr(module, TABLE, None), nn.Parameter) and (
+        isinstance(getattr(module, INDEX, None), torch.Tensor) or callable(getattr(module, GENERATE, None)))
+
+
+def relative_bias_holder(module: nn.Module) -> nn.Module | None:
+    """The module, itself or one inside it, that holds a relative bias, or None."""
+    return next((m for m in module.modules() if holds_relative_bias(m)), None)
+
+
+def _index(holder: nn.Module, grid: tuple[int, int]) -> torch.Tensor:
+    """The (T, T) index: the buffer (Hugging Face's Swin keeps it flattened) or generated."""
+    index = getattr(holder, INDEX, None)
+    if not isinstance(index, torch.Tensor):
+        index = getattr(holder, GENERATE)(tuple(grid))
+    if index.ndim == 1:
+        side = math.isqrt(index.numel())
+        if side * side == index.numel():
+            index = index.view(side, side)
+    return index.to(holder.relative_position_bias_table.device)
 
 
 def find_relative_bias(module: nn.Module) -> RelativeBias | None:
@@ -101,15 +122,16 @@ def find_relative_bias(module: nn.Module) -> RelativeBias | None:
         >>> rb.grid, rb.num_prefix_tokens, tuple(rb.bias().shape)
         ((4, 4), 0, (2, 16, 16))
     """
-    holder = _holder(module)
+    holder = relative_bias_holder(module)
     if holder is None:
         return None
-    table, index = getattr(holder, TABLE), getattr(holder, INDEX)
+    table = getattr(holder, TABLE)
     grid = _window(holder) or _window(module)
     name = type(module).__name__
     if grid is None:
         raise ValueError(f"{name} has a {TABLE} but no window_size (h, w) on {type(holder).__name__}; structinit "
                          "reads the window from it")
+    index = _index(holder, grid)
     area = grid[0] * grid[1]
     t = index.shape[0] if index.ndim == 2 and index.shape[0] == index.shape[1] else -1
     rows = (2 * grid[0] - 1) * (2 * grid[1] - 1)
@@ -126,18 +148,21 @@ def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: 
     broadcast to (batch, 1 or heads, T, T); None if there is none.
 
     A term is any floating tensor whose last two axes are (T, T): Swin's window mask
-    (windows, T, T), tiled over the images of the batch as the layer does; BEiT's shared
-    relative bias (1, heads, T, T); a (T, T) or (batch or 1, heads or 1, T, T) mask.
+    (windows, T, T), tiled over the images of the batch as the layer does; a relative bias
+    handed to the layer, (heads, T, T) (an argument whose name says ``bias``; otherwise a
+    3-D term is read as per-window whenever the batch divides into its rows) or
+    (1, heads, T, T); a (T, T) or (batch or 1, heads or 1, T, T) mask.
     """
     found = []
-    for value in (*args[1:], *kwargs.values()):
+    for key, value in (*((None, a) for a in args[1:]), *kwargs.items()):
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim >= 2
                 and tuple(value.shape[-2:]) == (tokens, tokens)):
             continue
         v = value.detach().float()
+        named_bias = key is not None and "bias" in key and v.ndim == 3 and v.shape[0] == heads
         if v.ndim == 2:
             v = v[None, None]
-        elif v.ndim == 3 and batch % v.shape[0] == 0:  # one mask per window: images·windows in the batch
+        elif v.ndim == 3 and not named_bias and batch % v.shape[0] == 0:  # a mask per window: images·windows
             v = v.repeat(batch // v.shape[0], 1, 1)[:, None]
         elif v.ndim == 3 and v.shape[0] == heads:
             v = v[None]

@@ -12,6 +12,7 @@ from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
 from structinit.analysis.capture import check_all_called, run_with_hooks
 from structinit.functional.attention import layer_norm_tokens
@@ -69,14 +70,15 @@ def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -
     """The token layout of each chosen layer: its window for a layer with a relative position
     bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the model's layout
     (:func:`recorded_layout`)."""
-    plain = [(name, ad) for name, ad in chosen if ad.relative is None]
+    biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
+    plain = [layer for layer, b in zip(chosen, biases) if b is None]
     model_layout = recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
     out = []
-    for _, ad in chosen:
-        if ad.relative is None:
+    for rb in biases:
+        if rb is None:
             out.append(model_layout)
             continue
-        window = TokenLayout(ad.relative.grid, ad.relative.num_prefix_tokens)
+        window = TokenLayout(rb.grid, rb.num_prefix_tokens)
         _check_agrees(window, grid, num_prefix_tokens, "the relative position bias fixes")
         out.append(window)
     return out
@@ -96,14 +98,17 @@ def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.
     return layer_norm_tokens(rows[None]).float()
 
 
-def layer_position_input(model: nn.Module, adapter, layout: TokenLayout,
-                         pos_embed: torch.Tensor | None = None) -> torch.Tensor:
-    """What a layer attends with position alone: for a relative-bias layer, content-free zero
-    tokens (1, P + N, D), so that its map is softmax of the bias; otherwise
-    :func:`position_only_input` (1, N, D)."""
-    if adapter.relative is not None:
-        return torch.zeros(1, layout.num_tokens, adapter.dim)
-    return position_only_input(model, layout, pos_embed)
+def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayout,
+                         pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a layer attends with position alone, as (tokens, call terms): for a relative-bias
+    layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the bias (a
+    bias the layer receives with its call comes back as the terms); otherwise
+    :func:`position_only_input` (1, N, D) and no terms."""
+    rb = layer_relative_bias(model, name, adapter)
+    if rb is None:
+        return position_only_input(model, layout, pos_embed), None
+    terms = rb.bias().detach().float()[None] if rb.received else None
+    return torch.zeros(1, layout.num_tokens, adapter.dim), terms
 
 
 @torch.no_grad()
@@ -170,8 +175,8 @@ def impulse_fidelity(
             counts[i, h] += weight.sum()
 
     if images is None:
-        for i, ((_, ad), lay) in enumerate(zip(chosen, layouts)):
-            reduce(i, layer_position_input(model, ad, lay, pos_embed), None, real=False)
+        for i, ((name, ad), lay) in enumerate(zip(chosen, layouts)):
+            reduce(i, *layer_position_input(model, name, ad, lay, pos_embed), real=False)
     else:
         was_training = model.training
         model.eval()

@@ -13,6 +13,7 @@ from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.trace import real_logits_gap
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
@@ -132,7 +133,8 @@ def plan_impulse(
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     chosen = select_layers(find_attention_layers(model), layers)
-    relative = [ad.relative is not None for _, ad in chosen]
+    biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
+    relative = [b is not None for b in biases]
     if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
         if not all(relative):
             raise ValueError("some chosen attention layers have a relative position bias and others do not; "
@@ -143,7 +145,7 @@ def plan_impulse(
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
         plan = Plan()
-        plan_relative_impulse(plan, chosen, per_layer, solver_obj.target_mass)
+        plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)

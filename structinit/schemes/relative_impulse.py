@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from structinit.adapters.relative import RelativeBias
 from structinit.functional.relative import impulse_logit
 from structinit.functional.targets import Offset
 from structinit.schemes.plan import Plan
@@ -45,17 +46,23 @@ def check_relative_options(chosen, solver: str, solver_options: dict, given: dic
             raise ValueError(f"{name}={value!r}: {why}; {name} is about a position embedding, omit it")
 
 
-def plan_relative_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], target_mass: float) -> None:
-    """Add to ``plan`` the table of every chosen layer (each ``ad.relative`` set): head h of
-    layer i at offset ``per_layer[i][h]``, with its record (``solver='relative'``)."""
-    for (name, ad), offsets in zip(chosen, per_layer):
-        rb = ad.relative  # each offset must fit the window (row_of says so), not the whole kernel
+def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_layer: list[list[Offset]],
+                          target_mass: float) -> None:
+    """Add to ``plan`` the table of every chosen layer (``biases[i]`` the one layer i uses): head h
+    of layer i at offset ``per_layer[i][h]``, with its record (``solver='relative'``). A table
+    shared by several layers must get the same offsets from each."""
+    written: dict[int, tuple[str, list[Offset]]] = {}
+    for (name, ad), rb, offsets in zip(chosen, biases, per_layer):
         if rb.num_heads != ad.num_heads:
             raise ValueError(f"layer {name!r}: its relative position bias table has {rb.num_heads} columns but the "
                              f"layer {ad.num_heads} heads; structinit writes one column per head")
+        first = written.setdefault(id(rb.table), (name, list(offsets)))
+        if first[1] != list(offsets):
+            raise ValueError(f"layers {first[0]!r} and {name!r} share one relative position bias table, so they must "
+                             "start with the same offsets; leave per_layer_offsets=False (one draw for every layer)")
         keys = rb.num_prefix_tokens + rb.grid[0] * rb.grid[1]
         beta = impulse_logit(target_mass, keys)
-        rows = [rb.row_of(o) for o in offsets]
+        rows = [rb.row_of(o) for o in offsets]  # each offset must fit the window, not the whole kernel
         table = torch.zeros(tuple(rb.table.shape), dtype=torch.float64)
         table[rows, torch.arange(len(rows))] = beta
         plan.add([(rb.table, table)])

@@ -11,6 +11,7 @@ import zoo
 
 import structinit
 from rejection import check_rejected
+from structinit.adapters.registry import layer_relative_bias
 
 zoo.require_packages()
 
@@ -33,9 +34,10 @@ def qk(model):
     write zeros too), and its relative position bias table if it has one (Swin, BEiT), as one
     tuple per layer."""
     out = []
-    for _, ad in structinit.find_attention_layers(model):
+    for name, ad in structinit.find_attention_layers(model):
         wq, _, wk, _ = ad.read_qk()
-        table = () if ad.relative is None else (ad.relative.table.detach().clone(),)
+        rb = layer_relative_bias(model, name, ad)  # its own, or one its block or the model hands it
+        table = () if rb is None else (rb.table.detach().clone(),)
         out.append((wq.clone(), wk.clone(), *table))
     return out
 

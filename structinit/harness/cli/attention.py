@@ -89,9 +89,10 @@ def _maps(model, layers, images):
         raise UsageError(f"--layers: the chosen layers attend over different windows "
                          f"({', '.join(sorted({f'{t.grid[0]}×{t.grid[1]}' for t in layouts}))}); choose layers of one")
     if images is None:
-        maps = [ad.attention_probs(layer_position_input(model, ad, lay))[0] for (_, ad), lay in zip(chosen, layouts)]
-        shown = layouts[0] if chosen[0][1].relative is not None else TokenLayout(layouts[0].grid, 0)
-        return maps, shown, True
+        maps = [ad.attention_probs(*layer_position_input(model, name, ad, lay))[0]
+                for (name, ad), lay in zip(chosen, layouts)]
+        tokens = maps[0].shape[-1]  # the position-only input of a plain layer has no prefix tokens
+        return maps, TokenLayout(layouts[0].grid, tokens - layouts[0].num_patches), True
     full = attention_maps(model, images[:1], layers=layers)
     return [m[0] for m in full], layouts[0], all(m.shape[0] == 1 for m in full)
 
