@@ -130,6 +130,7 @@ CASES: list[Case] = [
     Case("gpt/mimetic", "gpt_seq_2x64", "mimetic", "attention"),
     Case("mamba/mimetic", "mamba_seq_2x64", "mimetic", "ssm"),
     Case("mixer/impulse", "mixer_cpu_patch4_32", "impulse", "token_mixing"),
+    Case("mixer/mimetic", "mixer_cpu_patch4_32", "mimetic", "token_mixing"),
     Case("swin/impulse", "swin_cpu_patch2_32", "impulse", "attention"),  # the relative-bias route
     Case("swin/timm", "swin_cpu_patch2_32", "timm", "model"),  # baselines write the bias tables too
 ]

@@ -43,3 +43,22 @@ def test_fidelity_without_a_record_names_the_layer():
     model = structinit.init_(structinit.create_model("mixer_cpu_patch4_32"), "timm", seed=0)
     with pytest.raises(ValueError, match=r"blocks\.0\.mlp_tokens.*no impulse record"):
         token_mixing_fidelity(model)
+
+
+@pytest.mark.parametrize("tokens_ratio", [0.5, 1.0], ids=["margin: hidden = N", "exact: hidden = 2N"])
+def test_mimetic_token_maps_equal_their_formula(tokens_ratio):
+    """Layer i holds A_i = αZ_i + βI, Z_i the i-th N(0, 1/N) draw of the seed's generator, to 1e-5."""
+    torch.manual_seed(0)
+    model = structinit.create_model("mixer_cpu_patch4_32", mlp_ratio=(tokens_ratio, 4.0))
+    structinit.init_(model, "impulse", seed=0)  # its records must not survive mimetic
+    structinit.init_(model, "mimetic", seed=3, alpha=0.5, beta=0.9)
+    g = torch.Generator().manual_seed(3)
+    # on images the margin route is within GELU's tail (≈ 1e-5 on noise images), the exact one exact
+    on_images = 1e-5 if tokens_ratio == 1.0 else 1e-4
+    for block, m, seen in zip(model.blocks, token_mixing_maps(model), token_mixing_maps(model, images())):
+        a = 0.5 * torch.randn(64, 64, generator=g, dtype=torch.float64) / 8 + 0.9 * torch.eye(64)
+        torch.testing.assert_close(m.double(), a, rtol=0, atol=1e-5)
+        torch.testing.assert_close(seen.double(), a, rtol=0, atol=on_images)
+        assert structinit.get_record(block.mlp_tokens) is None
+    with pytest.raises(ValueError, match="alpha"):
+        structinit.init_(model, "mimetic", alpha=float("nan"))

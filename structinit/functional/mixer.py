@@ -25,7 +25,38 @@ import torch
 from structinit.functional.targets import Offset, impulse_matrix
 from structinit.utils import check_int, check_number
 
-__all__ = ["token_mixing_impulse"]
+__all__ = ["token_mixing_impulse", "token_mixing_linear"]
+
+
+def token_mixing_linear(matrix: torch.Tensor, hidden: int, margin: float = 8.0) -> tuple[torch.Tensor, ...]:
+    """(W₁ (hidden, N), b₁ (hidden,), W₂ (N, hidden), b₂ (N,)) of a token-mixing MLP that
+    computes y = A x for the (N, N) ``matrix`` A: exactly when ``hidden`` ≥ 2N, else within
+    GELU's tail at bias ``margin`` (see the module docstring, with A in place of S). Needs
+    ``hidden`` ≥ N.
+
+    Examples:
+        >>> a = torch.tensor([[0.0, 2.0], [1.0, 0.0]])
+        >>> w1, b1, w2, b2 = token_mixing_linear(a, hidden=4)
+        >>> w2 @ torch.nn.functional.gelu(w1 @ torch.tensor([1.0, -3.0]) + b1) + b2
+        tensor([-6.,  1.])
+    """
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"matrix has shape {tuple(matrix.shape)}: expected a square (N, N) token map")
+    n, dtype = matrix.shape[0], matrix.dtype
+    check_int("hidden", hidden, low=1)
+    if hidden < n:
+        raise ValueError(f"hidden={hidden}: the token-mixing MLP needs at least N = {n} hidden units to carry a "
+                         "linear map of its N tokens; this model's token MLP is too narrow")
+    check_number("margin", margin, low=0, low_open=True)
+    eye = torch.eye(n, dtype=dtype)
+    w1, b1 = torch.zeros(hidden, n, dtype=dtype), torch.zeros(hidden, dtype=dtype)
+    w2, b2 = torch.zeros(n, hidden, dtype=dtype), torch.zeros(n, dtype=dtype)
+    w1[:n], w2[:, :n] = matrix, eye
+    if hidden >= 2 * n:  # GELU(z) − GELU(−z) = z
+        w1[n : 2 * n], w2[:, n : 2 * n] = -matrix, -eye
+    else:  # GELU(z + c) − c ≈ z
+        b1[:n], b2[:] = margin, -margin
+    return w1, b1, w2, b2
 
 
 def token_mixing_impulse(grid: tuple[int, int], offset: Offset, hidden: int, margin: float = 8.0,
@@ -40,19 +71,4 @@ def token_mixing_impulse(grid: tuple[int, int], offset: Offset, hidden: int, mar
         >>> w2 @ torch.nn.functional.gelu(w1 @ x + b1) + b2  # token (y, x) reads (y, x + 1)
         tensor([2., 0., 4., 0.])
     """
-    n = grid[0] * grid[1]
-    check_int("hidden", hidden, low=1)
-    if hidden < n:
-        raise ValueError(f"hidden={hidden}: the token-mixing MLP needs at least N = {n} hidden units to carry a "
-                         f"shift of the {grid[0]}×{grid[1]} grid; this model's token MLP is too narrow")
-    check_number("margin", margin, low=0, low_open=True)
-    shift = impulse_matrix(grid, offset, dtype=dtype)
-    eye = torch.eye(n, dtype=dtype)
-    w1, b1 = torch.zeros(hidden, n, dtype=dtype), torch.zeros(hidden, dtype=dtype)
-    w2, b2 = torch.zeros(n, hidden, dtype=dtype), torch.zeros(n, dtype=dtype)
-    w1[:n], w2[:, :n] = shift, eye
-    if hidden >= 2 * n:  # GELU(z) − GELU(−z) = z
-        w1[n : 2 * n], w2[:, n : 2 * n] = -shift, -eye
-    else:  # GELU(z + c) − c ≈ z
-        b1[:n], b2[:] = margin, -margin
-    return w1, b1, w2, b2
+    return token_mixing_linear(impulse_matrix(grid, offset, dtype=dtype), hidden, margin)
