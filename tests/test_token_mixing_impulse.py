@@ -42,7 +42,7 @@ def test_enumerated_taps_and_bit_identical_seeds():
     structinit.init_(a, "impulse", offsets="enumerated")
     assert [blk.mlp_tokens.structinit_impulse["offset"] for blk in a.blocks] == [
         (0, 0), (-1, 0), (0, 1), (0, -1), (1, 0), (-1, -1)]
-    assert structinit.schemes("token_mixing") == ["impulse"]
+    assert structinit.schemes("token_mixing") == ["impulse", "mimetic"]
 
 
 @pytest.mark.parametrize("options, match", [

@@ -131,8 +131,8 @@ class GPSAAdapter(AttentionAdapter):
         return views | {"v": (self.module.v.weight, self.module.v.bias),
                         "o": (self.module.proj.weight, self.module.proj.bias)}
 
-    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module.mix(super().attention_probs(x))
+    def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
+        return self.module.mix(super().attention_probs(x, terms))
 
 
 register_adapter(GPSA, GPSAAdapter)

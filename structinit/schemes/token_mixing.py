@@ -24,6 +24,8 @@ from torch import nn
 from structinit.adapters import find_token_mixing_layers, token_grid
 from structinit.functional.mixer import token_mixing_impulse, token_mixing_linear
 from structinit.functional.targets import check_kernel_size, enumerated_offsets, random_offsets
+from structinit.schemes import impulse as _attention_impulse  # noqa: F401  registers attention 'impulse' first
+from structinit.schemes import mimetic as _attention_mimetic  # noqa: F401  and attention 'mimetic'
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.utils import check_choice, check_number, make_generator
