@@ -252,13 +252,18 @@ def run(args: argparse.Namespace) -> int:
     with user_input("out_dir"):
         check_out_dir(out)
     layers = _ints(args.layers, "--layers")
-    if args.run:
-        out.mkdir(parents=True, exist_ok=True)
-        lines = _run_figures(args, out, layers)
-    else:
-        images, raw = _images(args.dataset, args.data_dir, args.images)
-        out.mkdir(parents=True, exist_ok=True)
-        lines = _model_figures(args, out, images, raw, layers)
+    import matplotlib.pyplot as plt
+
+    try:
+        if args.run:
+            out.mkdir(parents=True, exist_ok=True)
+            lines = _run_figures(args, out, layers)
+        else:
+            images, raw = _images(args.dataset, args.data_dir, args.images)
+            out.mkdir(parents=True, exist_ok=True)
+            lines = _model_figures(args, out, images, raw, layers)
+    finally:
+        plt.close("all")  # the figures are written; a long session (or a test run) must not keep them
     table = "\n".join(lines)
     (out / "attention.md").write_text(table + "\n")
     (out / "attention.json").write_text(json.dumps({"args": vars(args), "table": lines}, indent=1, default=str))
