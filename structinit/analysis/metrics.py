@@ -211,12 +211,12 @@ def _model_patch_size(model: nn.Module) -> tuple[int, int] | None:
 METRICS = ("distance", "distance_px", "entropy", "local_mass")
 
 
-@torch.no_grad()
 def _token_side(images: torch.Tensor, tokens_per_image: float) -> float:
     """The side in pixels of a square token when an image holds ``tokens_per_image`` of them."""
     return (images.shape[-2] * images.shape[-1] / tokens_per_image) ** 0.5
 
 
+@torch.no_grad()
 def attention_metrics(
     model: nn.Module,
     images: torch.Tensor,
@@ -277,7 +277,8 @@ def attention_metrics(
         p, valid = _grid_rows(ad.attention_probs(x.float(), terms), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
         # A window layer's token spans more pixels after patch merging: read its size off the
         # token count per image (windows per image × window area).
-        size = patch if ad.relative is None else (_token_side(images, x.shape[0] * layout.num_patches / batch[0]),) * 2
+        side = None if ad.relative is None else _token_side(images, x.shape[0] * layout.num_patches / len(batch))
+        size = patch if side is None else (side, side)
         rows = {"distance": lambda: _row_distance(p, layout.grid),
                 "distance_px": lambda: _row_distance(p, layout.grid, size),
                 "entropy": lambda: _row_entropy(p),
@@ -291,8 +292,8 @@ def attention_metrics(
     model.eval()
     try:
         for start in range(0, images.shape[0], batch_size):
-            batch = images[start : start + batch_size].shape[:1]
-            run_with_hooks(model, images[start : start + batch_size], chosen, reduce, with_terms=True)
+            batch = images[start : start + batch_size]
+            run_with_hooks(model, batch, chosen, reduce, with_terms=True)
     finally:
         model.train(was_training)
     check_all_called(chosen, called)
