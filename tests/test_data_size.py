@@ -40,6 +40,13 @@ def test_the_study_runs_resumes_and_reports(tmp_path):
                                              - acc[(f"digits-{size}", "pytorch", f"seed{s}")] for s in (0, 1)]
     text = report(studies, inits, out, tmp_path / "figures")
     assert text.count("| digits |") == 4 and "s0: " in text and "s1: " in text
+    finals = [json.loads(p.read_text()) for p in results]
+    loss = sum(r["final"]["train_loss"] for r in finals if r["config"]["train_size"] == 50
+               and r["config"]["init"] == "impulse") / 2
+    row = next(line for line in text.splitlines() if line.startswith("| digits | 50 | impulse |"))
+    assert f"| {loss:.3f} | s0: " in row  # the mean final train loss over the two seeds
+    hours = sum(r["wall_s"] * r["device"]["threads"] for r in finals) / 3600
+    assert f"8 runs finished; their training took {hours:.1f} CPU core-hours" in text
     for name in ("data_size_accuracy", "data_size_gain"):
         assert (tmp_path / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "data_size.json").read_text())["digits"]["50"]["impulse"]["0"] == table["digits"][50][
