@@ -11,8 +11,7 @@ trained with every seed (seed-major, resumable: rerun the same command to contin
 The same protocol on the other architectures (``--model``; the ViT's recipe otherwise):
 
     .venv/bin/python bench/data_efficiency.py --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin
-    .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --inits pytorch,timm,impulse \
-        --out runs/cpu-cifar-mixer                                  # mimetic needs attention
+    .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --out runs/cpu-cifar-mixer
 """
 
 from __future__ import annotations
