@@ -31,9 +31,10 @@ process (258 against 234 img/s for this model); each run's lock keeps them off e
 runs. Two processes of two threads each oversubscribe the cores and slow down many times over.
 
 Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (the table, per seed, with
-the final training loss and the CPU time the runs took) and
-two figures into ``--figures``: accuracy against size (log x, band = min–max over seeds) and
-each init's gain over ``pytorch`` (paired by seed).
+the final training loss and the CPU time the runs took; then, per dataset, each init's gain
+over ``pytorch`` and impulse against mimetic at every size, and their change from the smallest
+size to the largest) and two figures into ``--figures``: accuracy against size (log x, band =
+min–max over seeds) and each init's gain over ``pytorch`` (paired by seed).
 """
 
 from __future__ import annotations
@@ -122,10 +123,15 @@ def core_hours(result: dict[str, Any]) -> float:
     return result["wall_s"] * result["device"]["threads"] / 3600
 
 
+def seed_gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> dict[int, float]:
+    """{seed: accuracy of ``init`` minus that of ``base``} for every seed that both ran."""
+    common = sorted(set(by_init.get(init, {})) & set(by_init.get(base, {})))
+    return {s: by_init[init][s] - by_init[base][s] for s in common}
+
+
 def gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> list[float]:
     """Per seed that both ran: accuracy of ``init`` minus that of ``base`` (paired by seed)."""
-    common = sorted(set(by_init.get(init, {})) & set(by_init.get(base, {})))
-    return [by_init[init][s] - by_init[base][s] for s in common]
+    return list(seed_gains(by_init, init, base).values())
 
 
 def _stat(values: list[float]) -> str:
@@ -155,6 +161,28 @@ def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
                 lines.append(f"| {study.name} | {size:,} | {init} | {_stat(list(accs.values()))} | {gain} | "
                              f"{loss} | {per_seed} |")
     return "\n".join(lines) + "\n"
+
+
+def format_trends(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
+    """Markdown, one table per dataset: each structured init's gain over ``pytorch`` at every
+    size, ``impulse`` against ``mimetic``, and how each moved from the smallest size to the
+    largest (mean ± std over seeds, every difference paired by seed)."""
+    rows = [(f"{init} − pytorch", init, "pytorch") for init in inits if init != "pytorch"]
+    if "impulse" in inits and "mimetic" in inits:
+        rows.append(("impulse − mimetic", "impulse", "mimetic"))
+    blocks = []
+    for key, study in studies.items():
+        by_size = table.get(key, {})
+        head = " | ".join(f"{size:,}" for size in study.sizes)
+        lines = [f"**{study.name}** (points)\n", f"| | {head} | largest − smallest |",
+                 "|---|" + "---:|" * (len(study.sizes) + 1)]
+        for label, init, base in rows:
+            cells = [_stat(gains(by_size.get(size, {}), init, base)) for size in study.sizes]
+            first, last = (seed_gains(by_size.get(size, {}), init, base) for size in (study.sizes[0], study.sizes[-1]))
+            change = [last[seed] - first[seed] for seed in sorted(set(first) & set(last))]
+            lines.append(f"| {label} | {' | '.join(cells)} | {_stat(change)} |")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
 
 
 def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path) -> list[Path]:
@@ -214,7 +242,7 @@ def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
              for by_seed in by_init.values() for h in by_seed.values()]
     text = (format_table(studies, inits, table, train_loss)
             + f"\n{len(hours)} runs finished; their training took {sum(hours):.1f} CPU core-hours "
-              "(each run's wall time × its threads).\n")
+              "(each run's wall time × its threads).\n\n" + format_trends(studies, inits, table))
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "data_size.json", lambda f: f.write(json.dumps(table, indent=1).encode()))
     atomic_write_bytes(out / "data_size.md", lambda f: f.write(text.encode()))

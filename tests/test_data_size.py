@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_size import Study, collect, gains, report, run_config, run_study
+from data_size import Study, collect, format_trends, gains, report, run_config, run_study
 
 DIGITS = Study("digits", (50, 100), {"holdout": 200, "augment": "none"}, recipe="digits")
 
@@ -51,3 +51,19 @@ def test_the_study_runs_resumes_and_reports(tmp_path):
         assert (tmp_path / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "data_size.json").read_text())["digits"]["50"]["impulse"]["0"] == table["digits"][50][
         "impulse"][0]
+
+
+def test_trends_pair_every_difference_by_seed():
+    table = {"digits": {
+        50: {"pytorch": {0: 0.50, 1: 0.60}, "mimetic": {0: 0.55, 1: 0.62}, "impulse": {0: 0.58, 1: 0.61}},
+        100: {"pytorch": {0: 0.70, 1: 0.72}, "mimetic": {0: 0.71, 1: 0.76}, "impulse": {0: 0.71}}}}
+    text = format_trends({"digits": DIGITS}, ["pytorch", "mimetic", "impulse"], table)
+    rows = {line.split(" | ")[0].strip("| "): line.strip("| ").split(" | ")[1:] for line in text.splitlines()
+            if line.startswith("| ") and "−" in line.split(" | ")[0]}
+    # mimetic gains: size 50 → 5, 2 points (mean 3.50, std 2.12); size 100 → 1, 4 (2.50 ± 2.12);
+    # per seed largest − smallest: −4, +2 → −1.00 ± 4.24
+    assert rows["mimetic − pytorch"] == ["3.50 ± 2.12", "2.50 ± 2.12", "-1.00 ± 4.24"]
+    # impulse ran only seed 0 at size 100: that cell and the change use seed 0 alone (8 → 1: −7)
+    assert rows["impulse − pytorch"] == ["4.50 ± 4.95", "1.00", "-7.00"]
+    assert rows["impulse − mimetic"] == ["1.00 ± 2.83", "0.00", "-3.00"]
+    assert format_trends({"digits": DIGITS}, ["pytorch", "impulse"], {}).count("| –") == 3  # nothing run yet
