@@ -55,6 +55,7 @@ from structinit.harness.summary import primary_metric
 INITS = ("pytorch", "timm", "mimetic", "impulse")
 BATCH = 125
 WARMUP = 0.1  # of the budget
+GAIN_FLOOR = -8.0  # points: the gain figure's axis stops here; an init below it is named in the panel
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,9 @@ def format_trends(studies: dict[str, Study], inits, table: dict[str, Any]) -> st
 
 
 def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path) -> list[Path]:
-    """accuracy vs size and gain over pytorch vs size, one panel per dataset (log x)."""
+    """accuracy vs size and gain over pytorch vs size, one panel per dataset (log x). The gain
+    axis stops at ``GAIN_FLOOR``; an init whose mean gain falls below it is named, with its
+    range, in the panel."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,6 +200,7 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
                          ("data_size_gain", "gain over pytorch (points)")):
         fig, axes = plt.subplots(1, len(studies), figsize=(4.2 * len(studies), 3.6), dpi=110, squeeze=False)
         for ax, (key, study) in zip(axes[0], studies.items()):
+            off_scale: list[str] = []
             for init in inits:
                 if name.endswith("gain") and init == "pytorch":
                     ax.axhline(0.0, color="grey", lw=0.8)
@@ -213,6 +217,11 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
                 if xs:
                     line, = ax.plot(xs, mean, marker="o", label=init)
                     ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+                    if name.endswith("gain") and min(mean) < GAIN_FLOOR:
+                        off_scale.append(f"{init}: {max(mean):+.1f} to {min(mean):+.1f}")
+            if off_scale:  # one init far below would flatten the others' differences into a line
+                ax.set_ylim(bottom=GAIN_FLOOR)
+                ax.text(0.02, 0.03, "below the axis: " + "; ".join(off_scale), transform=ax.transAxes, fontsize=7)
             ax.set_xscale("log")
             ax.set_xticks(study.sizes, [f"{s:,}" for s in study.sizes])
             ax.minorticks_off()

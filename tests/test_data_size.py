@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_size import Study, collect, format_trends, gains, report, run_config, run_study
+from data_size import Study, collect, format_trends, gains, plot, report, run_config, run_study
 
 DIGITS = Study("digits", (50, 100), {"holdout": 200, "augment": "none"}, recipe="digits")
 
@@ -67,3 +67,17 @@ def test_trends_pair_every_difference_by_seed():
     assert rows["impulse − pytorch"] == ["4.50 ± 4.95", "1.00", "-7.00"]
     assert rows["impulse − mimetic"] == ["1.00 ± 2.83", "0.00", "-3.00"]
     assert format_trends({"digits": DIGITS}, ["pytorch", "impulse"], {}).count("| –") == 3  # nothing run yet
+
+
+def test_the_gain_figure_names_an_init_below_its_axis(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    notes = []
+    original = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, x, y, s, **kw: notes.append(s) or original(
+        ax, x, y, s, **kw))
+    table = {"digits": {50: {"pytorch": {0: 0.90}, "timm": {0: 0.70}, "impulse": {0: 0.93}},
+                        100: {"pytorch": {0: 0.91}, "timm": {0: 0.66}, "impulse": {0: 0.95}}}}
+    paths = plot({"digits": DIGITS}, ["pytorch", "timm", "impulse"], table, tmp_path)
+    assert [p.name for p in paths] == ["data_size_accuracy.png", "data_size_gain.png"]
+    assert notes == ["below the axis: timm: -20.0 to -25.0"]  # impulse (+3, +4) stays on the axis
