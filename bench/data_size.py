@@ -33,8 +33,9 @@ runs. Two processes of two threads each oversubscribe the cores and slow down ma
 Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (the table, per seed, with
 the final training loss and the CPU time the runs took; then, per dataset, each init's gain
 over ``pytorch`` and impulse against mimetic at every size, and their change from the smallest
-size to the largest) and two figures into ``--figures``: accuracy against size (log x, band =
-min–max over seeds) and each init's gain over ``pytorch`` (paired by seed).
+size to the largest) and three figures into ``--figures``: accuracy against size (log x, band =
+min–max over seeds), each init's gain over ``pytorch`` (paired by seed), and the training loss
+against step at each dataset's smallest and largest size.
 """
 
 from __future__ import annotations
@@ -241,6 +242,47 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
     return written
 
 
+def _loss_curve(result: dict[str, Any]) -> list[tuple[int, float]]:
+    return [(h["step"], h["train_loss"]) for h in result["history"]]
+
+
+def plot_loss(studies: dict[str, Study], inits, out: Path, figures: Path) -> Path:
+    """Training loss against optimiser step at each dataset's smallest and largest size (rows),
+    mean over seeds: it tells an init that underfits (its loss stalls high) from one that overfits
+    (low training loss, low held-out accuracy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = collect(studies, inits, out, value=_loss_curve)
+    fig, axes = plt.subplots(2, len(studies), figsize=(4.2 * len(studies), 6.4), dpi=110, squeeze=False,
+                             sharey=True)
+    for col, (key, study) in enumerate(studies.items()):
+        for row, size in enumerate((study.sizes[0], study.sizes[-1])):
+            ax = axes[row][col]
+            for init in inits:
+                by_seed = list(curves.get(key, {}).get(size, {}).get(init, {}).values())
+                if not by_seed:
+                    continue
+                length = min(len(c) for c in by_seed)  # seeds share their steps; a shorter one is cut
+                steps = [step for step, _ in by_seed[0][:length]]
+                mean = [statistics.fmean(c[i][1] for c in by_seed) for i in range(length)]
+                ax.plot(steps, mean, marker="." if length < 20 else None, label=f"{init} ({len(by_seed)})")
+            ax.set_title(f"{study.name}, {size:,} images", fontsize=9)
+            ax.set_xlabel("optimiser step")
+            ax.set_ylabel("training loss")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, title="init (seeds)", title_fontsize=7)
+    fig.suptitle("training loss (label-smoothed cross-entropy, mean over seeds; one point per epoch)", fontsize=9)
+    fig.tight_layout()
+    path = figures / "data_size_loss.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
+
+
 def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
     """Write data_size.json, data_size.md and the figures from the finished runs; the table,
     with the CPU time the finished runs took under it."""
@@ -256,6 +298,7 @@ def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
     atomic_write_bytes(out / "data_size.json", lambda f: f.write(json.dumps(table, indent=1).encode()))
     atomic_write_bytes(out / "data_size.md", lambda f: f.write(text.encode()))
     plot(studies, inits, table, figures)
+    plot_loss(studies, inits, out, figures)
     return text
 
 
@@ -267,7 +310,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated")
     ap.add_argument("--steps", type=int, default=400, help="optimiser steps of every run (default 400)")
     ap.add_argument("--out", default="runs/data-size", help="where the runs go (resumable)")
-    ap.add_argument("--figures", default="docs/figures", help="where the two figures go")
+    ap.add_argument("--figures", default="docs/figures", help="where the three figures go")
     ap.add_argument("--report-only", action="store_true", help="no training: table and figures of finished runs")
     args = ap.parse_args()
     unknown = set(args.datasets.split(",")) - set(STUDIES)

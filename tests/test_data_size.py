@@ -23,7 +23,13 @@ def test_every_size_gets_the_same_steps_and_warm_up():
         run_config(DIGITS, 75, 8, None, batch=25)  # 8 steps are not whole epochs of 3
 
 
-def test_the_study_runs_resumes_and_reports(tmp_path):
+def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **kw: drawn.append((ax, a, kw))
+                        or original(ax, *a, **kw))
     inits, studies, out = ["pytorch", "impulse"], {"digits": DIGITS}, tmp_path / "runs"
     run_study(studies, inits, [0, 1], 8, out, None, batch=25)
     results = sorted(out.glob("digits-*/*/seed*/result.json"))
@@ -47,8 +53,14 @@ def test_the_study_runs_resumes_and_reports(tmp_path):
     assert f"| {loss:.3f} | s0: " in row  # the mean final train loss over the two seeds
     hours = sum(r["wall_s"] * r["device"]["threads"] for r in finals) / 3600
     assert f"8 runs finished; their training took {hours:.1f} CPU core-hours" in text
-    for name in ("data_size_accuracy", "data_size_gain"):
+    for name in ("data_size_accuracy", "data_size_gain", "data_size_loss"):
         assert (tmp_path / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the loss figure: at size 100, impulse's curve is the mean over both seeds of their per-epoch losses
+    histories = [r["history"] for r in finals if r["config"]["train_size"] == 100 and r["config"]["init"] == "impulse"]
+    curve = next(a for ax, a, kw in drawn
+                 if ax.get_title() == "digits, 100 images" and kw.get("label") == "impulse (2)")
+    assert list(curve[0]) == [h["step"] for h in histories[0]] == [4, 8]  # 100 images, batch 25: 2 epochs of 4 steps
+    assert list(curve[1]) == pytest.approx([(a["train_loss"] + b["train_loss"]) / 2 for a, b in zip(*histories)])
     assert json.loads((out / "data_size.json").read_text())["digits"]["50"]["impulse"]["0"] == table["digits"][50][
         "impulse"][0]
 
