@@ -234,12 +234,18 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
         fig.suptitle("lines: mean over seeds; bands: min–max over seeds"
                      + ("; gain paired by seed" if name.endswith("gain") else ""), fontsize=9)
         fig.tight_layout()
-        path = figures / f"{name}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, lambda f, fig=fig: fig.savefig(f, format="png"))
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, figures / f"{name}.png"))
     return written
+
+
+def _save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
 
 
 def _loss_curve(result: dict[str, Any]) -> list[tuple[int, float]]:
@@ -276,11 +282,7 @@ def plot_loss(studies: dict[str, Study], inits, out: Path, figures: Path) -> Pat
             ax.legend(fontsize=7, title="init (seeds)", title_fontsize=7)
     fig.suptitle("training loss (label-smoothed cross-entropy, mean over seeds; one point per epoch)", fontsize=9)
     fig.tight_layout()
-    path = figures / "data_size_loss.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    return _save(fig, figures / "data_size_loss.png")
 
 
 def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
