@@ -51,7 +51,7 @@ from typing import Any
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
 from structinit.harness.run.checkpoint import atomic_write_bytes
-from structinit.harness.summary import primary_metric
+from structinit.harness.summary import final_accuracy, format_stat, paired_gains, seed_accuracies, seed_gains
 
 INITS = ("pytorch", "timm", "mimetic", "impulse")
 BATCH = 125
@@ -100,11 +100,7 @@ def run_study(studies: dict[str, Study], inits, seeds, steps: int, out: Path, da
                 compare(cfg, list(inits), [seed], out / f"{key}-{size}", progress=False)
 
 
-def _final_accuracy(result: dict[str, Any]) -> float:
-    return result["final"][primary_metric(result["final"])]
-
-
-def collect(studies: dict[str, Study], inits, out: Path, value=_final_accuracy) -> dict[str, Any]:
+def collect(studies: dict[str, Study], inits, out: Path, value=final_accuracy) -> dict[str, Any]:
     """{dataset: {size: {init: {seed: value(result)}}}} of every finished run under ``out``.
 
     ``value`` reads one number from a run's ``result.json``: by default its held-out accuracy.
@@ -112,35 +108,16 @@ def collect(studies: dict[str, Study], inits, out: Path, value=_final_accuracy) 
     table: dict[str, Any] = {}
     for key, study in studies.items():
         for size in study.sizes:
-            for init in inits:
-                for path in sorted((out / f"{key}-{size}" / init).glob("seed*/result.json")):
-                    seed = int(path.parent.name.removeprefix("seed"))
-                    table.setdefault(key, {}).setdefault(size, {}).setdefault(init, {})[seed] = \
-                        value(json.loads(path.read_text()))
+            if (out / f"{key}-{size}").is_dir():
+                by_init = seed_accuracies(out / f"{key}-{size}", list(inits), value)
+                if by_init:
+                    table.setdefault(key, {})[size] = by_init
     return table
 
 
 def core_hours(result: dict[str, Any]) -> float:
     """CPU time of one run: its training wall time times the threads it ran on."""
     return result["wall_s"] * result["device"]["threads"] / 3600
-
-
-def seed_gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> dict[int, float]:
-    """{seed: accuracy of ``init`` minus that of ``base``} for every seed that both ran."""
-    common = sorted(set(by_init.get(init, {})) & set(by_init.get(base, {})))
-    return {s: by_init[init][s] - by_init[base][s] for s in common}
-
-
-def gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> list[float]:
-    """Per seed that both ran: accuracy of ``init`` minus that of ``base`` (paired by seed)."""
-    return list(seed_gains(by_init, init, base).values())
-
-
-def _stat(values: list[float]) -> str:
-    if not values:
-        return "–"
-    spread = f" ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else ""
-    return f"{100 * statistics.fmean(values):.2f}{spread}"
 
 
 def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
@@ -157,10 +134,10 @@ def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
             for init in inits:
                 accs = by_init.get(init, {})
                 per_seed = ", ".join(f"s{s}: {100 * a:.2f}" for s, a in sorted(accs.items())) or "not run yet"
-                gain = "—" if init == "pytorch" else _stat(gains(by_init, init))
+                gain = "—" if init == "pytorch" else format_stat(paired_gains(by_init, init))
                 losses = list(train_loss.get(key, {}).get(size, {}).get(init, {}).values())
                 loss = f"{statistics.fmean(losses):.3f}" if losses else "–"
-                lines.append(f"| {study.name} | {size:,} | {init} | {_stat(list(accs.values()))} | {gain} | "
+                lines.append(f"| {study.name} | {size:,} | {init} | {format_stat(list(accs.values()))} | {gain} | "
                              f"{loss} | {per_seed} |")
     return "\n".join(lines) + "\n"
 
@@ -179,10 +156,10 @@ def format_trends(studies: dict[str, Study], inits, table: dict[str, Any]) -> st
         lines = [f"**{study.name}** (points)\n", f"| | {head} | largest − smallest |",
                  "|---|" + "---:|" * (len(study.sizes) + 1)]
         for label, init, base in rows:
-            cells = [_stat(gains(by_size.get(size, {}), init, base)) for size in study.sizes]
+            cells = [format_stat(paired_gains(by_size.get(size, {}), init, base)) for size in study.sizes]
             first, last = (seed_gains(by_size.get(size, {}), init, base) for size in (study.sizes[0], study.sizes[-1]))
             change = [last[seed] - first[seed] for seed in sorted(set(first) & set(last))]
-            lines.append(f"| {label} | {' | '.join(cells)} | {_stat(change)} |")
+            lines.append(f"| {label} | {' | '.join(cells)} | {format_stat(change)} |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
 
@@ -209,7 +186,8 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
                 xs, mean, low, high = [], [], [], []
                 for size in study.sizes:
                     by_init = table.get(key, {}).get(size, {})
-                    values = gains(by_init, init) if name.endswith("gain") else list(by_init.get(init, {}).values())
+                    accs = list(by_init.get(init, {}).values())
+                    values = paired_gains(by_init, init) if name.endswith("gain") else accs
                     if values:
                         xs.append(size)
                         mean.append(100 * statistics.fmean(values))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_size import Study, collect, format_trends, gains, plot, report, run_config, run_study
+from data_size import Study, collect, format_trends, plot, report, run_config, run_study
+
+from structinit.harness.summary import paired_gains
 
 DIGITS = Study("digits", (50, 100), {"holdout": 200, "augment": "none"}, recipe="digits")
 
@@ -42,7 +44,7 @@ def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
     acc = {(p.parts[-4], p.parts[-3], p.parts[-2]): json.loads(p.read_text())["final"]["holdout_acc"] for p in results}
     for size in DIGITS.sizes:
         by_init = table["digits"][size]
-        assert gains(by_init, "impulse") == [acc[(f"digits-{size}", "impulse", f"seed{s}")]
+        assert paired_gains(by_init, "impulse") == [acc[(f"digits-{size}", "impulse", f"seed{s}")]
                                              - acc[(f"digits-{size}", "pytorch", f"seed{s}")] for s in (0, 1)]
     text = report(studies, inits, out, tmp_path / "figures")
     assert text.count("| digits |") == 4 and "s0: " in text and "s1: " in text

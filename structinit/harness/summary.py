@@ -3,10 +3,14 @@ the comparison's table. ``compare``, ``ablate`` and the report summarise with th
 
 from __future__ import annotations
 
+import json
 import statistics
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["format_summary", "mean_std", "primary_metric", "summarise"]
+__all__ = ["final_accuracy", "format_stat", "format_summary", "mean_std", "paired_gains", "primary_metric",
+           "seed_accuracies", "seed_gains", "summarise"]
 
 
 def primary_metric(final: dict[str, float]) -> str:
@@ -61,3 +65,49 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+
+def final_accuracy(result: dict[str, Any]) -> float:
+    """A run's ``result.json`` read to one number: its primary metric at the end."""
+    return result["final"][primary_metric(result["final"])]
+
+
+def seed_accuracies(out_dir: str | Path, inits: list[str] | None = None,
+                    value: Callable[[dict[str, Any]], Any] = final_accuracy) -> dict[str, dict[int, Any]]:
+    """``{init: {seed: accuracy}}`` of every finished run of a comparison folder.
+
+    Reads ``<out_dir>/<init>/seed<N>/result.json`` (the layout ``compare`` writes), each read to
+    one number by ``value`` (default: the primary metric at the end, :func:`final_accuracy`);
+    ``inits`` restricts and orders the specs (default: every folder, sorted).
+    A run still training has no ``result.json`` and is left out. Raises FileNotFoundError,
+    naming the path, where ``out_dir`` is not a folder.
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise FileNotFoundError(f"out_dir {str(out)!r}: no such folder; expected a comparison's runs "
+                                "(<init>/seed<N>/result.json), as bench/data_efficiency.py --out writes")
+    names = inits if inits is not None else sorted(p.name for p in out.iterdir() if p.is_dir())
+    table: dict[str, dict[int, float]] = {}
+    for init in names:
+        for path in sorted((out / init).glob("seed*/result.json")):
+            table.setdefault(init, {})[int(path.parent.name.removeprefix("seed"))] = value(json.loads(path.read_text()))
+    return table
+
+
+def seed_gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> dict[int, float]:
+    """{seed: accuracy of ``init`` minus that of ``base``} for every seed that both ran."""
+    common = sorted(set(by_init.get(init, {})) & set(by_init.get(base, {})))
+    return {s: by_init[init][s] - by_init[base][s] for s in common}
+
+
+def paired_gains(by_init: dict[str, dict[int, float]], init: str, base: str = "pytorch") -> list[float]:
+    """Per seed that both ran: accuracy of ``init`` minus that of ``base`` (paired by seed)."""
+    return list(seed_gains(by_init, init, base).values())
+
+
+def format_stat(values: list[float]) -> str:
+    """Fractions as percentage points: ``"mean ± std"``, the mean alone for one value, ``–`` for none."""
+    if not values:
+        return "–"
+    spread = f" ± {100 * statistics.stdev(values):.2f}" if len(values) > 1 else ""
+    return f"{100 * statistics.fmean(values):.2f}{spread}"

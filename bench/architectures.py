@@ -1,0 +1,138 @@
+"""Structured init across architectures: the ``cpu-cifar`` comparison of each model side by side.
+
+Trains nothing: it reads the run folders ``bench/data_efficiency.py`` wrote, one per
+architecture, and prints three tables:
+
+1. held-out accuracy of every init on every architecture (mean ± std over seeds, per seed);
+2. each structured init's gain over ``pytorch``, and impulse against mimetic, paired by seed:
+   the question is whether structure pays more or less where the architecture already has a
+   locality bias (Swin's windows) or mixes tokens with an MLP (Mixer);
+3. the cost: the model's parameters, minutes per run and CPU core-hours.
+
+    .venv/bin/python bench/data_efficiency.py --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin
+    .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --out runs/cpu-cifar-mixer
+    .venv/bin/python bench/architectures.py --runs swin=runs/cpu-cifar-swin --runs mixer=runs/cpu-cifar-mixer
+
+Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. An architecture's column
+shows what has finished; a run still training is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from structinit.harness.summary import format_stat, paired_gains, seed_accuracies, seed_gains
+
+INITS = ("mimetic", "impulse", "pytorch", "timm")
+
+
+def collect(folders: dict[str, Path], inits=INITS) -> dict[str, dict[str, dict[int, float]]]:
+    """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each folder."""
+    return {arch: seed_accuracies(folder, list(inits)) for arch, folder in folders.items()}
+
+
+def format_accuracy(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
+    """Markdown: a row per init, a column per architecture: mean ± std (per seed)."""
+    archs = list(table)
+    lines = ["| init | " + " | ".join(f"{a}: acc % (per seed)" for a in archs) + " |",
+             "|---|" + "---:|" * len(archs)]
+    for init in inits:
+        cells = []
+        for arch in archs:
+            accs = table[arch].get(init, {})
+            per_seed = ", ".join(f"{100 * a:.2f}" for _, a in sorted(accs.items()))
+            cells.append(f"{format_stat(list(accs.values()))} ({per_seed})" if accs else "not run")
+        lines.append(f"| {init} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def gain_rows(inits=INITS) -> list[tuple[str, str]]:
+    """(init, base) pairs of the gain table: each init against ``pytorch``, impulse against mimetic."""
+    rows = [(init, "pytorch") for init in inits if init != "pytorch"]
+    return rows + ([("impulse", "mimetic")] if {"impulse", "mimetic"} <= set(inits) else [])
+
+
+def format_gains(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
+    """Markdown: a row per (init − base), a column per architecture: mean ± std of the per-seed
+    differences (points), then the differences seed by seed."""
+    archs = list(table)
+    lines = ["| points, paired by seed | " + " | ".join(archs) + " |", "|---|" + "---:|" * len(archs)]
+    for init, base in gain_rows(inits):
+        cells = []
+        for arch in archs:
+            by_seed = seed_gains(table[arch], init, base)
+            detail = ", ".join(f"{100 * g:+.2f}" for g in by_seed.values())
+            cells.append(f"{format_stat(paired_gains(table[arch], init, base))} ({detail})" if by_seed else "–")
+        lines.append(f"| {init} − {base} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_cost(folder: Path) -> dict[str, Any]:
+    """The model, the number of finished runs, their mean minutes and total CPU core-hours."""
+    results = [json.loads(p.read_text()) for p in sorted(folder.glob("*/seed*/result.json"))]
+    if not results:
+        return {"model": "–", "model_kwargs": {}, "runs": 0, "minutes": float("nan"), "core_hours": 0.0}
+    config = results[0]["config"]
+    return {"model": config["model"], "model_kwargs": config["model_kwargs"], "runs": len(results),
+            "minutes": statistics.fmean(r["wall_s"] for r in results) / 60,
+            "core_hours": sum(r["wall_s"] * r["device"]["threads"] for r in results) / 3600}
+
+
+def format_cost(folders: dict[str, Path]) -> str:
+    """Markdown: per architecture, the model and its parameters, runs, minutes per run, core-hours."""
+    from structinit.models import create_model
+
+    lines = ["| architecture | model | parameters | runs | minutes per run | CPU core-hours |",
+             "|---|---|---:|---:|---:|---:|"]
+    for arch, folder in folders.items():
+        cost = run_cost(folder)
+        params = "–"
+        if cost["runs"]:
+            model = create_model(cost["model"], num_classes=10, **cost["model_kwargs"])  # cpu-cifar: CIFAR-10
+            params = f"{sum(p.numel() for p in model.parameters()):,}"
+        lines.append(f"| {arch} | `{cost['model']}` | {params} | {cost['runs']} | {cost['minutes']:.1f} | "
+                     f"{cost['core_hours']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_runs(specs: list[str]) -> dict[str, Path]:
+    """``["swin=runs/x", …]`` → ``{"swin": Path("runs/x"), …}``, each folder checked to exist."""
+    folders: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise ValueError(f"--runs {spec!r}: expected NAME=FOLDER, e.g. swin=runs/cpu-cifar-swin")
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(f"--runs {spec!r}: {folder} is not a folder; train it first with "
+                                    f"bench/data_efficiency.py --model MODEL --out {folder}")
+        folders[name] = Path(folder)
+    return folders
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", action="append", required=True, metavar="NAME=FOLDER",
+                    help="an architecture's comparison folder; repeat for each")
+    ap.add_argument("--inits", default=",".join(INITS))
+    args = ap.parse_args()
+    try:
+        folders = parse_runs(args.runs)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
+    inits = tuple(args.inits.split(","))
+    table = collect(folders, inits)
+    print("### Held-out accuracy, CIFAR-10, 5,000 training images\n")
+    print(format_accuracy(table, inits))
+    print("### Gain over pytorch and impulse − mimetic\n")
+    print(format_gains(table, inits))
+    print("### Cost\n")
+    print(format_cost(folders))
+
+
+if __name__ == "__main__":
+    main()

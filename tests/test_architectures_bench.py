@@ -1,0 +1,74 @@
+"""bench/architectures.py: the side-by-side tables read each architecture's own run folders,
+and every gain is a difference of the same seed's runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from architectures import collect, format_accuracy, format_cost, format_gains, gain_rows, parse_runs, run_cost
+
+from structinit.harness.summary import seed_accuracies
+
+
+def _write_run(root, init, seed, acc, wall_s=600.0, threads=1, model="vit_cpu_patch4_32"):
+    folder = root / init / f"seed{seed}"
+    folder.mkdir(parents=True)
+    result = {"final": {"holdout_acc": acc, "train_loss": 1.0}, "wall_s": wall_s, "device": {"threads": threads},
+              "config": {"model": model, "model_kwargs": {}}}
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+@pytest.fixture
+def folders(tmp_path):
+    swin, mixer = tmp_path / "swin", tmp_path / "mixer"
+    # swin: impulse beats pytorch by 3 and 1 points on seeds 0 and 1 (seed 2 of impulse still training)
+    for seed, acc in enumerate((0.50, 0.52, 0.55)):
+        _write_run(swin, "pytorch", seed, acc, model="swin_cpu_patch2_32")
+    for seed, acc in enumerate((0.53, 0.53)):
+        _write_run(swin, "impulse", seed, acc, model="swin_cpu_patch2_32")
+    (swin / "impulse" / "seed2").mkdir()  # a run in progress: a folder with no result.json yet
+    _write_run(swin, "mimetic", 1, 0.56, model="swin_cpu_patch2_32")
+    # mixer: one seed of two inits; pytorch ran on two threads
+    _write_run(mixer, "pytorch", 0, 0.40, wall_s=300.0, threads=2, model="mixer_cpu_patch4_32")
+    _write_run(mixer, "impulse", 0, 0.38, wall_s=900.0, model="mixer_cpu_patch4_32")
+    return {"swin": swin, "mixer": mixer}
+
+
+def test_accuracies_are_read_per_seed_and_runs_in_progress_left_out(folders):
+    table = collect(folders)
+    assert table["swin"] == {"pytorch": {0: 0.50, 1: 0.52, 2: 0.55}, "impulse": {0: 0.53, 1: 0.53},
+                             "mimetic": {1: 0.56}}
+    text = format_accuracy(table)
+    assert "| impulse | 53.00 ± 0.00 (53.00, 53.00) | 38.00 (38.00) |" in text
+    assert "| timm | not run | not run |" in text
+    assert text.splitlines()[0] == "| init | swin: acc % (per seed) | mixer: acc % (per seed) |"
+
+
+def test_gains_pair_the_same_seed(folders):
+    text = format_gains(collect(folders))
+    # seeds 0 and 1 only: +3 and +1 points (mean 2, std √2); seed 2's pytorch run has no partner
+    assert "| impulse − pytorch | 2.00 ± 1.41 (+3.00, +1.00) | -2.00 (-2.00) |" in text
+    assert "| mimetic − pytorch | 4.00 (+4.00) | – |" in text  # seed 1: 0.56 − 0.52
+    assert "| impulse − mimetic | -3.00 (-3.00) | – |" in text
+    assert gain_rows(("pytorch", "impulse")) == [("impulse", "pytorch")]
+
+
+def test_cost_counts_threads_and_builds_the_runs_model(folders):
+    cost = run_cost(folders["mixer"])
+    assert cost["runs"] == 2 and cost["minutes"] == pytest.approx(10.0)
+    assert cost["core_hours"] == pytest.approx((300 * 2 + 900) / 3600)
+    from structinit.models import create_model
+
+    params = sum(p.numel() for p in create_model("mixer_cpu_patch4_32", num_classes=10).parameters())
+    assert f"| mixer | `mixer_cpu_patch4_32` | {params:,} | 2 | 10.0 | 0.42 |" in format_cost(folders)
+
+
+def test_bad_folders_are_named(tmp_path):
+    with pytest.raises(ValueError, match="NAME=FOLDER"):
+        parse_runs(["runs/cpu-cifar-swin"])
+    with pytest.raises(FileNotFoundError, match=r"nowhere.*data_efficiency\.py --model MODEL --out"):
+        parse_runs([f"swin={tmp_path / 'nowhere'}"])
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        seed_accuracies(tmp_path / "nowhere")
+    assert parse_runs([f"swin={tmp_path}"]) == {"swin": tmp_path}
