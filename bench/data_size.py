@@ -142,6 +142,17 @@ def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
     return "\n".join(lines) + "\n"
 
 
+def format_by_size(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
+    """Markdown: one row per (dataset, size), one column per init: held-out accuracy % (mean ± std)."""
+    lines = ["| dataset | images | " + " | ".join(inits) + " |", "|---|---:|" + "---:|" * len(inits)]
+    for key, study in studies.items():
+        for size in study.sizes:
+            by_init = table.get(key, {}).get(size, {})
+            cells = [format_stat(list(by_init.get(init, {}).values())) for init in inits]
+            lines.append(f"| {study.name} | {size:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def format_trends(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
     """Markdown, one table per dataset: each structured init's gain over ``pytorch`` at every
     size, ``impulse`` against ``mimetic``, and how each moved from the smallest size to the
@@ -271,7 +282,7 @@ def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
     cost = collect(studies, inits, out, value=core_hours)
     hours = [h for by_size in cost.values() for by_init in by_size.values()
              for by_seed in by_init.values() for h in by_seed.values()]
-    text = (format_table(studies, inits, table, train_loss)
+    text = (format_by_size(studies, inits, table) + "\n" + format_table(studies, inits, table, train_loss)
             + f"\n{len(hours)} runs finished; their training took {sum(hours):.1f} CPU core-hours "
               "(each run's wall time × its threads).\n\n" + format_trends(studies, inits, table))
     out.mkdir(parents=True, exist_ok=True)

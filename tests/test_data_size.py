@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from data_size import Study, collect, format_trends, plot, report, run_config, run_study
+from data_size import Study, collect, format_by_size, format_trends, plot, report, run_config, run_study
 
 from structinit.harness.summary import paired_gains
 
@@ -47,7 +47,7 @@ def test_the_study_runs_resumes_and_reports(tmp_path, monkeypatch):
         assert paired_gains(by_init, "impulse") == [acc[(f"digits-{size}", "impulse", f"seed{s}")]
                                              - acc[(f"digits-{size}", "pytorch", f"seed{s}")] for s in (0, 1)]
     text = report(studies, inits, out, tmp_path / "figures")
-    assert text.count("| digits |") == 4 and "s0: " in text and "s1: " in text
+    assert text.count("| digits |") == 2 + 4 and "s0: " in text and "s1: " in text  # by size, then per init
     finals = [json.loads(p.read_text()) for p in results]
     loss = sum(r["final"]["train_loss"] for r in finals if r["config"]["train_size"] == 50
                and r["config"]["init"] == "impulse") / 2
@@ -95,3 +95,11 @@ def test_the_gain_figure_names_an_init_below_its_axis(tmp_path, monkeypatch):
     paths = plot({"digits": DIGITS}, ["pytorch", "timm", "impulse"], table, tmp_path)
     assert [p.name for p in paths] == ["data_size_accuracy.png", "data_size_gain.png"]
     assert notes == ["below the axis: timm: -20.0 to -25.0"]  # impulse (+3, +4) stays on the axis
+
+
+def test_by_size_table_has_a_column_per_init():
+    table = {"digits": {50: {"pytorch": {0: 0.50, 1: 0.60}, "impulse": {0: 0.58}}, 100: {}}}
+    text = format_by_size({"digits": DIGITS}, ["pytorch", "impulse"], table)
+    assert text.splitlines()[0] == "| dataset | images | pytorch | impulse |"
+    assert "| digits | 50 | 55.00 ± 7.07 | 58.00 |" in text  # mean of 0.50, 0.60; std 0.0707
+    assert "| digits | 100 | – | – |" in text  # nothing finished at that size yet
