@@ -7,14 +7,19 @@ architecture, and prints three tables:
 2. each structured init's gain over ``pytorch``, and impulse against mimetic, paired by seed:
    the question is whether structure pays more or less where the architecture already has a
    locality bias (Swin's windows) or mixes tokens with an MLP (Mixer);
-3. the cost: the model's parameters, minutes per run and CPU core-hours.
+3. the cost: the model's parameters, minutes per run and CPU core-hours;
+
+and with ``--figure PATH`` the gains as a bar chart (a bar per architecture and init, a dot
+per seed).
 
     .venv/bin/python bench/data_efficiency.py --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin
     .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --out runs/cpu-cifar-mixer
     .venv/bin/python bench/architectures.py --runs swin=runs/cpu-cifar-swin --runs mixer=runs/cpu-cifar-mixer
 
-Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. An architecture's column
-shows what has finished; a run still training is left out.
+Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. In place of a folder,
+``NAME=FILE.json`` reads the ``summary.json`` a comparison wrote (per init: ``accs`` and
+``seeds``), so a table can be remade without the runs; such a column has no cost row. An
+architecture's column shows what has finished; a run still training is left out.
 """
 
 from __future__ import annotations
@@ -31,9 +36,22 @@ from structinit.harness.summary import format_stat, paired_gains, seed_accuracie
 INITS = ("mimetic", "impulse", "pytorch", "timm")
 
 
+def read_summary(path: Path, inits=INITS) -> dict[str, dict[int, float]]:
+    """{init: {seed: accuracy}} from a comparison's ``summary.json``."""
+    try:
+        summary = json.loads(path.read_text())
+        return {init: dict(zip(summary[init]["seeds"], summary[init]["accs"], strict=True))
+                for init in inits if init in summary}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: not a comparison's summary.json (expected per init 'accs' and 'seeds' "
+                         f"lists of one length): {type(err).__name__}: {err}") from err
+
+
 def collect(folders: dict[str, Path], inits=INITS) -> dict[str, dict[str, dict[int, float]]]:
-    """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each folder."""
-    return {arch: seed_accuracies(folder, list(inits)) for arch, folder in folders.items()}
+    """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each folder
+    (or each ``summary.json``)."""
+    return {arch: read_summary(path, inits) if path.is_file() else seed_accuracies(path, list(inits))
+            for arch, path in folders.items()}
 
 
 def format_accuracy(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
@@ -72,6 +90,41 @@ def format_gains(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> 
     return "\n".join(lines) + "\n"
 
 
+def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=INITS) -> Path:
+    """A bar per (architecture, structured init): the mean gain over ``pytorch`` in points,
+    paired by seed, with each seed's gain as a dot. Written atomically as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from structinit.harness.run.checkpoint import atomic_write_bytes
+
+    others = [init for init in inits if init != "pytorch"]
+    width = 0.8 / max(len(others), 1)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(table), 3.6), dpi=110)
+    for i, init in enumerate(others):
+        xs = [a + (i - (len(others) - 1) / 2) * width for a in range(len(table))]
+        by_arch = [[100 * g for g in paired_gains(table[arch], init)] for arch in table]
+        if not any(by_arch):
+            continue
+        ax.bar([x for x, g in zip(xs, by_arch) if g], [statistics.fmean(g) for g in by_arch if g],
+                      width=width * 0.9, label=init, alpha=0.75)
+        for x, g in zip(xs, by_arch):
+            ax.plot([x] * len(g), g, "o", ms=3, color="black", alpha=0.6, zorder=3)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(table)), list(table))
+    ax.set_ylabel("gain over pytorch (points)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("cpu-cifar: bars = mean over seeds, dots = each seed (paired by seed)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
+    plt.close(fig)
+    return path
+
+
 def run_cost(folder: Path) -> dict[str, Any]:
     """The model, the number of finished runs, their mean minutes and total CPU core-hours."""
     results = [json.loads(p.read_text()) for p in sorted(folder.glob("*/seed*/result.json"))]
@@ -90,6 +143,8 @@ def format_cost(folders: dict[str, Path]) -> str:
     lines = ["| architecture | model | parameters | runs | minutes per run | CPU core-hours |",
              "|---|---|---:|---:|---:|---:|"]
     for arch, folder in folders.items():
+        if folder.is_file():  # a summary.json: no per-run record of the model or the threads
+            continue
         cost = run_cost(folder)
         params = "–"
         if cost["runs"]:
@@ -101,13 +156,16 @@ def format_cost(folders: dict[str, Path]) -> str:
 
 
 def parse_runs(specs: list[str]) -> dict[str, Path]:
-    """``["swin=runs/x", …]`` → ``{"swin": Path("runs/x"), …}``, each folder checked to exist."""
+    """``["swin=runs/x", …]`` → ``{"swin": Path("runs/x"), …}``, each checked to be a folder or a
+    ``.json`` file."""
     folders: dict[str, Path] = {}
     for spec in specs:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:
             raise ValueError(f"--runs {spec!r}: expected NAME=FOLDER, e.g. swin=runs/cpu-cifar-swin")
-        if not Path(folder).is_dir():
+        if folder.endswith(".json") and not Path(folder).is_file():
+            raise FileNotFoundError(f"--runs {spec!r}: no file {folder}; expected a comparison's summary.json")
+        if not folder.endswith(".json") and not Path(folder).is_dir():
             raise FileNotFoundError(f"--runs {spec!r}: {folder} is not a folder; train it first with "
                                     f"bench/data_efficiency.py --model MODEL --out {folder}")
         folders[name] = Path(folder)
@@ -119,19 +177,23 @@ def main() -> None:
     ap.add_argument("--runs", action="append", required=True, metavar="NAME=FOLDER",
                     help="an architecture's comparison folder; repeat for each")
     ap.add_argument("--inits", default=",".join(INITS))
+    ap.add_argument("--figure", type=Path, default=None,
+                    help="also draw the gains as a bar chart here, e.g. docs/figures/architectures_gain.png")
     args = ap.parse_args()
     try:
         folders = parse_runs(args.runs)
+        inits = tuple(args.inits.split(","))
+        table = collect(folders, inits)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
-    inits = tuple(args.inits.split(","))
-    table = collect(folders, inits)
     print("### Held-out accuracy, CIFAR-10, 5,000 training images\n")
     print(format_accuracy(table, inits))
     print("### Gain over pytorch and impulse − mimetic\n")
     print(format_gains(table, inits))
     print("### Cost\n")
     print(format_cost(folders))
+    if args.figure:
+        print(f"figure: {plot_gains(table, args.figure, inits)}")
 
 
 if __name__ == "__main__":

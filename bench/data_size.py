@@ -31,11 +31,12 @@ process (258 against 234 img/s for this model); each run's lock keeps them off e
 runs. Two processes of two threads each oversubscribe the cores and slow down many times over.
 
 Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (accuracy by size with an
-init per column; the full table, per seed, with the final training loss and the CPU time the runs took; then, per dataset, each init's gain
-over ``pytorch`` and impulse against mimetic at every size, and their change from the smallest
-size to the largest) and three figures into ``--figures``: accuracy against size (log x, band =
-min–max over seeds), each init's gain over ``pytorch`` (paired by seed), and the training loss
-against step at each dataset's smallest and largest size.
+init per column; the full table, per seed, with the final training loss and the CPU time the
+runs took; then, per dataset, each init's gain over ``pytorch`` and impulse against mimetic at
+every size, and their change from the smallest size to the largest) and three figures into
+``--figures``: accuracy against size (log x, band = min–max over seeds), each init's gain over
+``pytorch`` (paired by seed), and the training loss against step at each dataset's smallest
+and largest size.
 """
 
 from __future__ import annotations

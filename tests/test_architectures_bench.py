@@ -6,7 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from architectures import collect, format_accuracy, format_cost, format_gains, gain_rows, parse_runs, run_cost
+from architectures import (
+    collect,
+    format_accuracy,
+    format_cost,
+    format_gains,
+    gain_rows,
+    parse_runs,
+    plot_gains,
+    run_cost,
+)
 
 from structinit.harness.summary import seed_accuracies
 
@@ -72,3 +81,34 @@ def test_bad_folders_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder"):
         seed_accuracies(tmp_path / "nowhere")
     assert parse_runs([f"swin={tmp_path}"]) == {"swin": tmp_path}
+
+
+def test_a_summary_json_stands_in_for_a_folder(folders, tmp_path):
+    summary = {"pytorch": {"accs": [0.50, 0.60], "seeds": [0, 2], "mean": 0.55},
+               "impulse": {"accs": [0.56, 0.61], "seeds": [0, 2]}}
+    path = tmp_path / "vit-summary.json"
+    path.write_text(json.dumps(summary))
+    table = collect({"vit": path, **folders})
+    assert table["vit"] == {"impulse": {0: 0.56, 2: 0.61}, "pytorch": {0: 0.50, 2: 0.60}}
+    assert "| impulse − pytorch | 3.50 ± 3.54 (+6.00, +1.00) | 2.00 ± 1.41" in format_gains(table)
+    assert "| vit |" not in format_cost({"vit": path, **folders})  # no per-run record to cost
+    (tmp_path / "bad.json").write_text(json.dumps({"pytorch": {"accs": [0.5], "seeds": [0, 1]}}))
+    with pytest.raises(ValueError, match=r"bad\.json: not a comparison's summary\.json"):
+        collect({"vit": tmp_path / "bad.json"})
+    with pytest.raises(FileNotFoundError, match="no file"):
+        parse_runs([f"vit={tmp_path / 'missing.json'}"])
+
+
+def test_the_figure_draws_the_paired_gains(folders, tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    bars = []
+    original = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda ax, x, h, **kw: bars.append((kw["label"], list(h)))
+                        or original(ax, x, h, **kw))
+    path = plot_gains(collect(folders), tmp_path / "gain.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    heights = dict(bars)
+    assert heights["impulse"] == pytest.approx([2.0, -2.0])  # swin: +3, +1 paired; mixer: −2
+    assert heights["mimetic"] == pytest.approx([4.0])  # only swin has mimetic
+    assert "timm" not in heights  # not run anywhere: no bar, no legend entry
