@@ -69,9 +69,20 @@ def format_accuracy(table: dict[str, dict[str, dict[int, float]]], inits=INITS) 
     return "\n".join(lines) + "\n"
 
 
+BASES = ("pytorch", "timm")
+
+
 def gain_rows(inits=INITS) -> list[tuple[str, str]]:
-    """(init, base) pairs of the gain table: each init against ``pytorch``, impulse against mimetic."""
-    rows = [(init, "pytorch") for init in inits if init != "pytorch"]
+    """(init, base) pairs of the gain table: every other init against each baseline of ``BASES``
+    that ran, then impulse against mimetic.
+
+    Both baselines, because a structured init writes only its own layers and leaves the rest as
+    the model was built, and models are built differently: this package's ViT and Mixer with
+    PyTorch's defaults, its Swin (as timm's and the Swin authors') with trunc-normal 0.02.
+    Structure's own effect is the difference from the baseline that matches the rest."""
+    bases = [b for b in BASES if b in inits]
+    rows = [(init, base) for base in bases for init in inits if init not in bases]
+    rows += [(other, base) for i, base in enumerate(bases) for other in bases[i + 1:]]
     return rows + ([("impulse", "mimetic")] if {"impulse", "mimetic"} <= set(inits) else [])
 
 

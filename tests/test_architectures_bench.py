@@ -61,6 +61,8 @@ def test_gains_pair_the_same_seed(folders):
     assert "| mimetic − pytorch | 4.00 (+4.00) | – |" in text  # seed 1: 0.56 − 0.52
     assert "| impulse − mimetic | -3.00 (-3.00) | – |" in text
     assert gain_rows(("pytorch", "impulse")) == [("impulse", "pytorch")]
+    assert gain_rows() == [("mimetic", "pytorch"), ("impulse", "pytorch"), ("mimetic", "timm"), ("impulse", "timm"),
+                           ("timm", "pytorch"), ("impulse", "mimetic")]
 
 
 def test_cost_counts_threads_and_builds_the_runs_model(folders):
