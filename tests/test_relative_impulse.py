@@ -201,9 +201,21 @@ def test_an_index_without_one_row_per_offset_is_refused():
     ({"grid": (4, 4)}, "grid="),
     ({"reserve": "patch"}, "reserve="),
     ({"kernel_size": 9, "offsets": [(4, 0)] * 2, "layers": [0]}, "outside the 4×4 window"),
+    ({"offsets": [(0, 0), (1, 0)]}, r"has 4 heads; .*the chosen layers have 2, 4, 8 heads: init each group"),
 ])
 def test_options_about_a_position_embedding_are_refused_and_nothing_is_written(options, match):
     check_rejected(swin(), lambda m: structinit.init_(m, "impulse", seed=0, **options), ValueError, match)
+
+
+def test_explicit_offsets_go_stage_by_stage_where_head_counts_differ():
+    model = swin()
+    heads = [ad.num_heads for _, ad in structinit.find_attention_layers(model)]  # 2, 2, 4, 4, 8, 8
+    stages = {h: [i for i, n in enumerate(heads) if n == h] for h in sorted(set(heads))}
+    chosen = {h: [(0, 0), (1, 0), (0, 1), (-1, 0), (0, -1), (1, 1), (-1, -1), (1, -1)][:h] for h in stages}
+    for h, layers in stages.items():
+        structinit.init_(model, "impulse", offsets=chosen[h], layers=layers, seed=0)
+    for (_, ad), h in zip(structinit.find_attention_layers(model), heads):
+        assert [tuple(o) for o in structinit.get_record(ad.module)["offsets"]] == chosen[h]
 
 
 def test_same_seed_same_tables_and_baselines_rewrite_the_tables():

@@ -259,8 +259,10 @@ def _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen) -> li
     offs = check_offsets(list(offsets), kernel_size)
     for (name, ad) in chosen:
         if len(offs) != ad.num_heads:
-            raise ValueError(
-                f"offsets has {len(offs)} entries but layer {name!r} has {ad.num_heads} heads; "
-                "give one (dy, dx) per head"
-            )
+            counts = sorted({a.num_heads for _, a in chosen})
+            hint = "give one (dy, dx) per head"
+            if len(counts) > 1:  # Swin: the head count grows per stage; one list cannot fit all of them
+                hint += (f"; the chosen layers have {', '.join(map(str, counts))} heads: init each group in its own "
+                         "call, layers=[...] with a list of that many offsets, or use offsets='random'")
+            raise ValueError(f"offsets has {len(offs)} entries but layer {name!r} has {ad.num_heads} heads; {hint}")
     return [offs for _ in chosen]
