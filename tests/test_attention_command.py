@@ -80,6 +80,21 @@ def test_swin_windows_position_only(tmp_path):
     assert [r.split("|")[2].strip() for r in rows] == ["0", "3", "5"] and all("| 1.000 | 0.500 |" in r for r in rows)
 
 
+def test_swin_windows_on_images(tmp_path, capsys):
+    """With a dataset (CIFAR-10's format, written here): the first window's map of each image,
+    and impulse still on target, the tables outweighing the content of real pixels."""
+    from test_data import write_cifar10
+
+    write_cifar10(tmp_path / "data")
+    out = tmp_path / "swin-cifar"
+    assert main(["attention", "--model", "swin_cpu_patch2_32", "--init", "impulse", "--dataset", "cifar10",
+                 "--data-dir", str(tmp_path / "data"), "--images", "4", "--layers", "0,-1", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["maps_impulse.png"]  # a window: no overlay on the image
+    rows = [r for r in (out / "attention.md").read_text().splitlines() if r.startswith("| impulse")]
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "5"]
+    assert all("| 1.000 |" in r for r in rows)
+
+
 def test_mixer_token_mixing_maps(tmp_path):
     """A Mixer's token-mixing MLPs are drawn as one-head maps and scored against their taps."""
     out = tmp_path / "mixer"

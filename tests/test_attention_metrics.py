@@ -192,6 +192,19 @@ def test_model_metrics_equal_the_tensor_functions_on_attention_maps(images):
     torch.testing.assert_close(one["distance_px"], 3 * out["distance"][1:])
 
 
+@pytest.mark.parametrize("size, spans", [(32, [2, 2, 4, 4, 8, 8]), (28, [2, 2, 4, 4, 8, 8])])
+def test_window_layers_count_the_pixels_their_merged_tokens_span(size, spans):
+    """Swin at 32 px: 16×16 → 8×8 → 4×4 maps, patch 2, so a token spans 2, 4, 8 pixels. At 28 px
+    the 14×14 and 7×7 maps are computed in padded whole windows (16×16, 8×8): the span is the same."""
+    torch.manual_seed(0)
+    model = structinit.create_model("swin_cpu_patch2_32", img_size=size, in_chans=1)
+    structinit.init_(model, "impulse", seed=0)
+    out = structinit.attention_metrics(model, torch.randn(3, 1, size, size))
+    for i, span in enumerate(spans):
+        torch.testing.assert_close(out["distance_px"][i], span * out["distance"][i], equal_nan=True)
+    assert out["distance"][:, :2].isfinite().all()  # every layer has at least 2 heads with grid rows
+
+
 def test_impulse_init_is_more_local_than_the_pytorch_default(images):
     base = structinit.attention_metrics(micro("pytorch"), images)
     sharp = structinit.attention_metrics(micro("impulse", target_mass=0.99, pe_scale=4.0), images)

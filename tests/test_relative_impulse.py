@@ -207,6 +207,21 @@ def test_options_about_a_position_embedding_are_refused_and_nothing_is_written(o
     check_rejected(swin(), lambda m: structinit.init_(m, "impulse", seed=0, **options), ValueError, match)
 
 
+def test_a_stage_merged_to_one_token_takes_only_the_centre_tap():
+    """At 8×8 pixels the last stage is one token in a 1×1 window: its map is the identity, so an
+    off-centre offset there is refused, naming the layer and the fix, and nothing is written."""
+    small = swin(img_size=8)
+    assert [ad.relative.grid for _, ad in structinit.find_attention_layers(small)][-1] == (1, 1)
+    check_rejected(small, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"layer 'layers\.2\.blocks\.0\.attn' attends within a 1×1 window.*leave the layer out with layers=")
+    structinit.init_(small, "impulse", seed=0, layers=[0, 1, 2, 3])  # the first two stages
+    assert structinit.get_record(small.layers[2].blocks[0].attn) is None
+    structinit.init_(small, "impulse", seed=0, kernel_size=1)  # the centre tap fits every window
+    last = small.layers[2].blocks[1].attn
+    assert structinit.get_record(last)["logit"] == 0.0 and not last.relative_position_bias_table.any()
+    assert structinit.impulse_fidelity(small)["hit"].nan_to_num(1.0).eq(1.0).all()
+
+
 def test_explicit_offsets_go_stage_by_stage_where_head_counts_differ():
     model = swin()
     heads = [ad.num_heads for _, ad in structinit.find_attention_layers(model)]  # 2, 2, 4, 4, 8, 8

@@ -17,6 +17,7 @@ no such distribution: it is left out of the average, and a head left with no row
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -78,8 +79,9 @@ def _coords(grid: tuple[int, int], dtype, scale=(1, 1)) -> torch.Tensor:
     return torch.stack([y.reshape(-1) * scale[0], x.reshape(-1) * scale[1]], -1).to(dtype)
 
 
-def _row_distance(p: torch.Tensor, grid, patch_size=None) -> torch.Tensor:
-    c = _coords(grid, torch.float64, (1, 1) if patch_size is None else _pair("patch_size", patch_size))
+def _row_distance(p: torch.Tensor, grid, scale: tuple[float, float] = (1, 1)) -> torch.Tensor:
+    """Per query: the attention-weighted distance to the keys, each axis in units of ``scale``."""
+    c = _coords(grid, torch.float64, scale)
     dist = (c[:, None] - c[None]).square().sum(-1).sqrt().to(p.dtype)  # (N, N) Euclidean
     return (p * dist).sum(-1)
 
@@ -131,7 +133,8 @@ def mean_attention_distance(probs: torch.Tensor, grid: tuple[int, int], num_pref
         tensor([22.6274])
     """
     p, valid = _grid_rows(probs, _check_probs(probs, num_prefix_tokens, grid))
-    return _row_mean(_row_distance(p, _pair("grid", grid), patch_size), valid)
+    scale = (1, 1) if patch_size is None else _pair("patch_size", patch_size)
+    return _row_mean(_row_distance(p, _pair("grid", grid), scale), valid)
 
 
 def attention_entropy(probs: torch.Tensor, num_prefix_tokens: int = 0, include_prefix: bool = False) -> torch.Tensor:
@@ -211,9 +214,18 @@ def _model_patch_size(model: nn.Module) -> tuple[int, int] | None:
 METRICS = ("distance", "distance_px", "entropy", "local_mass")
 
 
-def _token_side(images: torch.Tensor, tokens_per_image: float) -> float:
-    """The side in pixels of a square token when an image holds ``tokens_per_image`` of them."""
-    return (images.shape[-2] * images.shape[-1] / tokens_per_image) ** 0.5
+def _token_side(images: torch.Tensor, tokens_per_image: float,
+                patch: tuple[int, int] | None) -> tuple[float, float]:
+    """(h, w) pixels a token spans when an image holds ``tokens_per_image`` square tokens.
+
+    With the patch size known, a token of a stage after k patch mergings spans patch·2^k
+    pixels: the nearest such size is taken, because windows padded to whole ones (a 14×14 map
+    in 4×4 windows is computed as 16×16) make the count overstate the image's tokens."""
+    side = (images.shape[-2] * images.shape[-1] / tokens_per_image) ** 0.5
+    if patch is None:
+        return side, side
+    merges = max(0, round(math.log2(side / ((patch[0] * patch[1]) ** 0.5))))
+    return patch[0] * 2 ** merges, patch[1] * 2 ** merges
 
 
 @torch.no_grad()
@@ -277,8 +289,8 @@ def attention_metrics(
         p, valid = _grid_rows(ad.attention_probs(x.float(), terms), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
         # A window layer's token spans more pixels after patch merging: read its size off the
         # token count per image (windows per image × window area).
-        side = None if ad.relative is None else _token_side(images, x.shape[0] * layout.num_patches / len(batch))
-        size = patch if side is None else (side, side)
+        size = patch if ad.relative is None else _token_side(images, x.shape[0] * layout.num_patches / len(batch),
+                                                             patch)
         rows = {"distance": lambda: _row_distance(p, layout.grid),
                 "distance_px": lambda: _row_distance(p, layout.grid, size),
                 "entropy": lambda: _row_entropy(p),

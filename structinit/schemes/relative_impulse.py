@@ -61,8 +61,13 @@ def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_la
             raise ValueError(f"layers {first[0]!r} and {name!r} share one relative position bias table, so they must "
                              "start with the same offsets; leave per_layer_offsets=False (one draw for every layer)")
         keys = rb.num_prefix_tokens + rb.grid[0] * rb.grid[1]
-        beta = impulse_logit(target_mass, keys)
+        if keys == 1 and any(tuple(o) != (0, 0) for o in offsets):  # a stage merged down to one token
+            raise ValueError(f"layer {name!r} attends within a 1×1 window: each query has one key, so its map is "
+                             f"the identity whatever is written, and only offset (0, 0) fits, not "
+                             f"{sorted({tuple(o) for o in offsets} - {(0, 0)})}; leave the layer out with layers= "
+                             "(the other layers' indices), as on images too small for the model's stages")
         rows = [rb.row_of(o) for o in offsets]  # each offset must fit the window, not the whole kernel
+        beta = 0.0 if keys == 1 else impulse_logit(target_mass, keys)  # one key: softmax is 1 on it already
         table = torch.zeros(tuple(rb.table.shape), dtype=torch.float64)
         table[rows, torch.arange(len(rows))] = beta
         plan.add([(rb.table, table)])
