@@ -95,6 +95,27 @@ def test_swin_windows_on_images(tmp_path, capsys):
     assert all("| 1.000 |" in r for r in rows)
 
 
+def test_mixer_maps_are_drawn_by_magnitude_and_labelled_so(tmp_path, monkeypatch):
+    """A token-mixing map is a signed Jacobian (mimetic's αZ + βI has negative entries): drawn
+    as |weight| under its own colour-bar label, not as attention probabilities."""
+    import matplotlib.axes
+    import matplotlib.figure
+
+    labels, shown = [], []
+    colorbar, imshow = matplotlib.figure.Figure.colorbar, matplotlib.axes.Axes.imshow
+    monkeypatch.setattr(matplotlib.figure.Figure, "colorbar",
+                        lambda fig, *a, **kw: labels.append(kw.get("label")) or colorbar(fig, *a, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda ax, x, **kw: shown.append(x) or imshow(ax, x, **kw))
+    assert main(["attention", "--model", "mixer_cpu_patch4_32", "--init", "mimetic", "--layers", "0",
+                 "--out", str(tmp_path / "mixer")]) == 0
+    assert labels == ["|token-mixing weight| (√ scale)"] and shown and all(x.min() >= 0 for x in shown)
+    from structinit.analysis.token_mixing import token_mixing_maps
+    from structinit.models import create_model
+    from structinit.schemes.registry import init_
+
+    assert token_mixing_maps(init_(create_model("mixer_cpu_patch4_32"), "mimetic", seed=0), layers=[0])[0].min() < 0
+
+
 def test_mixer_token_mixing_maps(tmp_path):
     """A Mixer's token-mixing MLPs are drawn as one-head maps and scored against their taps."""
     out = tmp_path / "mixer"

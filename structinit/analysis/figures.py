@@ -47,6 +47,8 @@ def _norm(top: float):
 
 
 COLORBAR_LABEL = "attention probability (√ scale)"
+# A token-mixing MLP's map (MLP-Mixer) is a Jacobian, not a softmax: signed, drawn by magnitude.
+MIXING_LABEL = "|token-mixing weight| (√ scale)"
 
 
 def _outline_diagonal_blocks(ax, size: int, width: int) -> None:
@@ -61,7 +63,8 @@ def _outline_diagonal_blocks(ax, size: int, width: int) -> None:
 
 
 def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer_names: Sequence[str],
-                     zoom: int = 48, title: str = "", vmax: float | None = None, path=None):
+                     zoom: int = 48, title: str = "", vmax: float | None = None, path=None,
+                     label: str = COLORBAR_LABEL):
     """One row per layer: for every head its full N×N grid map and a zoom on the top-left
     ``zoom``×``zoom`` block with the diagonal w×w blocks outlined (the paper's Figures 3–5).
 
@@ -72,6 +75,7 @@ def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer
         zoom: side of the zoomed block (clipped to N).
         vmax: top of the shared colour scale (default: the largest value shown).
         path: PNG written there when given.
+        label: the colour bar's (``MIXING_LABEL`` for token-mixing maps).
 
     Returns the matplotlib Figure.
     """
@@ -89,11 +93,11 @@ def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer
             panels.append((f"head {head} (all N×N)", block[head] if present else None, False))
             panels.append((f"head {head} (top-left {z}×{z})", block[head, :z, :z] if present else None, True))
         rows.append((name, panels))
-    return _panel_figure(rows, layout, top, title, path, width=2.0)
+    return _panel_figure(rows, layout, top, title, path, width=2.0, label=label)
 
 
 def comparison_figure(maps_by_init: dict[str, torch.Tensor], layout: TokenLayout, *, zoom: int = 48,
-                      title: str = "", path=None):
+                      title: str = "", path=None, label: str = COLORBAR_LABEL):
     """Several inits side by side at one layer: one row per init, one column per head, each
     panel the top-left ``zoom``×``zoom`` block of the grid map with diagonal blocks outlined,
     on one colour scale (the paper's Figures 3–5 compare impulse, mimetic and random so).
@@ -107,17 +111,17 @@ def comparison_figure(maps_by_init: dict[str, torch.Tensor], layout: TokenLayout
     top = max(float(b[:, :z, :z].max()) for b in blocks.values())
     rows = [(label, [(f"head {h}", block[h, :z, :z] if h < block.shape[0] else None, True) for h in range(heads)])
             for label, block in blocks.items()]
-    return _panel_figure(rows, layout, top, title, path, width=2.3)
+    return _panel_figure(rows, layout, top, title, path, width=2.3, label=label)
 
 
-def _panel_figure(rows, layout: TokenLayout, top: float, title: str, path, width: float):
+def _panel_figure(rows, layout: TokenLayout, top: float, title: str, path, width: float, label: str):
     """Draw ``rows`` = [(row label, [(panel title, (n, n) map or None, outline diagonal blocks?)])]
     as one grid of panels on one square-root colour scale up to ``top``."""
     plt = _pyplot()
     cols = max(len(panels) for _, panels in rows)
     fig, axes = plt.subplots(len(rows), cols, figsize=(width * cols, 2.3 * len(rows) + 0.6), squeeze=False, dpi=110)
     image = None
-    for r, (label, panels) in enumerate(rows):
+    for r, (row_label, panels) in enumerate(rows):
         for c in range(cols):
             ax = axes[r][c]
             panel = panels[c] if c < len(panels) else (None, None, False)
@@ -132,18 +136,18 @@ def _panel_figure(rows, layout: TokenLayout, top: float, title: str, path, width
             ax.set_xticks([])
             ax.set_yticks([])
             if c == 0:
-                ax.set_ylabel(f"{label}\nquery token", fontsize=8)
+                ax.set_ylabel(f"{row_label}\nquery token", fontsize=8)
             if r == len(rows) - 1:
                 ax.set_xlabel("key token", fontsize=7)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label=COLORBAR_LABEL)
+        fig.colorbar(image, ax=axes, shrink=0.6, label=label)
     if title:
         fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 
 def overlay_figure(image: torch.Tensor, probs: torch.Tensor, layout: TokenLayout, queries: Sequence[int], *,
-                   title: str = "", path=None):
+                   title: str = "", path=None, label: str = COLORBAR_LABEL):
     """For each query grid token (row-major index) and head, that token's attention over the
     grid, upsampled and laid over ``image`` as a heat map; the query patch is outlined.
 
@@ -180,7 +184,7 @@ def overlay_figure(image: torch.Tensor, probs: torch.Tensor, layout: TokenLayout
             ax.set_xticks([])
             ax.set_yticks([])
             ax.set_title(f"query {q} (row {q // w}, col {q % w}) · head {head}", fontsize=6)
-    fig.colorbar(overlay, ax=axes, shrink=0.6, label=COLORBAR_LABEL)
+    fig.colorbar(overlay, ax=axes, shrink=0.6, label=label)
     if title:
         fig.suptitle(title, fontsize=9)
     return _save(fig, path)

@@ -71,17 +71,19 @@ def _is_mixer(model) -> bool:
 def _maps(model, layers, images):
     """Per chosen layer: the (heads, T, T) maps of the first image (its first window for a
     windowed layer) or of position only; the layout they are drawn in; and whether one map
-    covers the whole image (so it can be laid over it)."""
+    covers the whole image (so it can be laid over it); and the colour bar's label. A Mixer's
+    maps are signed Jacobians, drawn by magnitude."""
     from structinit.adapters import TokenLayout, find_attention_layers, select_layers, token_grid
     from structinit.analysis import attention_maps
     from structinit.analysis.fidelity import layer_layouts, layer_position_input
+    from structinit.analysis.figures import COLORBAR_LABEL, MIXING_LABEL
     from structinit.analysis.token_mixing import token_mixing_maps
     from structinit.harness.cli.flags import UsageError
     from structinit.harness.errors import user_input
 
     if _is_mixer(model):  # one map per layer, shown as one head
         maps = token_mixing_maps(model, None if images is None else images[:1], layers)
-        return [m[None] for m in maps], TokenLayout(token_grid(model, maps[0].shape[-1])), True
+        return [m.abs()[None] for m in maps], TokenLayout(token_grid(model, maps[0].shape[-1])), True, MIXING_LABEL
     with user_input("layers"):
         chosen = select_layers(find_attention_layers(model), layers)
         layouts = layer_layouts(model, chosen)
@@ -92,9 +94,9 @@ def _maps(model, layers, images):
         maps = [ad.attention_probs(*layer_position_input(model, name, ad, lay))[0]
                 for (name, ad), lay in zip(chosen, layouts)]
         tokens = maps[0].shape[-1]  # the position-only input of a plain layer has no prefix tokens
-        return maps, TokenLayout(layouts[0].grid, tokens - layouts[0].num_patches), True
+        return maps, TokenLayout(layouts[0].grid, tokens - layouts[0].num_patches), True, COLORBAR_LABEL
     full = attention_maps(model, images[:1], layers=layers)
-    return [m[0] for m in full], layouts[0], all(m.shape[0] == 1 for m in full)
+    return [m[0] for m in full], layouts[0], all(m.shape[0] == 1 for m in full), COLORBAR_LABEL
 
 
 def _resolve_layers(model, layers: list[int] | None) -> list[int]:
@@ -168,20 +170,20 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
         with user_input("init"):
             init_(model, name, seed=args.seed, **options)
         layers_here = _resolve_layers(model, layers)
-        maps, shown, whole = _maps(model, layers_here, images)
+        maps, shown, whole, label = _maps(model, layers_here, images)
         tag = spec_label(spec)
         source = "position-only input" if images is None else "first test image"
         attention_figure(maps, shown, layer_names=[f"layer {i}" for i in layers_here], path=out / f"maps_{tag}.png",
-                         title=f"{args.model}, init {spec}, {source}")
+                         title=f"{args.model}, init {spec}, {source}", label=label)
         if raw is not None and whole:  # a window's map does not cover the image: no overlay
             overlay_figure(raw[0], maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
-                           title=f"{args.model}, init {spec}, layer {layers_here[0]}")
+                           title=f"{args.model}, init {spec}, layer {layers_here[0]}", label=label)
         firsts[spec] = maps[0]
         metrics = _metrics(model, images, layers_here)
         lines += [_summary_line(spec, layer, metrics, r) for r, layer in enumerate(layers_here)]
     if len(firsts) > 1:
         comparison_figure(firsts, shown, path=out / "comparison.png",
-                          title=f"{args.model} at init, layer {layers_here[0]}, {source}")
+                          title=f"{args.model} at init, layer {layers_here[0]}, {source}", label=label)
     return lines
 
 
@@ -216,20 +218,21 @@ def _run_figures(args, out: Path, layers) -> list[str]:
         offsets = [r["offsets"] for r in records] if all(records) else None
     lines = [TABLE_HEAD]
     maps = {}
-    for label, tag, model in (("at init", "init", initial), ("trained", "trained", trained)):
+    for when, tag, model in (("at init", "init", initial), ("trained", "trained", trained)):
         if _is_mixer(model) and model is trained:  # the trained copy has no record: lend it the init's
             _copy_mixer_records(initial, trained)
-        model_maps, shown, whole = _maps(model, layers, images)
+        model_maps, shown, whole, label = _maps(model, layers, images)
         for layer, m in zip(layers, model_maps):
-            maps[f"{label}, layer {layer}"] = m
+            maps[f"{when}, layer {layer}"] = m
         metrics = _metrics(model, images, layers, offsets=offsets)
-        lines += [_summary_line(label, layer, metrics, r) for r, layer in enumerate(layers)]
+        lines += [_summary_line(when, layer, metrics, r) for r, layer in enumerate(layers)]
         if whole:
             overlay_figure(raw[0], model_maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
-                           title=f"{run.label}, {label}, layer {layers[0]}")
+                           title=f"{run.label}, {when}, layer {layers[0]}", label=label)
     ordered = {k: maps[k] for layer in layers for k in (f"at init, layer {layer}", f"trained, layer {layer}")}
     comparison_figure(ordered, shown, path=out / "before_after.png",
-                      title=f"{run.label} ({cfg.model}): attention at init and after training, first test image")
+                      title=f"{run.label} ({cfg.model}): attention at init and after training, first test image",
+                      label=label)
     return lines
 
 
