@@ -114,3 +114,24 @@ def test_the_figure_draws_the_paired_gains(folders, tmp_path, monkeypatch):
     assert heights["impulse"] == pytest.approx([2.0, -2.0])  # swin: +3, +1 paired; mixer: −2
     assert heights["mimetic"] == pytest.approx([4.0])  # only swin has mimetic
     assert "timm" not in heights  # not run anywhere: no bar, no legend entry
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("[1]", "--model-kwargs '[1]': expected a JSON object"),
+    ("{x", "--model-kwargs '{x': not a JSON object"),
+    ('{"weight_init": "jax"}', "weight_init='jax': expected 'timm'"),
+])
+def test_data_efficiency_names_bad_model_kwargs_before_training(tmp_path, kwargs, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_data import write_cifar10
+
+    write_cifar10(tmp_path / "data")
+    script = Path(__file__).resolve().parent.parent / "bench" / "data_efficiency.py"
+    done = subprocess.run([sys.executable, str(script), "--data-dir", str(tmp_path / "data"), "--model",
+                           "swin_cpu_patch2_32", "--model-kwargs", kwargs, "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and message in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))

@@ -4,6 +4,8 @@ a dense recomputation over the whole map, seeded determinism, and that it trains
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -164,3 +166,21 @@ def test_bad_sizes_are_refused():
         tiny(num_heads=(3, 2))
     with pytest.raises(ValueError, match="shift_size"):
         SwinTransformerBlock(8, (8, 8), 2, window_size=4, shift_size=4)
+
+
+def test_weight_init_chooses_what_a_structured_init_is_added_to():
+    torch.manual_seed(0)
+    timm_like = structinit.create_model("swin_cpu_patch2_32")
+    torch.manual_seed(0)
+    plain = structinit.create_model("swin_cpu_patch2_32", weight_init="pytorch")
+    for (name, a), b in zip(timm_like.named_modules(), plain.modules()):
+        if isinstance(a, torch.nn.Linear):
+            bound = 1 / math.sqrt(a.in_features)  # PyTorch's Linear: U(−1/√fan_in, 1/√fan_in)
+            assert 0.015 < a.weight.std() < 0.025, name  # trunc-normal 0.02
+            assert b.weight.abs().max() <= bound and b.weight.std() > 0.8 * bound / math.sqrt(3), name
+    tables = [m.relative_position_bias_table for m in plain.modules() if hasattr(m, "relative_position_bias_table")]
+    assert tables and all(0.01 < t.std() < 0.03 for t in tables)
+    structinit.init_(plain, "impulse", seed=0)  # impulse keeps the PyTorch-default q/k/v and MLPs
+    assert plain.layers[0].blocks[0].mlp.fc1.weight.std() > 0.05
+    with pytest.raises(ValueError, match="weight_init='jax'"):
+        structinit.create_model("swin_cpu_patch2_32", weight_init="jax")

@@ -231,9 +231,12 @@ class SwinTransformer(nn.Module):
         depths, num_heads: blocks and heads per stage.
         window_size: attention window (int or (Wh, Ww)), shrunk to any stage map smaller than it.
         mlp_ratio, qkv_bias: block size.
-
-    Linear weights start trunc-normal std 0.02 with zero biases, relative bias tables
-    trunc-normal 0.02, norms 1/0: timm's init of this model.
+        weight_init: how the Linear weights start: ``"timm"`` (default) trunc-normal std 0.02
+            with zero biases, timm's init of this model and its authors'; ``"pytorch"``
+            PyTorch's Linear defaults, as this package's ViT and Mixer are built. Either way the
+            relative bias tables start trunc-normal 0.02 and norms 1/0. A structured init
+            writes only its own layers and keeps the rest as built, so this decides what it
+            is added to.
 
     Examples:
         >>> model = SwinTransformer(img_size=16, patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(1, 2),
@@ -247,8 +250,11 @@ class SwinTransformer(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 4, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 96, depths: tuple[int, ...] = (2, 2, 6, 2),
                  num_heads: tuple[int, ...] = (3, 6, 12, 24), window_size: int | tuple[int, int] = 7,
-                 mlp_ratio: float = 4.0, qkv_bias: bool = True):
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True, weight_init: str = "timm"):
         super().__init__()
+        if weight_init not in ("timm", "pytorch"):
+            raise ValueError(f"weight_init={weight_init!r}: expected 'timm' (trunc-normal 0.02) or 'pytorch' "
+                             "(PyTorch's Linear defaults)")
         if len(depths) != len(num_heads):
             raise ValueError(f"depths={tuple(depths)} and num_heads={tuple(num_heads)}: give one head count per stage")
         self.num_classes, self.global_pool = num_classes, "avg"
@@ -266,7 +272,8 @@ class SwinTransformer(nn.Module):
         self.layers = nn.Sequential(*stages)
         self.norm = nn.LayerNorm(self.num_features)
         self.head = ClassifierHead(self.num_features, num_classes)
-        self.init_weights()
+        if weight_init == "timm":
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
