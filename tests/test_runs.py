@@ -66,3 +66,21 @@ def test_weights_of_another_architecture_name_the_keys(tmp_path):
     save_weights(tmp_path / "partial.safetensors", state)
     with pytest.raises(ValueError, match=r"missing: head.bias"):
         load_trained_weights(create_model("vit_micro_patch2_16"), tmp_path / "partial.safetensors")
+
+
+def test_a_swin_run_reads_its_classes_from_its_head_and_shows_its_windows(tmp_path):
+    """Swin's classifier is head.fc (timm's layout): the run still gives its classes and maps."""
+    from structinit.harness.cli.main import main
+
+    out = tmp_path / "swin" / "seed0"
+    cfg = recipe("digits", out_dir=str(out), epochs=1, train_size=64, model="swin_cpu_patch2_32",
+                 init="impulse", init_options={"layers": (0, 1, 2, 3)})  # 8×8 digits: the last stage is 1×1
+    train(cfg, progress=False)
+    run = load_run(out)
+    assert run.num_classes == 10
+    assert main(["attention", "--run", str(out), "--layers", "0", "--out", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "before_after.png").is_file()
+    save_weights(tmp_path / "bare" / WEIGHTS, {"blocks.0.weight": torch.zeros(2, 2)})
+    (tmp_path / "bare" / "result.json").write_text((out / "result.json").read_text())
+    with pytest.raises(ValueError, match=r"none of head\.weight, head\.fc\.weight, .*number of classes is unknown"):
+        _ = load_run(tmp_path / "bare").num_classes

@@ -19,6 +19,9 @@ from structinit.harness.run.lifecycle import RESULT
 from structinit.harness.tasks import Kind, kind_of
 from structinit.harness.tasks.image import plan_model
 
+# The classifier's weight in the models the harness trains, first match wins.
+HEAD_KEYS = ("head.weight", "head.fc.weight", "fc.weight", "classifier.weight")
+
 
 @dataclass(frozen=True)
 class FinishedRun:
@@ -39,12 +42,14 @@ class FinishedRun:
 
     @property
     def num_classes(self) -> int:
-        """Classes of the run's model, read from the head of its final weights."""
+        """Classes of the run's model, read from the head of its final weights: ``head.weight``
+        (ViT, Mixer), ``head.fc.weight`` (Swin's classifier head), ``fc.weight`` or
+        ``classifier.weight``."""
         weights = self.path / WEIGHTS
         tensors, _ = load_weights(weights)
-        head = tensors.get("head.weight")
+        head = next((tensors[k] for k in HEAD_KEYS if k in tensors), None)
         if head is None:
-            raise ValueError(f"{weights}: no head.weight, so the number of classes is unknown")
+            raise ValueError(f"{weights}: none of {', '.join(HEAD_KEYS)}, so the number of classes is unknown")
         return int(head.shape[0])
 
     @property
