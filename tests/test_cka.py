@@ -217,6 +217,32 @@ def test_cka_matrix_equals_minibatch_cka_of_the_captured_inputs(images):
     torch.testing.assert_close(structinit.cka_matrix(a, b, images, batch_size=11), est.compute())
 
 
+def test_windowed_layers_are_compared_image_by_image(images):
+    """A Swin layer's input arrives as (images · windows, T, D): CKA puts each image's windows
+    back together, so it equals CKA of the block's un-windowed normalised tokens (the order
+    of an image's features does not change a Gram)."""
+    torch.manual_seed(0)
+    swin = structinit.create_model("swin_cpu_patch2_32", img_size=16, num_classes=10)
+    vit = micro(1, "impulse")
+    natural = []
+    block = swin.layers[0].blocks[1]  # the shifted block: its windows are also rolled
+    handle = block.norm1.register_forward_hook(lambda m, a, out: natural.append(out.flatten(1)))
+    swin.eval()
+    with torch.no_grad():
+        swin(images)
+    handle.remove()
+    vit_inputs = []
+    layers = structinit.adapters.find_attention_layers(vit)
+    vit.eval()
+    structinit.analysis.run_with_hooks(vit, images, layers[:1], lambda i, x: vit_inputs.append(x.flatten(1)))
+    est = structinit.MinibatchCKA()
+    est.update([natural[0]], [vit_inputs[0]])
+    m = structinit.cka_matrix(swin, vit, images, batch_size=len(images), layers_a=[1], layers_b=[0])
+    torch.testing.assert_close(m, est.compute())
+    full = structinit.cka_matrix(swin, swin, images, batch_size=11)
+    assert full.shape == (6, 6) and torch.allclose(full.diagonal(), torch.ones(6, dtype=torch.float64))
+
+
 def test_cka_matrix_bad_input(images):
     model = micro(0)
     with pytest.raises(ValueError, match=r"batch_size=3"):

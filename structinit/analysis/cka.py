@@ -200,7 +200,9 @@ def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) ->
     grams: list[torch.Tensor | None] = [None] * len(chosen)
 
     def keep(i: int, x: torch.Tensor) -> None:
-        f = x.double().flatten(1) if tokens == "flatten" else x.double().mean(1)  # (B, T·D) or (B, D)
+        # A windowed layer (Swin) gets (B·windows, T, D), image-major: one row per image again.
+        x = x.double().reshape(len(images), -1, x.shape[-1])
+        f = x.flatten(1) if tokens == "flatten" else x.mean(1)  # (B, T·D) or (B, D)
         grams[i] = f @ f.T
 
     run_with_hooks(model, images, chosen, keep)
@@ -222,7 +224,8 @@ def cka_matrix(
     """Minibatch linear CKA between every attention layer's input in ``model_a`` and in
     ``model_b`` on the same ``images`` (:class:`MinibatchCKA`).
 
-    A layer's representation is the (B, T, D) tokens its attention layer receives,
+    A layer's representation is the (B, T, D) tokens its attention layer receives (a windowed
+    layer's windows of each image taken together: T = windows × window tokens),
     ``tokens='flatten'`` to (B, T·D) (Raghu et al. 2021) or ``'mean'`` over tokens to (B, D)
     (module doc); the two models may differ in depth, width and token count. Both run in
     eval mode on the same batches of ``batch_size`` ≥ 4 images; a last batch of fewer than 4
