@@ -243,6 +243,32 @@ def test_windowed_layers_are_compared_image_by_image(images):
     assert full.shape == (6, 6) and torch.allclose(full.diagonal(), torch.ones(6, dtype=torch.float64))
 
 
+def test_a_mixer_is_read_at_its_token_mixing_inputs(images):
+    """No attention: each Mixer block's representation is the normalised tokens its token MLP mixes."""
+    torch.manual_seed(0)
+    mixer = structinit.create_model("mixer_cpu_patch4_32", img_size=16, num_classes=10)
+    structinit.init_(mixer, "impulse", seed=0)
+    normed = []
+    handle = mixer.blocks[2].norm1.register_forward_hook(lambda m, a, out: normed.append(out.flatten(1)))
+    mixer.eval()
+    with torch.no_grad():
+        mixer(images)
+    handle.remove()
+    vit = micro(1)
+    vit_inputs = []
+    vit.eval()
+    layers = structinit.adapters.find_attention_layers(vit)
+    structinit.analysis.run_with_hooks(vit, images, layers[1:], lambda i, x: vit_inputs.append(x.flatten(1)))
+    est = structinit.MinibatchCKA()
+    est.update([normed[0]], [vit_inputs[0]])
+    m = structinit.cka_matrix(mixer, vit, images, batch_size=len(images), layers_a=[2], layers_b=[1])
+    torch.testing.assert_close(m, est.compute())
+    full = structinit.cka_matrix(mixer, mixer, images, batch_size=11, tokens="mean")
+    assert full.shape == (6, 6) and torch.allclose(full.diagonal(), torch.ones(6, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"layers contains 9, but the model has 6 token-mixing layers"):
+        structinit.cka_matrix(mixer, mixer, images, layers_a=[9])
+
+
 def test_cka_matrix_bad_input(images):
     model = micro(0)
     with pytest.raises(ValueError, match=r"batch_size=3"):

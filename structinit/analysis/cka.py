@@ -6,7 +6,8 @@ models (or a model and itself) on the same images.
 For a model, a layer's representation of an image is the (T, D) tokens its attention layer
 receives (in a pre-norm ViT: LayerNorm of the residual stream; prefix tokens included),
 flattened to one T·D vector per image as Raghu et al. (2021) do for ViTs. The token mean
-(one D vector per image) is the alternative, ``tokens='mean'``.
+(one D vector per image) is the alternative, ``tokens='mean'``. A model without attention but
+with token-mixing MLPs (an MLP-Mixer) is read the same way at each token-mixing MLP's input.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from structinit.adapters import find_attention_layers, select_layers
+from structinit.adapters import find_attention_layers, find_token_mixing_layers, is_token_mixing, select_layers
 from structinit.analysis.capture import check_all_called, run_with_hooks
 from structinit.utils import check_choice, check_int
 from structinit.utils.checks import show
@@ -195,6 +196,26 @@ class MinibatchCKA:
         return torch.where(denom > 0, self._xy / denom.clamp_min(1e-300).sqrt(), torch.nan)
 
 
+def _layers(model: nn.Module, layers: Sequence[int] | None) -> list:
+    """The chosen (name, attention adapter) pairs, or for a Mixer its (name, token-mixing MLP)."""
+    if not any(is_token_mixing(m) for m in model.modules()):
+        return select_layers(find_attention_layers(model), layers)
+    return select_layers(find_token_mixing_layers(model), layers, kind="token-mixing")
+
+
+def _run_token_mixing(model: nn.Module, images: torch.Tensor, chosen, fn) -> None:
+    """One forward pass; ``fn(i, x)`` gets the (B, T, D) tokens token-mixing MLP i mixes (it is
+    called on their (B, D, T) transpose)."""
+    handles = [mlp.register_forward_pre_hook(lambda m, args, i=i: fn(i, args[0].transpose(1, 2).detach()))
+               for i, (_, mlp) in enumerate(chosen)]
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) -> torch.Tensor:
     """(layers, B, B) Grams of the flattened (or token-mean) input of each chosen layer."""
     grams: list[torch.Tensor | None] = [None] * len(chosen)
@@ -205,7 +226,8 @@ def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) ->
         f = x.flatten(1) if tokens == "flatten" else x.mean(1)  # (B, T·D) or (B, D)
         grams[i] = f @ f.T
 
-    run_with_hooks(model, images, chosen, keep)
+    mixer = bool(chosen) and isinstance(chosen[0][1], nn.Module)  # token-mixing MLPs, not attention adapters
+    (_run_token_mixing if mixer else run_with_hooks)(model, images, chosen, keep)
     check_all_called(chosen, [g is not None for g in grams])
     return torch.stack(grams)
 
@@ -221,8 +243,8 @@ def cka_matrix(
     layers_b: Sequence[int] | None = None,
     tokens: str = "flatten",
 ) -> torch.Tensor:
-    """Minibatch linear CKA between every attention layer's input in ``model_a`` and in
-    ``model_b`` on the same ``images`` (:class:`MinibatchCKA`).
+    """Minibatch linear CKA between every attention layer's input (token-mixing MLP's, for a
+    Mixer) in ``model_a`` and in ``model_b`` on the same ``images`` (:class:`MinibatchCKA`).
 
     A layer's representation is the (B, T, D) tokens its attention layer receives (a windowed
     layer's windows of each image taken together: T = windows × window tokens),
@@ -246,8 +268,7 @@ def cka_matrix(
     if not isinstance(images, torch.Tensor) or images.ndim < 1 or images.shape[0] < MIN_BATCH:
         raise ValueError(f"images={show(images)}: expected a tensor of at least {MIN_BATCH} images along dim 0 "
                          "(the unbiased HSIC estimator needs n > 3 per batch)")
-    chosen_a = select_layers(find_attention_layers(model_a), layers_a)
-    chosen_b = select_layers(find_attention_layers(model_b), layers_b)
+    chosen_a, chosen_b = _layers(model_a, layers_a), _layers(model_b, layers_b)
     n = images.shape[0]
     starts = list(range(0, n, batch_size))
     if len(starts) > 1 and n - starts[-1] < MIN_BATCH:

@@ -4,7 +4,8 @@
 
 Linear CKA (minibatch, unbiased; :func:`structinit.cka_matrix`) between every layer of run A
 and every layer of run B, on the same test images of A's dataset: a layer is the tokens its
-attention receives, flattened per image. ``--at-init`` compares the two models as they were
+attention receives (a Swin layer's windows of each image together; for an MLP-Mixer, its
+token-mixing MLP), flattened per image. ``--at-init`` compares the two models as they were
 initialised instead. Writes ``cka.png`` (heat map), ``cka.json`` and prints the matrix.
 """
 
