@@ -33,6 +33,12 @@ def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *,
             else:
                 fn(i, x)
         handles.append(ad.input_module.register_forward_pre_hook(hook, with_kwargs=True))
+    forward_then_remove(model, inputs, handles)
+
+
+def forward_then_remove(model: nn.Module, inputs, handles) -> None:
+    """One forward pass of ``inputs`` without gradients; the hook ``handles`` are removed
+    afterwards, also when the pass fails."""
     try:
         with torch.no_grad():
             model(inputs)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import find_attention_layers, find_token_mixing_layers, is_token_mixing, select_layers
-from structinit.analysis.capture import check_all_called, run_with_hooks
+from structinit.analysis.capture import check_all_called, forward_then_remove, run_with_hooks
 from structinit.utils import check_choice, check_int
 from structinit.utils.checks import show
 
@@ -208,12 +208,7 @@ def _run_token_mixing(model: nn.Module, images: torch.Tensor, chosen, fn) -> Non
     called on their (B, D, T) transpose)."""
     handles = [mlp.register_forward_pre_hook(lambda m, args, i=i: fn(i, args[0].transpose(1, 2).detach()))
                for i, (_, mlp) in enumerate(chosen)]
-    try:
-        with torch.no_grad():
-            model(images)
-    finally:
-        for h in handles:
-            h.remove()
+    forward_then_remove(model, images, handles)
 
 
 def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) -> torch.Tensor:
