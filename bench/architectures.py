@@ -16,7 +16,11 @@ per seed).
     .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --out runs/cpu-cifar-mixer
     .venv/bin/python bench/architectures.py --runs swin=runs/cpu-cifar-swin --runs mixer=runs/cpu-cifar-mixer
 
-Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. In place of a folder,
+Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. ``NAME=A+B`` reads each init
+from the first of the folders that has it: e.g. a Swin built with PyTorch's Linear defaults
+(``--model-kwargs '{"weight_init": "pytorch"}'``) trains only mimetic and impulse, and takes
+the baselines from the default Swin's folder, since ``pytorch`` and ``timm`` rewrite every
+weight and give the same model either way. In place of a folder,
 ``NAME=FILE.json`` reads the ``summary.json`` a comparison wrote (per init: ``accs`` and
 ``seeds``), so a table can be remade without the runs; such a column has no cost row. An
 architecture's column shows what has finished; a run still training is left out.
@@ -47,11 +51,21 @@ def read_summary(path: Path, inits=INITS) -> dict[str, dict[int, float]]:
                          f"lists of one length): {type(err).__name__}: {err}") from err
 
 
-def collect(folders: dict[str, Path], inits=INITS) -> dict[str, dict[str, dict[int, float]]]:
-    """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each folder
-    (or each ``summary.json``)."""
-    return {arch: read_summary(path, inits) if path.is_file() else seed_accuracies(path, list(inits))
-            for arch, path in folders.items()}
+def _read(path: Path, inits) -> dict[str, dict[int, float]]:
+    return read_summary(path, inits) if path.is_file() else seed_accuracies(path, list(inits))
+
+
+def collect(folders: dict[str, tuple[Path, ...]], inits=INITS) -> dict[str, dict[str, dict[int, float]]]:
+    """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each column's
+    folders (or ``summary.json`` files); an init is read from the first of them that has it."""
+    table = {}
+    for arch, paths in folders.items():
+        merged: dict[str, dict[int, float]] = {}
+        for path in paths:
+            for init, accs in _read(path, inits).items():
+                merged.setdefault(init, accs)
+        table[arch] = {init: merged[init] for init in inits if init in merged}
+    return table
 
 
 def format_accuracy(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
@@ -136,9 +150,16 @@ def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=
     return path
 
 
-def run_cost(folder: Path) -> dict[str, Any]:
-    """The model, the number of finished runs, their mean minutes and total CPU core-hours."""
-    results = [json.loads(p.read_text()) for p in sorted(folder.glob("*/seed*/result.json"))]
+def run_cost(folders: tuple[Path, ...], inits=INITS) -> dict[str, Any]:
+    """The model, the number of finished runs, their mean minutes and total CPU core-hours, each
+    init's runs taken from the first folder that has them (as :func:`collect` reads them)."""
+    results, done = [], set()
+    for folder in (f for f in folders if f.is_dir()):
+        for init in inits:
+            found = sorted((folder / init).glob("seed*/result.json"))
+            if init not in done and found:
+                done.add(init)
+                results += [json.loads(p.read_text()) for p in found]
     if not results:
         return {"model": "–", "model_kwargs": {}, "runs": 0, "minutes": float("nan"), "core_hours": 0.0}
     config = results[0]["config"]
@@ -147,16 +168,16 @@ def run_cost(folder: Path) -> dict[str, Any]:
             "core_hours": sum(r["wall_s"] * r["device"]["threads"] for r in results) / 3600}
 
 
-def format_cost(folders: dict[str, Path]) -> str:
+def format_cost(folders: dict[str, tuple[Path, ...]], inits=INITS) -> str:
     """Markdown: per architecture, the model and its parameters, runs, minutes per run, core-hours."""
     from structinit.models import create_model
 
     lines = ["| architecture | model | parameters | runs | minutes per run | CPU core-hours |",
              "|---|---|---:|---:|---:|---:|"]
-    for arch, folder in folders.items():
-        if folder.is_file():  # a summary.json: no per-run record of the model or the threads
+    for arch, paths in folders.items():
+        if all(p.is_file() for p in paths):  # summary.json: no per-run record of the model or the threads
             continue
-        cost = run_cost(folder)
+        cost = run_cost(paths, inits)
         params = "–"
         if cost["runs"]:
             model = create_model(cost["model"], num_classes=10, **cost["model_kwargs"])  # cpu-cifar: CIFAR-10
@@ -166,27 +187,29 @@ def format_cost(folders: dict[str, Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_runs(specs: list[str]) -> dict[str, Path]:
-    """``["swin=runs/x", …]`` → ``{"swin": Path("runs/x"), …}``, each checked to be a folder or a
-    ``.json`` file."""
-    folders: dict[str, Path] = {}
+def parse_runs(specs: list[str]) -> dict[str, tuple[Path, ...]]:
+    """``["swin=runs/x", "s2=runs/y+runs/x"]`` → ``{"swin": (Path("runs/x"),), "s2": (…, …)}``,
+    each checked to be a folder or a ``.json`` file."""
+    folders: dict[str, tuple[Path, ...]] = {}
     for spec in specs:
-        name, sep, folder = spec.partition("=")
-        if not sep or not name or not folder:
+        name, sep, rest = spec.partition("=")
+        if not sep or not name or not rest:
             raise ValueError(f"--runs {spec!r}: expected NAME=FOLDER, e.g. swin=runs/cpu-cifar-swin")
-        if folder.endswith(".json") and not Path(folder).is_file():
-            raise FileNotFoundError(f"--runs {spec!r}: no file {folder}; expected a comparison's summary.json")
-        if not folder.endswith(".json") and not Path(folder).is_dir():
-            raise FileNotFoundError(f"--runs {spec!r}: {folder} is not a folder; train it first with "
-                                    f"bench/data_efficiency.py --model MODEL --out {folder}")
-        folders[name] = Path(folder)
+        for folder in rest.split("+"):
+            if folder.endswith(".json") and not Path(folder).is_file():
+                raise FileNotFoundError(f"--runs {spec!r}: no file {folder}; expected a comparison's summary.json")
+            if not folder.endswith(".json") and not Path(folder).is_dir():
+                raise FileNotFoundError(f"--runs {spec!r}: {folder} is not a folder; train it first with "
+                                        f"bench/data_efficiency.py --model MODEL --out {folder}")
+        folders[name] = tuple(Path(f) for f in rest.split("+"))
     return folders
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", action="append", required=True, metavar="NAME=FOLDER",
-                    help="an architecture's comparison folder; repeat for each")
+    ap.add_argument("--runs", action="append", required=True, metavar="NAME=FOLDER[+FOLDER]",
+                    help="an architecture's comparison folder (or summary.json); repeat for each. With "
+                         "several joined by +, each init comes from the first that has it")
     ap.add_argument("--inits", default=",".join(INITS))
     ap.add_argument("--figure", type=Path, default=None,
                     help="also draw the gains as a bar chart here, e.g. docs/figures/architectures_gain.png")
@@ -202,7 +225,7 @@ def main() -> None:
     print("### Gain over pytorch and impulse − mimetic\n")
     print(format_gains(table, inits))
     print("### Cost\n")
-    print(format_cost(folders))
+    print(format_cost(folders, inits))
     if args.figure:
         print(f"figure: {plot_gains(table, args.figure, inits)}")
 

@@ -41,7 +41,7 @@ def folders(tmp_path):
     # mixer: one seed of two inits; pytorch ran on two threads
     _write_run(mixer, "pytorch", 0, 0.40, wall_s=300.0, threads=2, model="mixer_cpu_patch4_32")
     _write_run(mixer, "impulse", 0, 0.38, wall_s=900.0, model="mixer_cpu_patch4_32")
-    return {"swin": swin, "mixer": mixer}
+    return {"swin": (swin,), "mixer": (mixer,)}
 
 
 def test_accuracies_are_read_per_seed_and_runs_in_progress_left_out(folders):
@@ -82,7 +82,26 @@ def test_bad_folders_are_named(tmp_path):
         parse_runs([f"swin={tmp_path / 'nowhere'}"])
     with pytest.raises(FileNotFoundError, match="no such folder"):
         seed_accuracies(tmp_path / "nowhere")
-    assert parse_runs([f"swin={tmp_path}"]) == {"swin": tmp_path}
+    assert parse_runs([f"swin={tmp_path}"]) == {"swin": (tmp_path,)}
+    (tmp_path / "b").mkdir()
+    assert parse_runs([f"s={tmp_path / 'b'}+{tmp_path}"]) == {"s": (tmp_path / "b", tmp_path)}
+    with pytest.raises(FileNotFoundError, match="nowhere is not a folder"):
+        parse_runs([f"s={tmp_path}+{tmp_path / 'nowhere'}"])
+
+
+def test_a_column_takes_each_init_from_the_first_folder_that_has_it(folders, tmp_path):
+    """A Swin built another way trains mimetic and impulse only; its baselines come from the
+    default Swin's folder, and a second folder never overrides the first's init."""
+    other = tmp_path / "swin-pytorch-rest"
+    _write_run(other, "impulse", 0, 0.60, wall_s=1200.0)
+    _write_run(other, "impulse", 1, 0.58, wall_s=1200.0)
+    table = collect({"swin-pt": (other, folders["swin"][0])})
+    assert table["swin-pt"]["impulse"] == {0: 0.60, 1: 0.58}  # not the default Swin's 0.53s
+    assert table["swin-pt"]["pytorch"] == {0: 0.50, 1: 0.52, 2: 0.55} and table["swin-pt"]["mimetic"] == {1: 0.56}
+    assert "| impulse − pytorch | 8.00 ± 2.83 (+10.00, +6.00) |" in format_gains(table)
+    cost = run_cost((other, folders["swin"][0]))
+    assert cost["runs"] == 2 + 3 + 1  # its own impulse runs, the other folder's pytorch and mimetic
+    assert cost["minutes"] == pytest.approx((2 * 1200 + 4 * 600) / 6 / 60)
 
 
 def test_a_summary_json_stands_in_for_a_folder(folders, tmp_path):
@@ -90,13 +109,13 @@ def test_a_summary_json_stands_in_for_a_folder(folders, tmp_path):
                "impulse": {"accs": [0.56, 0.61], "seeds": [0, 2]}}
     path = tmp_path / "vit-summary.json"
     path.write_text(json.dumps(summary))
-    table = collect({"vit": path, **folders})
+    table = collect({"vit": (path,), **folders})
     assert table["vit"] == {"impulse": {0: 0.56, 2: 0.61}, "pytorch": {0: 0.50, 2: 0.60}}
     assert "| impulse − pytorch | 3.50 ± 3.54 (+6.00, +1.00) | 2.00 ± 1.41" in format_gains(table)
-    assert "| vit |" not in format_cost({"vit": path, **folders})  # no per-run record to cost
+    assert "| vit |" not in format_cost({"vit": (path,), **folders})  # no per-run record to cost
     (tmp_path / "bad.json").write_text(json.dumps({"pytorch": {"accs": [0.5], "seeds": [0, 1]}}))
     with pytest.raises(ValueError, match=r"bad\.json: not a comparison's summary\.json"):
-        collect({"vit": tmp_path / "bad.json"})
+        collect({"vit": (tmp_path / "bad.json",)})
     with pytest.raises(FileNotFoundError, match="no file"):
         parse_runs([f"vit={tmp_path / 'missing.json'}"])
 

@@ -184,3 +184,15 @@ def test_weight_init_chooses_what_a_structured_init_is_added_to():
     assert plain.layers[0].blocks[0].mlp.fc1.weight.std() > 0.05
     with pytest.raises(ValueError, match="weight_init='jax'"):
         structinit.create_model("swin_cpu_patch2_32", weight_init="jax")
+
+
+@pytest.mark.parametrize("scheme", ["pytorch", "timm"])
+def test_a_baseline_gives_the_same_model_whichever_way_it_was_built(scheme):
+    """pytorch and timm rewrite every weight from their own seed: runs of a Swin built with
+    weight_init='pytorch' can take their baselines from the default Swin's runs."""
+    states = []
+    for weight_init in ("timm", "pytorch"):
+        torch.manual_seed(0)
+        model = structinit.create_model("swin_cpu_patch2_32", weight_init=weight_init)
+        states.append(structinit.init_(model, scheme, seed=0).state_dict())
+    assert states[0].keys() == states[1].keys() and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
