@@ -123,7 +123,7 @@ def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from structinit.harness.run.checkpoint import atomic_write_bytes
+    from structinit.harness.run.checkpoint import write_png
 
     others = [init for init in inits if init != "pytorch"]
     width = 0.8 / max(len(others), 1)
@@ -144,10 +144,7 @@ def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=
     ax.legend(fontsize=8)
     ax.set_title("cpu-cifar: bars = mean over seeds, dots = each seed (paired by seed)", fontsize=9)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
+    return write_png(path, fig)
 
 
 def run_cost(folders: tuple[Path, ...], inits=INITS) -> dict[str, Any]:

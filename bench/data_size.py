@@ -51,7 +51,7 @@ from typing import Any
 
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
-from structinit.harness.run.checkpoint import atomic_write_bytes
+from structinit.harness.run.checkpoint import atomic_write_bytes, write_png
 from structinit.harness.summary import final_accuracy, format_stat, paired_gains, seed_accuracies, seed_gains
 
 INITS = ("pytorch", "timm", "mimetic", "impulse")
@@ -224,18 +224,8 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
         fig.suptitle("lines: mean over seeds; bands: min–max over seeds"
                      + ("; gain paired by seed" if name.endswith("gain") else ""), fontsize=9)
         fig.tight_layout()
-        written.append(_save(fig, figures / f"{name}.png"))
+        written.append(write_png(figures / f"{name}.png", fig))
     return written
-
-
-def _save(fig, path: Path) -> Path:
-    """Write ``fig`` as a PNG atomically and close it."""
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
-    return path
 
 
 def _loss_curve(result: dict[str, Any]) -> list[tuple[int, float]]:
@@ -272,7 +262,7 @@ def plot_loss(studies: dict[str, Study], inits, out: Path, figures: Path) -> Pat
             ax.legend(fontsize=7, title="init (seeds)", title_fontsize=7)
     fig.suptitle("training loss (label-smoothed cross-entropy, mean over seeds; one point per epoch)", fontsize=9)
     fig.tight_layout()
-    return _save(fig, figures / "data_size_loss.png")
+    return write_png(figures / "data_size_loss.png", fig)
 
 
 def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:

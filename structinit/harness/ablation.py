@@ -287,7 +287,7 @@ def format_markdown(result: dict[str, Any]) -> str:
 def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     """Grouped bars of the real-image fidelity per variant (± std over seeds), and the
     accuracy per variant when trained."""
-    from structinit.harness.run.checkpoint import atomic_write_bytes
+    from structinit.harness.run.checkpoint import write_png
     from structinit.utils.optional_imports import require
 
     require("matplotlib", "the ablation figure").use("Agg")
@@ -324,8 +324,7 @@ def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     fig.suptitle(f"ablation {s['ablation']}: {s['title']} ({s['recipe']}, {s['config']['model']}{kwargs}{seeds})",
                  fontsize=9)
     fig.tight_layout()
-    atomic_write_bytes(Path(path), lambda f: fig.savefig(f, format="png"))
-    plt.close(fig)
+    write_png(Path(path), fig)
 
 
 def _write(result: dict[str, Any], out: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from structinit.harness.config import RunConfig
 from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.report import page as report_page
-from structinit.harness.run.checkpoint import atomic_write_bytes, write_json
+from structinit.harness.run.checkpoint import atomic_write_bytes, write_json, write_png
 from structinit.harness.run.device import placement
 from structinit.harness.run.folder import check_out_dir
 from structinit.harness.run.lifecycle import check_run, construct_and_plan
@@ -103,9 +103,7 @@ def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
     """Held-out (or test) accuracy and loss per epoch for every init, the mean over seeds with a
     ±1 std band (:func:`structinit.curves_figure`), written atomically to ``path``."""
     require("matplotlib", "the accuracy plot").use("Agg")  # render to a file; there may be no display
-    plt = require("matplotlib.pyplot", "the accuracy plot")
     from structinit.analysis.curves import curves_figure
 
     fig = curves_figure(runs, title="mean over seeds, band ±1 std")
-    atomic_write_bytes(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
-    plt.close(fig)
+    write_png(path, fig, bbox_inches="tight")

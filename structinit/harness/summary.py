@@ -65,8 +65,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-
-
 def final_accuracy(result: dict[str, Any]) -> float:
     """A run's ``result.json`` read to one number: its primary metric at the end."""
     return result["final"][primary_metric(result["final"])]

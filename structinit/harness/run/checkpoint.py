@@ -255,6 +255,16 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, lambda f: f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()))
 
 
+def write_png(path: Path, fig, **savefig: Any) -> Path:
+    """A matplotlib figure written as a PNG at ``path`` atomically (:func:`atomic_write_bytes`),
+    then closed; ``savefig`` options (e.g. ``bbox_inches='tight'``) are passed on."""
+    import matplotlib.pyplot as plt
+
+    atomic_write_bytes(Path(path), lambda f: fig.savefig(f, format="png", **savefig))
+    plt.close(fig)
+    return Path(path)
+
+
 class MetricsLog:
     """Per-epoch metrics as JSON lines (``metrics.jsonl``) and a CSV (``metrics.csv``).
 
