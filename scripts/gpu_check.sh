@@ -19,7 +19,8 @@
 #                       bench/gpu_throughput.py's --models, --steps, --warmup, and whether it
 #                       compiles (on CUDA: its default models, 20, 3, 1; on the CPU or with QUICK:
 #                       vit_micro_patch2_16, 2 or 3 steps, 1, 0)
-#   GPU_CHECK_PYTHON    the interpreter (default .venv/bin/python)
+#   GPU_CHECK_PYTHON    the interpreter, a path or a command on PATH (default .venv/bin/python); this
+#                       checkout goes on PYTHONPATH, so it needs torch but not structinit installed
 #   GPU_CHECK_LIMIT_{DEVICE,TESTS,TRAIN,TRAIN_COMPILE,BENCH}
 #                       each step's time limit in seconds (40, 80, 120, 150, 170: 560 in all); the
 #                       throughput step starts no new cell after its limit less 75 s
@@ -71,10 +72,15 @@ run_step() {  # run_step STEP LIMIT CMD…: CMD's output to the terminal and $OU
     return "$rc"
 }
 
-if [ ! -x "$PY" ]; then
-    echo "error: $PY not found: run bash scripts/setup.sh first (on a GPU host it installs the CUDA build of torch)" >&2
+# The interpreter may be a path or a command on PATH (a GPU image's own python3, say).
+if ! PY_FOUND=$(command -v "$PY"); then
+    echo "error: GPU_CHECK_PYTHON=$PY: no such interpreter (a path or a command on PATH); run bash scripts/setup.sh" \
+         "first (on a GPU host it installs the CUDA build of torch), or name the python that holds torch" >&2
     exit 1
 fi
+PY=$PY_FOUND
+# Every step imports this checkout's structinit, installed or not (bench/ scripts import it as a package).
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 # ------------------------------------------------------------------ 1. the device
 GPU_LISTED=""

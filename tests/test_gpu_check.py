@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,25 @@ def _table(text: str) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if not line.startswith("|---")]
 
 
+def _bare_python(bin_dir: Path) -> Path:
+    """A ``python-bare`` command in ``bin_dir``: this interpreter with its packages (torch) but
+    without site processing, so structinit is not installed, as in a GPU image's own python3."""
+    site_packages = sysconfig.get_paths()["purelib"]
+    bin_dir.mkdir()
+    shim = bin_dir / "python-bare"
+    shim.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site_packages}" exec "{sys.executable}" -S "$@"\n')
+    shim.chmod(0o755)
+    return shim
+
+
 def test_gpu_check_on_the_cpu_skips_the_cuda_steps_and_measures_throughput(tmp_path, bench):
+    # The interpreter is a command on PATH that lacks an installed structinit: the script finds
+    # it and puts the checkout on PYTHONPATH (a GPU image's python3 ran the bench scripts so).
+    shim = _bare_python(tmp_path / "bin")
+    assert subprocess.run([str(shim), "-c", "import structinit"], capture_output=True, cwd=tmp_path).returncode != 0
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "GPU_CHECK_QUICK": "1", "GPU_CHECK_PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_QUICK": "1", "GPU_CHECK_PYTHON": shim.name,
+           "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     if torch.cuda.is_available() or shutil.which("nvidia-smi"):
         env["GPU_CHECK_DEVICE"] = "cpu"  # on a GPU host, still the CPU path this test is about
     done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
@@ -103,3 +119,11 @@ def test_a_row_shows_its_share_of_the_peak(bench):
     assert cells[bench.COLUMNS.index("TFLOP/s")] == "1"
     assert cells[bench.COLUMNS.index("% of bf16 peak")] == "10.0 %"
     assert _table(bench.table_row(row, peak=None))[0][bench.COLUMNS.index("% of bf16 peak")] == "peak unknown"
+
+
+def test_gpu_check_names_a_missing_interpreter(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_PYTHON": "no-such-python-3"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert "GPU_CHECK_PYTHON=no-such-python-3: no such interpreter" in done.stderr
