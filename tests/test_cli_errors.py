@@ -21,6 +21,7 @@ from structinit.harness.cli.messages import exit_code, to_flags
 from structinit.harness.errors import NonFiniteLossError, user_input
 from structinit.harness.run import folder as runfolder
 from structinit.harness.run.checkpoint import atomic_write_bytes
+from structinit.harness.specs import parse_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fastest real run: 64 digits images, one batch, one epoch.
@@ -117,6 +118,17 @@ def test_set_values_are_read_as_the_field_types():
 def test_bad_seeds(tmp_path, capsys):
     assert main(["compare", *COMMON, "--seeds", "0,x", "--out", str(tmp_path / "cmp")]) == 2
     assert "--seeds '0,x': expected a count" in error_line(capsys, "compare")
+
+
+def test_seeds_zero_says_how_to_ask_for_seed_zero(tmp_path, capsys):
+    # "--seeds 0" reads as a count of none; the error says how to run seed 0 alone
+    assert main(["compare", *COMMON, "--seeds", "0", "--out", str(tmp_path / "cmp")]) == 2
+    line = error_line(capsys, "compare")
+    assert "--seeds '0': expected a count" in line and "seed 0 alone is a count of 1 (--seeds 1)" in line
+    assert not (tmp_path / "cmp").exists()  # refused before anything was written
+    with pytest.raises(ValueError, match="expected a count") as refused:
+        parse_seeds("0,x")
+    assert "at least 1" not in str(refused.value)  # the hint is for a count, not for a bad list
 
 
 def test_bad_value_checked_where_it_is_used_names_the_flag(tmp_path, capsys):

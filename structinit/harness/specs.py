@@ -92,4 +92,7 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
         if isinstance(value, (list, tuple)) and value and all(is_int(s) for s in value):
             return [int(s) for s in value]
         given = f"--seeds {seeds!r}" if isinstance(seeds, str) else f"seeds={seeds!r}"  # the command line's words
-        raise ValueError(f"{given}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7)")
+        hint = ""
+        if is_int(value) and value <= 0:  # "--seeds 0" usually means "seed 0 alone"
+            hint = "; a count is at least 1: seed 0 alone is a count of 1 (--seeds 1), or a list such as 0,5"
+        raise ValueError(f"{given}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7){hint}")
