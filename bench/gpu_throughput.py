@@ -12,8 +12,14 @@ time over ``--steps`` steps after ``--warmup`` steps (``timing.median_seconds``;
 happens in the warm-up, whose time is its own column). The table is rewritten after every
 row, so a run cut short keeps what it measured.
 
+``--pipeline AUGMENT`` adds a row per model with the rest of the harness's step: a uint8 batch
+on the device augmented by ``AUGMENT`` (a fresh augmentation every step, drawn from a CPU
+generator as the harness does), normalised, label smoothing 0.1 and gradient clipping at 3.
+Its gap to the plain row is what the training loop costs beyond the model and the optimiser.
+
     .venv/bin/python bench/gpu_throughput.py                                  # cuda, the default models
     .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32:1024 --no-compile
+    .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32 --pipeline flip,ra2-9-0.5  # paper-cifar's step
     .venv/bin/python bench/gpu_throughput.py --device cpu --models vit_micro_patch2_16:16 --steps 3 --warmup 1 \\
         --no-compile                                                          # a smoke run on the CPU
 
@@ -38,6 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import structinit
+from structinit.augment import Augment
 
 
 @dataclass(frozen=True)
@@ -136,8 +143,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup: int, init: str) -> dict:
-    """images/s (median step), warm-up seconds and peak memory of training ``spec`` in bf16 autocast."""
+def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup: int, init: str,
+            pipeline: str | None = None) -> dict:
+    """images/s (median step), warm-up seconds and peak memory of training ``spec`` in bf16 autocast;
+    with ``pipeline`` (an augmentation spec) the step also augments a uint8 batch, smooths the
+    labels by 0.1 and clips the gradient norm at 3, as the training harness does."""
     torch.manual_seed(0)
     model = build(spec, init).to(device).train()
     net = torch.compile(model) if compile else model
@@ -145,14 +155,21 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
     num_classes = model.head.out_features
     x = torch.randn(spec.batch, *input_shape(model), device=device)
     y = torch.randint(0, num_classes, (spec.batch,), device=device)
+    if pipeline is not None:
+        augment = Augment.parse(pipeline)
+        raw = torch.randint(0, 256, (spec.batch, *input_shape(model)), dtype=torch.uint8, device=device)
+        generator = torch.Generator().manual_seed(0)  # on the CPU, as the harness's augmentation generator
     losses = []
 
     def step() -> None:
+        inputs = x if pipeline is None else (augment(raw, generator).float() / 255 - 0.5) / 0.25
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = net(x)
-        loss = F.cross_entropy(logits.float(), y)
+            logits = net(inputs)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=0.1 if pipeline is not None else 0.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if pipeline is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 3.0)
         opt.step()
         synchronize(device)
         losses.append(loss.detach())
@@ -207,7 +224,9 @@ def device_header(device: torch.device, card: str | None, peak: float | None, ar
     peak_text = f"dense bf16 peak {peak:g} TFLOP/s ({card})" if peak is not None else "peak unknown"
     return (f"Training throughput on {name} (torch {torch.__version__}{cuda}; {peak_text}): forward + backward + "
             f"AdamW in bf16 autocast, the median of {args.steps} steps after {args.warmup} warm-up steps, "
-            f"init {args.init}.")
+            f"init {args.init}."
+            + (f" Rows '+ pipeline' add the harness's step: augmentation ({args.pipeline}) of a uint8 batch on the "
+               "device, label smoothing 0.1 and gradient clipping at 3." if args.pipeline else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init", default="impulse", help="the structinit scheme the models get")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, if not in PEAKS")
     p.add_argument("--budget-s", type=float, default=None, help="start no new cell after this many seconds")
+    p.add_argument("--pipeline", default=None, metavar="AUGMENT",
+                   help="also time the harness's whole step with this augmentation (e.g. flip,ra2-9-0.5)")
     p.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here (JSON)")
     args = p.parse_args(argv)
@@ -227,12 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
     specs = parse_models(args.models)
+    if args.pipeline is not None:
+        try:
+            Augment.parse(args.pipeline)
+        except ValueError as error:
+            raise SystemExit(f"--pipeline {args.pipeline!r}: {error}") from None
     card, peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" else (None, None)
     if args.peak_tflops is not None:
         card, peak = "--peak-tflops", args.peak_tflops
     header = device_header(device, card, peak, args)
     print(header, flush=True)
     modes = ["eager", "compile"] if args.compile else ["eager"]
+    if args.pipeline is not None:
+        modes.append(f"{modes[-1]} + pipeline")  # the harness's whole step, in the fastest mode only
     counted = [flops_per_image(spec) for spec in specs]  # (FLOPs per image, image shape)
     cells, failed, start = {}, False, time.perf_counter()
     text = markdown([], header, peak)
@@ -244,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["status"] = f"skipped (past --budget-s {args.budget_s:g})"
             else:
                 try:
-                    row |= measure(spec, device, mode == "compile", args.steps, args.warmup, args.init)
+                    row |= measure(spec, device, mode.startswith("compile"), args.steps, args.warmup, args.init,
+                                   args.pipeline if mode.endswith("pipeline") else None)
                 except torch.OutOfMemoryError:
                     row["status"] = "out of memory"
                 except Exception as error:  # one bad cell fails the run, the others are still measured

@@ -15,8 +15,9 @@
 #   GPU_CHECK_QUICK=1   small sizes: a smoke run of the script itself in seconds
 #   GPU_CHECK_DEVICE    auto (default: cuda when torch sees it), cuda (fail without it), or cpu
 #   GPU_CHECK_EPOCHS    paper-cifar epochs (2; 1 with QUICK)
-#   GPU_CHECK_MODELS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP, GPU_CHECK_COMPILE (1/0)
-#                       bench/gpu_throughput.py's --models, --steps, --warmup, and whether it
+#   GPU_CHECK_MODELS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP, GPU_CHECK_COMPILE (1/0), GPU_CHECK_PIPELINE
+#                       bench/gpu_throughput.py's --models, --steps, --warmup, --pipeline (on CUDA,
+#                       default flip,ra2-9-0.5: paper-cifar's augmentation), and whether it
 #                       compiles (on CUDA: its default models, 20, 3, 1; on the CPU or with QUICK:
 #                       vit_micro_patch2_16, 2 or 3 steps, 1, 0)
 #   GPU_CHECK_PYTHON    the interpreter, a path or a command on PATH (default .venv/bin/python); this
@@ -194,7 +195,8 @@ fi
 # ------------------------------------------------------------------ 4. throughput table
 if [ "$CUDA" = 1 ] && [ "$QUICK" != 1 ]; then
     BENCH=(--device cuda --models "${GPU_CHECK_MODELS:-vit_tiny_patch2_32,vit_small_patch16_224,vit_base_patch16_224}"
-           --steps "${GPU_CHECK_STEPS:-20}" --warmup "${GPU_CHECK_WARMUP:-3}" --budget-s $((LIMIT_BENCH - 75)))
+           --steps "${GPU_CHECK_STEPS:-20}" --warmup "${GPU_CHECK_WARMUP:-3}" --budget-s $((LIMIT_BENCH - 75))
+           --pipeline "${GPU_CHECK_PIPELINE:-flip,ra2-9-0.5}")  # paper-cifar's whole step too
     COMPILE=${GPU_CHECK_COMPILE:-1}
 else
     DEVICE=$([ "$CUDA" = 1 ] && echo cuda || echo cpu)

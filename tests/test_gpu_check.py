@@ -2,6 +2,7 @@
 tiny throughput), and bench/gpu_throughput.py's FLOP counting and peak table."""
 
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -127,3 +128,29 @@ def test_gpu_check_names_a_missing_interpreter(tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 1
     assert "GPU_CHECK_PYTHON=no-such-python-3: no such interpreter" in done.stderr
+
+
+def test_pipeline_rows_time_the_harness_step(tmp_path, bench, monkeypatch):
+    calls = []
+    original = bench.Augment.__call__
+
+    def counted(self, x, generator=None):
+        calls.append(x.dtype)
+        return original(self, x, generator)
+
+    monkeypatch.setattr(bench.Augment, "__call__", counted)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--models", "vit_micro_patch2_16:8", "--steps", "2", "--warmup", "1",
+                       "--no-compile", "--pipeline", "flip,ra2-9-0.5", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["eager", "eager + pipeline"]
+    assert all(r["images_per_s"] > 0 for r in rows)
+    assert calls == [torch.uint8] * 3  # one fresh augmentation of the uint8 batch per step: 1 warm-up + 2 timed
+
+
+def test_pipeline_with_a_bad_augmentation_stops_before_measuring(tmp_path, bench, capsys):
+    out = tmp_path / "rows.json"
+    with pytest.raises(SystemExit, match=r"--pipeline 'flips': Augment\.parse: unknown token 'flips'"):
+        bench.main(["--device", "cpu", "--models", "vit_micro_patch2_16:8", "--no-compile", "--pipeline", "flips",
+                    "--json", str(out)])
+    assert not out.exists() and "Training throughput" not in capsys.readouterr().out
