@@ -147,16 +147,22 @@ def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=
     return write_png(path, fig)
 
 
-def run_cost(folders: tuple[Path, ...], inits=INITS) -> dict[str, Any]:
+def run_cost(folders: tuple[Path, ...], inits=INITS, counted: set[Path] | None = None) -> dict[str, Any]:
     """The model, the number of finished runs, their mean minutes and total CPU core-hours, each
-    init's runs taken from the first folder that has them (as :func:`collect` reads them)."""
+    init's runs taken from the first folder that has them (as :func:`collect` reads them).
+
+    ``counted``: runs already costed in another column, left out here and added to as this
+    column's runs are counted, so that a run a joined column borrows is paid for once."""
     results, done = [], set()
+    counted = set() if counted is None else counted
     for folder in (f for f in folders if f.is_dir()):
         for init in inits:
             found = sorted((folder / init).glob("seed*/result.json"))
             if init not in done and found:
                 done.add(init)
-                results += [json.loads(p.read_text()) for p in found]
+                fresh = [p for p in found if p.resolve() not in counted]
+                counted.update(p.resolve() for p in fresh)
+                results += [json.loads(p.read_text()) for p in fresh]
     if not results:
         return {"model": "–", "model_kwargs": {}, "runs": 0, "minutes": float("nan"), "core_hours": 0.0}
     config = results[0]["config"]
@@ -166,15 +172,18 @@ def run_cost(folders: tuple[Path, ...], inits=INITS) -> dict[str, Any]:
 
 
 def format_cost(folders: dict[str, tuple[Path, ...]], inits=INITS) -> str:
-    """Markdown: per architecture, the model and its parameters, runs, minutes per run, core-hours."""
+    """Markdown: per architecture, the model and its parameters, runs, minutes per run, core-hours.
+    Each run is costed once, in the first column that reads it: a column joined from folders
+    (``NAME=A+B``) counts only the runs no earlier column counted."""
     from structinit.models import create_model
 
     lines = ["| architecture | model | parameters | runs | minutes per run | CPU core-hours |",
              "|---|---|---:|---:|---:|---:|"]
+    counted: set[Path] = set()
     for arch, paths in folders.items():
         if all(p.is_file() for p in paths):  # summary.json: no per-run record of the model or the threads
             continue
-        cost = run_cost(paths, inits)
+        cost = run_cost(paths, inits, counted)
         params = "–"
         if cost["runs"]:
             model = create_model(cost["model"], num_classes=10, **cost["model_kwargs"])  # cpu-cifar: CIFAR-10

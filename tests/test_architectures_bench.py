@@ -102,6 +102,13 @@ def test_a_column_takes_each_init_from_the_first_folder_that_has_it(folders, tmp
     cost = run_cost((other, folders["swin"][0]))
     assert cost["runs"] == 2 + 3 + 1  # its own impulse runs, the other folder's pytorch and mimetic
     assert cost["minutes"] == pytest.approx((2 * 1200 + 4 * 600) / 6 / 60)
+    # beside the default Swin's own column, the joined column pays only for its own runs
+    text = format_cost({"swin": folders["swin"], "swin-pt": (other, folders["swin"][0])})
+    assert "| swin | `swin_cpu_patch2_32` |" in text and "| 6 | 10.0 | 1.00 |" in text  # 3 + 2 + 1 runs of 600 s
+    from structinit.models import create_model
+
+    params = sum(p.numel() for p in create_model("vit_cpu_patch4_32", num_classes=10).parameters())
+    assert f"| swin-pt | `vit_cpu_patch4_32` | {params:,} | 2 | 20.0 | 0.67 |" in text  # its two impulse runs
 
 
 def test_a_summary_json_stands_in_for_a_folder(folders, tmp_path):
