@@ -201,13 +201,14 @@ def parse_runs(specs: list[str]) -> dict[str, tuple[Path, ...]]:
         name, sep, rest = spec.partition("=")
         if not sep or not name or not rest:
             raise ValueError(f"--runs {spec!r}: expected NAME=FOLDER, e.g. swin=runs/cpu-cifar-swin")
-        for folder in rest.split("+"):
-            if folder.endswith(".json") and not Path(folder).is_file():
-                raise FileNotFoundError(f"--runs {spec!r}: no file {folder}; expected a comparison's summary.json")
-            if not folder.endswith(".json") and not Path(folder).is_dir():
-                raise FileNotFoundError(f"--runs {spec!r}: {folder} is not a folder; train it first with "
-                                        f"bench/data_efficiency.py --model MODEL --out {folder}")
-        folders[name] = tuple(Path(f) for f in rest.split("+"))
+        paths = tuple(Path(folder) for folder in rest.split("+"))
+        for path in paths:
+            if path.suffix == ".json" and not path.is_file():
+                raise FileNotFoundError(f"--runs {spec!r}: no file {path}; expected a comparison's summary.json")
+            if path.suffix != ".json" and not path.is_dir():
+                raise FileNotFoundError(f"--runs {spec!r}: {path} is not a folder; train it first with "
+                                        f"bench/data_efficiency.py --model MODEL --out {path}")
+        folders[name] = paths
     return folders
 
 
