@@ -91,10 +91,13 @@ def test_impulse_dispatches_by_the_layers_the_model_has():
     assert get_scheme("impulse") is structinit.impulse_init_
 
 
-def test_a_model_with_both_needs_target():
+def test_a_model_with_both_gets_its_attention_initialised_and_is_told_so():
     both = nn.Sequential(tiny(), structinit.create_model("vit_micro_patch2_16"))
-    with pytest.raises(TypeError, match=r"target=None.*attention, conv.*pass target="):
+    dw = both[0].blocks[0].dw.weight.detach().clone()
+    with pytest.warns(UserWarning, match=r"attention is initialised and the conv layers are left as they are "
+                                         r"\(pass target='conv'"):
         structinit.init_(both, "impulse", seed=0)
+    assert torch.equal(both[0].blocks[0].dw.weight, dw) and structinit.get_record(both[1].blocks[0].attn)
     structinit.init_(both, "impulse", target="conv", seed=0)
     assert (both[0].blocks[0].dw.weight != 0).flatten(1).sum(1).eq(1).all()
     with pytest.raises(ValueError, match=r"target='ssm'"):

@@ -73,9 +73,21 @@ def test_prefix_tokens_the_model_shows_no_sign_of_raise():
         structinit.infer_layout(PosOnly(64), num_prefix_tokens=5)
 
 
+def test_registers_without_position_rows_leave_the_grid_rows_last():
+    """A class token with a row and 4 registers without (Hugging Face's DINOv2 with registers):
+    65 rows for 1 + 4 prefix tokens and an 8×8 grid; the grid rows are the last 64."""
+    model = PosOnly(65, cls=True, reg=4)
+    layout = structinit.infer_layout(model, grid=(8, 8))
+    assert layout == structinit.TokenLayout((8, 8), 5)
+    from structinit.adapters.layout import grid_pos_embed, prefix_pos_rows
+
+    assert grid_pos_embed(model, layout).data_ptr() == model.pos_embed[0, 1:].data_ptr()
+    assert prefix_pos_rows(model, layout)[1].shape == (1, 8)
+
+
 @pytest.mark.parametrize("rows", [63, 66, 70])
 def test_pe_rows_must_be_grid_or_grid_plus_prefix(rows):
-    with pytest.raises(ValueError, match=rf"has {rows} rows, but a 8×8 grid with 1 prefix token\(s\) needs 64 or 65"):
+    with pytest.raises(ValueError, match=rf"has {rows} rows, but a 8×8 grid with 1 prefix token\(s\) needs 64 to 65"):
         structinit.infer_layout(PosOnly(rows, cls=True), grid=(8, 8))
 
 

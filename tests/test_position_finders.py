@@ -127,7 +127,7 @@ def test_fidelity_without_a_record_checks_the_explicit_layout():
     # 25 PE rows fit a 5×5 grid whose prefix tokens have no row, but 25 tokens arrive, not 1 + 25.
     with pytest.raises(ValueError, match=r"received 25 tokens, but the layout has 1 prefix \+ 25 grid \(5×5\) = 26"):
         structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24), offsets=offsets, grid=(5, 5))
-    with pytest.raises(ValueError, match=r"`pos_embedding` has 25 rows, but a 3×3 grid with 1 prefix .* needs 9 or 10"):
+    with pytest.raises(ValueError, match=r"`pos_embedding` has 25 rows, but a 3×3 grid with 1 prefix .* needs 9 to 10"):
         structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24), offsets=offsets, grid=(3, 3))
 
 

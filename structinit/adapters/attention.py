@@ -133,6 +133,23 @@ class AttentionAdapter:
             bias = terms.to(q.dtype) if bias is None else bias + terms.to(q.dtype)
         return attention_probs(q, k, self.scale, causal=self.causal, bias=bias)
 
+    def observed_probs(self, maps: list[torch.Tensor], shape: torch.Size) -> torch.Tensor | None:
+        """The module's own attention probabilities among the square ``maps`` captured inside
+        its forward (:mod:`structinit.adapters.observe`), as ``shape`` (B, heads, T, T): the
+        first that has that many entries, or None. An adapter whose module mixes several maps
+        (ConViT's gated positional attention) returns the mixture."""
+        for probs in maps:
+            if probs.numel() == shape.numel():
+                return probs.reshape(shape)
+        return None
+
+    @property
+    def qk_normalised(self) -> bool:
+        """Whether the module normalises q and k after their projections (a ``q_norm`` /
+        ``k_norm`` module that is not an identity, as timm's ``qk_norm=True``)."""
+        return any(isinstance(getattr(self.module, n, None), nn.Module) and not isinstance(
+            getattr(self.module, n), nn.Identity) for n in ("q_norm", "k_norm"))
+
     @property
     def causal(self) -> bool:
         """Whether the module masks future keys: a ``causal`` or ``is_causal`` attribute that is
@@ -198,40 +215,77 @@ def is_self_attention(module: nn.MultiheadAttention) -> bool:
     return module.kdim == module.embed_dim and module.vdim == module.embed_dim
 
 
-_SEPARATE_NAMES = (("q", "k", "v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"))
-_OUT_NAMES = ("proj", "o_proj", "out_proj", "o", "out")
+_SEPARATE_NAMES = (("q", "k", "v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"),
+                   ("to_q", "to_k", "to_v"), ("wq", "wk", "wv"))
+_SPLIT_KV_NAMES = (("q", "kv"), ("to_q", "to_kv"), ("q_proj", "kv_proj"))  # q apart, k and v fused [k; v]
+_OUT_NAMES = ("proj", "o_proj", "out_proj", "o", "out", "to_out", "wo")
 _HEAD_ATTRS = ("num_heads", "n_heads", "num_attention_heads", "heads")
 
 
+def _linear(module: nn.Module, name: str) -> nn.Linear | None:
+    """The Linear ``module.<name>``, or the first child of an ``nn.Sequential`` there
+    (vit-pytorch's ``to_out = Sequential(Linear, Dropout)``), else None."""
+    child = getattr(module, name, None)
+    if isinstance(child, nn.Sequential) and len(child) and isinstance(child[0], nn.Linear):
+        child = child[0]
+    return child if isinstance(child, nn.Linear) else None
+
+
+def _heads(module: nn.Module) -> int | None:
+    value = next((getattr(module, a) for a in _HEAD_ATTRS if hasattr(module, a)), None)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 class SeparateQKVAdapter(AttentionAdapter):
-    """Modules with separate q/k/v ``nn.Linear`` projections (q/k/v, q_proj/…, query/…), an
-    output projection (proj, o_proj, out_proj, o, out) and a head count attribute."""
+    """Modules with separate q/k/v ``nn.Linear`` projections (q/k/v, q_proj/…, query/…,
+    to_q/…, wq/…), or q apart from a fused [k; v] (q/kv, to_q/to_kv), an output projection
+    (proj, o_proj, out_proj, o, out, to_out, wo) and a head count attribute. What the module
+    computes is checked against its own forward (:mod:`structinit.adapters.verify`)."""
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self._qkv = next(n for n in _SEPARATE_NAMES if _all_linear(module, n))
-        self._out = next(n for n in _OUT_NAMES if isinstance(getattr(module, n, None), nn.Linear))
-        self.num_heads = int(next(getattr(module, a) for a in _HEAD_ATTRS if hasattr(module, a)))
-        q = getattr(module, self._qkv[0])
+        self._qkv = next((n for n in _SEPARATE_NAMES if _all_linear(module, n)), None)
+        self._split = None if self._qkv else next(n for n in _SPLIT_KV_NAMES if _all_linear(module, n))
+        self._out = next(n for n in _OUT_NAMES if _linear(module, n) is not None)
+        self.num_heads = _heads(module)
+        q = _linear(module, (self._qkv or self._split)[0])
         self.head_dim = int(getattr(module, "head_dim", q.out_features // self.num_heads))
         self.dim = q.in_features
         self.scale = module_scale(module, self.head_dim)
 
+    @property
+    def input_module(self) -> nn.Module:
+        """The q projection when the module normalises its input inside (vit-pytorch's
+        ``self.norm``), so that the captured tokens are what q and k are computed from; else
+        the module itself (its call carries the masks a map needs)."""
+        if isinstance(getattr(self.module, "norm", None), nn.LayerNorm):
+            return _linear(self.module, (self._qkv or self._split)[0])
+        return self.module
+
     def linear_views(self) -> Views:
-        lin = [getattr(self.module, n) for n in (*self._qkv, self._out)]
-        return {name: (m.weight, _bias(m)) for name, m in zip("qkvo", lin)}
+        out = _linear(self.module, self._out)
+        if self._qkv is not None:
+            lin = [_linear(self.module, n) for n in self._qkv]
+            return {name: (m.weight, _bias(m)) for name, m in zip("qkv", lin)} | {"o": (out.weight, _bias(out))}
+        q, kv = (_linear(self.module, n) for n in self._split)
+        n, b = kv.out_features // 2, kv.bias
+        return {"q": (q.weight, _bias(q)),
+                "k": (kv.weight[:n], None if b is None else b[:n]),
+                "v": (kv.weight[n:], None if b is None else b[n:]),
+                "o": (out.weight, _bias(out))}
 
     @staticmethod
     def matches(m: nn.Module) -> bool:
-        return (
-            any(_all_linear(m, n) for n in _SEPARATE_NAMES)
-            and any(isinstance(getattr(m, n, None), nn.Linear) for n in _OUT_NAMES)
-            and any(hasattr(m, a) for a in _HEAD_ATTRS)
-        )
+        if _heads(m) is None or not any(_linear(m, n) is not None for n in _OUT_NAMES):
+            return False
+        if any(_all_linear(m, n) for n in _SEPARATE_NAMES):
+            return True
+        split = next((n for n in _SPLIT_KV_NAMES if _all_linear(m, n)), None)
+        return split is not None and _linear(m, split[1]).out_features % 2 == 0
 
 
 def _all_linear(m: nn.Module, names) -> bool:
-    return all(isinstance(getattr(m, n, None), nn.Linear) for n in names)
+    return all(_linear(m, n) is not None for n in names)
 
 
 class MultiheadAttentionAdapter(AttentionAdapter):
@@ -260,6 +314,6 @@ class MultiheadAttentionAdapter(AttentionAdapter):
 
     @staticmethod
     def matches(m: nn.Module) -> bool:
-        return isinstance(m, nn.MultiheadAttention)
+        return isinstance(m, nn.MultiheadAttention) and is_self_attention(m)
 
 

@@ -69,6 +69,7 @@ def infer_layout(
                 f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
             )
     prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
+    _check_channels_last(found)
     rows = _pe_rows(found)
     if grid is None:
         grid = found.grid
@@ -92,9 +93,23 @@ def infer_layout(
     return layout
 
 
+def _check_channels_last(found: Discovery) -> None:
+    """A position embedding stored channels first, (1, D, h, w) as PiT's, would be read as D·h
+    rows of width w: refuse it by name instead."""
+    pos = found.pos_embed
+    if pos is not None and pos.ndim == 4 and pos.shape[-1] == pos.shape[-2] != pos.shape[1] > 1:
+        raise ValueError(
+            f"the position embedding `{found.pos_embed_name}` has shape {tuple(pos.shape)}: channels first "
+            f"(1, D, h, w), a {pos.shape[-2]}×{pos.shape[-1]} map of width {pos.shape[1]}. structinit reads a position "
+            "embedding as (…, rows, D); pass grid=(h, w) and pos_embed=<its (h·w, D) rows> with pe_scale=None, or "
+            "use a scheme that needs no position ('mimetic')")
+
+
 def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefix: bool) -> None:
     n, p = layout.num_patches, layout.num_prefix_tokens
     if rows in (n, n + p) and not (explicit_prefix and p > 0 and rows == n):
+        return
+    if n < rows < n + p and not explicit_prefix:  # the first prefix tokens have rows, the rest (registers) none
         return
     if rows in (n, n + p):  # P tokens the model shows no sign of, and no PE rows for them either
         raise ValueError(
@@ -105,24 +120,23 @@ def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefi
         )
     raise ValueError(
         f"the position embedding `{found.pos_embed_name}` has {rows} rows, but a {layout.grid[0]}×{layout.grid[1]} "
-        f"grid with {p} prefix token(s) needs {n} or {n + p}; pass the grid=/num_prefix_tokens= that match"
+        f"grid with {p} prefix token(s) needs {n} to {n + p}; pass the grid=/num_prefix_tokens= that match"
     )
 
 
 def grid_pos_embed(model: nn.Module, layout: TokenLayout) -> torch.Tensor | None:
-    """View (N, D) of the rows of the model's position embedding that belong to the grid, or
-    None if it has none. A PE with exactly N rows (timm's ``no_embed_class``) gives prefix
-    tokens no row."""
+    """View (N, D) of the rows of the model's position embedding that belong to the grid (its
+    last N), or None if it has none. A PE with exactly N rows (timm's ``no_embed_class``) gives
+    prefix tokens no row; one with N + k rows, k < P, gives the first k prefix tokens a row
+    (Hugging Face's DINOv2 with registers: the class token has one, the registers none)."""
     found = find_position_embedding(model)
     pos = found.pos_embed
     if pos is None:
         return None
     rows = pos.reshape(-1, pos.shape[-1])
     n, p = layout.num_patches, layout.num_prefix_tokens
-    if rows.shape[0] == n:
-        return rows
-    if rows.shape[0] == n + p:
-        return rows[p:]
+    if n <= rows.shape[0] <= n + p:  # the grid's rows come last; prefix tokens may have rows or not
+        return rows[rows.shape[0] - n:]
     _check_rows(found, rows.shape[0], layout, explicit_prefix=False)
     raise AssertionError("unreachable")
 
@@ -135,9 +149,10 @@ def prefix_pos_rows(model: nn.Module, layout: TokenLayout) -> tuple[str, torch.T
     if pos is None or layout.num_prefix_tokens == 0:
         return None
     rows = pos.reshape(-1, pos.shape[-1])
-    if rows.shape[0] != layout.num_tokens:
+    with_rows = rows.shape[0] - layout.num_patches  # registers after the class token may have none
+    if not 0 < with_rows <= layout.num_prefix_tokens:
         return None
-    return f"{found.pos_embed_name} (prefix rows)", rows[: layout.num_prefix_tokens]
+    return f"{found.pos_embed_name} (prefix rows)", rows[:with_rows]
 
 
 def position_embedding_name(model: nn.Module) -> str | None:

@@ -16,7 +16,9 @@ from structinit.adapters.attention import (
     SeparateQKVAdapter,
 )
 from structinit.adapters.fused import FusedLinearAdapter
+from structinit.adapters.probe import probe_inputs
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
+from structinit.adapters.verify import AttentionSurvey, survey_attention
 from structinit.utils import Registry, is_int
 
 
@@ -91,12 +93,10 @@ def first_match(registry: Registry, module: object):
     return None
 
 
-def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]]:
-    """All self-attention layers of ``model`` in definition order, as (name, adapter).
-
-    A matched module's children are not searched further. Raises ValueError if there is no
-    attention layer, or if a module whose class name says it is attention matches no adapter.
-    """
+def candidate_layers(model: nn.Module) -> tuple[list[tuple[str, AttentionAdapter]], list[tuple[str, str]]]:
+    """Every module an adapter claims, in definition order, as (name, adapter) (a claimed
+    module's children are not searched further), and the (name, class) of modules whose class
+    name says attention but that no adapter claims and no claimed module lies in."""
     found: list[tuple[str, AttentionAdapter]] = []
     inside: list[str] = []
     unknown: list[tuple[str, str]] = []
@@ -107,23 +107,60 @@ def find_attention_layers(model: nn.Module) -> list[tuple[str, AttentionAdapter]
         if adapter is not None:
             found.append((name, adapter))
             inside.append(name)
+        elif isinstance(module, nn.MultiheadAttention):  # kdim/vdim ≠ embed_dim: torch's cross-attention
+            unknown.append((name, f"MultiheadAttention with kdim={module.kdim}, vdim={module.vdim} ≠ embed_dim="
+                                  f"{module.embed_dim}: cross-attention, not self-attention"))
         elif _looks_like_attention(module):
             unknown.append((name, type(module).__name__))
     # An "attention block" that merely contains a supported attention module is fine.
     unknown = [(n, t) for n, t in unknown if not any(n == "" or f.startswith(n + ".") for f, _ in found)]
+    return found, unknown
+
+
+def attention_survey(model: nn.Module) -> AttentionSurvey:
+    """Every claimed attention layer judged against the model's own forward on a probe
+    (:mod:`structinit.adapters.verify`): self-attention, pooling heads, layers whose
+    computation differs from their adapter's, and attention no adapter claims."""
+    candidates, named_unknown = candidate_layers(model)
+    survey = survey_attention(model, candidates, probe_inputs(model, candidates))
+    # Without a probe the class names are all there is to go by; with one, the dataflow decides.
+    extra = [] if survey.probed else [(n, t if ":" in t else f"{t}: its class name says attention")
+                                      for n, t in named_unknown]
+    if extra:
+        survey = AttentionSurvey(survey.verdicts, [*survey.unknown, *extra], survey.pooling, survey.probed)
+    return survey
+
+
+def find_attention_layers(model: nn.Module, *, pooling: bool = False) -> list[tuple[str, AttentionAdapter]]:
+    """The attention layers of ``model`` in definition order, as (name, adapter).
+
+    Layers are found by their adapters (names first, then structure) and checked against one
+    probe through the model's own forward (:func:`attention_survey`). Attention-pooling and
+    class-attention heads (fewer queries than keys) are left out unless ``pooling=True``.
+    Layers whose forward differs from their adapter's view are kept: each scheme decides
+    whether it can set them. Raises ValueError if there is no attention layer, or if the model
+    has attention that no adapter understands (found by its softmax map, or by a class name
+    that says attention).
+    """
+    survey = attention_survey(model)
+    unknown = survey.unknown
     if unknown:
         raise ValueError(
-            "found attention-like modules that no adapter understands: "
-            + ", ".join(f"{n or '<root>'} ({t})" for n, t in unknown)
+            "found attention that no adapter understands: "
+            + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
             + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
             "projections with an output Linear and a head count; nn.MultiheadAttention; any module "
             "whose forward is softmax(q kᵀ·scale)·v of one fused q/k/v Linear, then an output Linear. "
             "Register your class with structinit.register_adapter(YourAttention, factory)."
         )
+    found = [(v.name, v.adapter) for v in survey.verdicts if v.kind != "pooling" or pooling]
     if not found:
         types = sorted({type(m).__name__ for m in model.modules()})
+        skipped = survey.skipped()
+        also = (f" (only attention-pooling heads: {', '.join(n for n, _ in skipped)}; pass pooling=True to "
+                "include those an adapter understands)") if skipped else ""
         raise ValueError(
-            f"no attention layer found in {type(model).__name__} (module types: {', '.join(types)}). "
+            f"no attention layer found in {type(model).__name__}{also} (module types: {', '.join(types)}). "
             "structinit initialises self-attention; register an adapter with "
             "structinit.register_adapter(YourAttention, factory) if your model has one."
         )

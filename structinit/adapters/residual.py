@@ -89,8 +89,11 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
         mlp_out = _mlp_output(block, adapter, search=bool(block_path))
+        where = block_path
+        if mlp_out is None and block_path:
+            where, mlp_out = _next_block_mlp(model, block_path, adapter, layers)
         if mlp_out is not None:
-            out.append(_weight_and_bias(f"{block_path}.{mlp_out[0]}".lstrip("."), mlp_out[1]))
+            out.append(_weight_and_bias(f"{where}.{mlp_out[0]}".lstrip("."), mlp_out[1]))
         else:
             raise ValueError(
                 f"the block {block_path or '<root>'!r} around attention layer {name!r} has no MLP output "
@@ -116,6 +119,22 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
     last = [(n, m) for n, m in block.named_modules()
             if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside]
     return last[-1] if last else None
+
+
+def _next_block_mlp(model: nn.Module, block_path: str, adapter: AttentionAdapter, layers) -> tuple[str, tuple | None]:
+    """(path, (name, Linear)) of the MLP output in the block after ``block_path`` among its
+    parent's children, when that block holds no attention layer: x-transformers alternates
+    attention and feed-forward blocks ([norm, attention, residual], [norm, feed-forward,
+    residual], …). (block_path, None) when there is none."""
+    parent_path, _, index = block_path.rpartition(".")
+    parent = _get(model, parent_path) if parent_path else model
+    if not index.isdigit() or not isinstance(parent, (nn.ModuleList, nn.Sequential)) or int(index) + 1 >= len(parent):
+        return block_path, None
+    path = f"{parent_path}.{int(index) + 1}".lstrip(".")
+    if any(name == path or name.startswith(path + ".") for name, _ in layers):
+        return block_path, None
+    found = _mlp_output(parent[int(index) + 1], adapter, search=True)
+    return (path, found) if found is not None else (block_path, None)
 
 
 def prefix_tokens(model: nn.Module, layout: TokenLayout) -> list[Token]:

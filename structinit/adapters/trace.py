@@ -24,12 +24,9 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side, use_traced_discovery
-from structinit.utils import is_int
+from structinit.adapters.probe import _patch, _rows, probe_sizes, token_candidates
+from structinit.utils.memo import kept
 
-# Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
-           nn.MultiheadAttention)
-_MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
 _TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (tensors, Discovery)
 
 
@@ -80,78 +77,6 @@ def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor |
     return seen.get("x") if ok else None
 
 
-def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor]]:
-    """Free floating-point tensors of width ``dim``: parameters, buffers and plain tensor
-    attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers."""
-    out, seen = [], set()
-    for path, module in model.named_modules():
-        if isinstance(module, _LAYERS):
-            continue
-        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False),
-               *((n, t) for n, t in vars(module).items() if isinstance(t, torch.Tensor) and not n.startswith("_"))]
-        for name, t in own:
-            if t.is_floating_point() and t.ndim >= 1 and t.shape[-1] == dim and id(t) not in seen:
-                seen.add(id(t))
-                out.append((f"{path}.{name}" if path else name, t))
-    return out
-
-
-def _rows(t: torch.Tensor) -> int:
-    return int(t.numel() // t.shape[-1])
-
-
-def _pair(v) -> tuple[int, int] | None:
-    if is_int(v) and v > 0:
-        return int(v), int(v)
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(is_int(x) and x > 0 for x in v):
-        return int(v[0]), int(v[1])
-    return None
-
-
-def _stated(model: nn.Module, attrs) -> tuple[int, int] | None:
-    """The first (h, w) the model, its config or its patch embedding states under ``attrs``."""
-    for owner in (model, getattr(model, "config", None), getattr(model, "patch_embed", None)):
-        for attr in attrs:
-            found = _pair(getattr(owner, attr, None))
-            if found is not None:
-                return found
-    return None
-
-
-def _patch(model: nn.Module) -> tuple[int, int] | None:
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
-    return _stated(model, ("patch_size",)) or (tuple(conv.stride) if conv is not None else None)
-
-
-def _channels(model: nn.Module, patch) -> int:
-    """Input channels: a patch convolution's, else a patch Linear's in_features / (p·p), else 3."""
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    if conv is not None:
-        return conv.in_channels
-    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
-    if first is not None and patch is not None and first.in_features % (patch[0] * patch[1]) == 0:
-        return max(1, min(first.in_features // (patch[0] * patch[1]), 4))
-    return 3
-
-
-def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
-    """(C, H, W) probe sizes to try, most likely first (module doc)."""
-    patch = _patch(model)
-    chans = _channels(model, patch)
-    stated = _stated(model, ("image_size", "img_size"))
-    if stated is not None:
-        return [(chans, *stated)]
-    if patch is None:
-        return []
-    sides = []
-    for rows in sorted({_rows(t) for _, t in candidates}, reverse=True):
-        for n in range(rows, max(rows - _MAX_ROW_SLACK, 0), -1):
-            side = square_side(n)
-            if side is not None and side not in sides:
-                sides.append(side)
-    return [(chans, s * patch[0], s * patch[1]) for s in sides]
-
-
 @torch.no_grad()
 def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Tensor, t: torch.Tensor) -> list[int]:
     """Token rows of sample 0 that change when ``t`` is perturbed (then restored bit for bit)."""
@@ -181,12 +106,7 @@ def traced_discovery(model: nn.Module) -> Discovery | None:
     # The answer depends on the model's code and tensors, not on their values: reuse it while
     # the same tensors are there (an init asks several times).
     key = tuple((n, id(t), tuple(t.shape)) for n, t in candidates)
-    cached = _TRACED.get(model)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    found = _trace(model, adapter, candidates)
-    _TRACED[model] = (key, found)
-    return found
+    return kept(_TRACED, model, key, lambda: _trace(model, adapter, candidates))
 
 
 def _trace(model, adapter, candidates) -> Discovery | None:
@@ -324,61 +244,6 @@ def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor
 
 
 POSITION_FINDERS.register("traced", traced_discovery)
-
-
-@torch.no_grad()
-def real_logits_gap(model: nn.Module, name: str, adapter) -> float | None:
-    """How far the attention logits layer ``name`` really computes are from the adapter's.
-
-    A probe image (:func:`probe_sizes`) runs through the model until that layer returns. The q
-    and k it hands to ``torch.nn.functional.scaled_dot_product_attention`` give the real
-    logits q kᵀ·scale; the adapter gives its own from the tokens the layer's q/k projection
-    received. Returns ‖real − adapter‖ / ‖adapter‖, or None when it cannot tell (the probe
-    does not run, or the layer computes attention without that function, or with other
-    shapes). A gap means the module changes q and k after their projections in a way the
-    adapter does not model — rotary position embeddings (RoPE) rotate them by position.
-    """
-    import torch.nn.functional as F
-
-    sizes = probe_sizes(model, token_candidates(model, adapter.dim))
-    if not sizes:
-        return None
-    seen: dict[str, torch.Tensor | float] = {}
-    sdpa = F.scaled_dot_product_attention
-
-    def spy(q, k, v, *args, **kwargs):
-        if "x" in seen and "q" not in seen:
-            seen["q"], seen["k"] = q.detach(), k.detach()
-            scale = kwargs.get("scale", args[3] if len(args) > 3 else None)  # (mask, dropout, causal, scale)
-            seen["scale"] = q.shape[-1] ** -0.5 if scale is None else scale
-        return sdpa(q, k, v, *args, **kwargs)
-
-    def grab(module, args, kwargs):
-        seen.setdefault("x", adapter.input_tokens(args, kwargs).detach())
-
-    def stop(module, args, output):
-        raise _Stop
-
-    c, h, w = sizes[0]
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(dtype)
-    F.scaled_dot_product_attention = spy
-    try:
-        ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True),
-                                       adapter.module.register_forward_hook(stop)])
-    finally:
-        F.scaled_dot_product_attention = sdpa
-    if not ok:
-        return None
-    if "q" not in seen:
-        return None
-    q_a, k_a = adapter.qk_features(seen["x"].float())
-    ours = q_a @ k_a.transpose(-2, -1) * adapter.scale
-    q, k = seen["q"].float(), seen["k"].float()
-    if q.shape != q_a.shape or k.shape != k_a.shape:
-        return None
-    real = q @ k.transpose(-2, -1) * float(seen["scale"])
-    return float((real - ours).norm() / ours.norm().clamp_min(1e-12))
 
 
 use_traced_discovery(consistent, traced_discovery)

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
-from structinit.adapters.position import NOT_FOUND
+from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, select_layers
+from structinit.adapters.position import find_position_embedding
+from structinit.adapters.position_input import layer_position_input
+from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
-from structinit.analysis.capture import check_all_called, run_with_hooks
-from structinit.functional.attention import layer_norm_tokens
+from structinit.adapters.token_order import canonical, is_identity, token_order
+from structinit.adapters.verify import real_maps
 from structinit.functional.targets import Offset, target_index
 from structinit.schemes.records import get_record
-from structinit.utils import check_finite
 
 
 def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
@@ -84,31 +85,27 @@ def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -
     return out
 
 
-def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
-    """The papers' pseudo input X̃ = LayerNorm(PE), (1, N, D) float32, from the grid rows of the
-    model's position embedding (or ``pos_embed``); a clear error if there is none."""
-    pe = pos_embed if pos_embed is not None else grid_pos_embed(model, layout)
-    if pe is None:
-        raise ValueError(f"{NOT_FOUND}; pass pos_embed=<(N, D) tensor> or images")
-    check_finite("pos_embed", pe)
-    rows = pe.detach().reshape(-1, pe.shape[-1])
-    if rows.shape[0] != layout.num_patches:
-        raise ValueError(f"pos_embed has {rows.shape[0]} rows, but the layout has {layout.num_patches} grid "
-                         f"tokens ({layout.grid[0]}×{layout.grid[1]}); pass the (N, D) grid rows")
-    return layer_norm_tokens(rows[None]).float()
-
-
-def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayout,
-                         pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What a layer attends with position alone, as (tokens, call terms): for a relative-bias
-    layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the bias (a
-    bias the layer receives with its call comes back as the terms); otherwise
-    :func:`position_only_input` (1, N, D) and no terms."""
-    rb = layer_relative_bias(model, name, adapter)
-    if rb is None:
-        return position_only_input(model, layout, pos_embed), None
-    terms = rb.bias().detach().float()[None] if rb.received else None
-    return torch.zeros(1, layout.num_tokens, adapter.dim), terms
+def add_scores(sums: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, open_pairs: torch.Tensor | None,
+               targets: list[torch.Tensor], num_patches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sums`` (heads, 2: mass, hits) and ``counts`` (heads,) plus one layer's maps ``probs``
+    (B, H, T, T): for each head h, the mass on its target and whether the row's argmax is the
+    target, over the grid rows whose target (``targets[h]``, grid indices, −1 outside) is
+    inside the grid and open in the call (``open_pairs``); the first T − ``num_patches`` tokens
+    are prefix tokens."""
+    sums, counts = sums.clone(), counts.clone()
+    prefix = probs.shape[-1] - num_patches
+    arg = probs.argmax(-1)
+    for h, t in enumerate(targets):
+        rows = torch.nonzero(t >= 0).squeeze(1) + prefix
+        cols = t[rows - prefix] + prefix
+        on_target = probs[:, h, rows, cols]
+        hits = (arg[:, h, rows] == cols).double()
+        weight = (torch.ones_like(on_target, dtype=torch.float64) if open_pairs is None else
+                  open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols].double().expand_as(hits))
+        sums[h, 0] += (on_target.double() * weight).sum()
+        sums[h, 1] += (hits * weight).sum()
+        counts[h] += weight.sum()
+    return sums, counts
 
 
 @torch.no_grad()
@@ -131,7 +128,11 @@ def impulse_fidelity(
     the grid and is not masked in the call, and over all images. Layers with fewer heads than
     the widest have NaN in the extra columns.
 
-    With ``images`` the model runs forward and each layer sees its real input. With
+    With ``images`` the model runs forward and each layer is scored on the attention
+    probabilities it computes itself, captured from its own softmax (or
+    ``scaled_dot_product_attention``, or ``nn.MultiheadAttention``), whatever it does to q and k
+    on the way (:func:`structinit.adapters.verify.real_maps`), in grid order even when the model
+    shuffles its tokens (MAE's encoder; :mod:`structinit.adapters.token_order`). With
     ``images=None`` every layer is fed the position-only pseudo input LayerNorm(PE) (the
     grid rows of the model's position embedding, or ``pos_embed``), as in the papers; a layer
     with a relative position bias gets content-free zero tokens instead.
@@ -156,41 +157,55 @@ def impulse_fidelity(
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     targets = [[target_index(lay.grid, o) for o in layer] for lay, layer in zip(layouts, offs)]
 
-    def reduce(i: int, x: torch.Tensor, terms: torch.Tensor | None, real: bool) -> None:
-        if real:  # real tokens: prefix + grid, in the layer's layout
-            layouts[i].check_tokens(x.shape[-2], f"attention layer {chosen[i][0]!r}")
-        prefix = x.shape[-2] - layouts[i].num_patches  # the position-only input of a plain layer has none
-        probs = chosen[i][1].attention_probs(x.float(), terms)  # (B, H, T, T)
-        arg = probs.argmax(-1)
-        open_pairs = reachable(terms)  # (B, 1 or H, T, T) or None
-        for h, t in enumerate(targets[i]):
-            rows = torch.nonzero(t >= 0).squeeze(1) + prefix
-            cols = t[rows - prefix] + prefix
-            on_target = probs[:, h, rows, cols]
-            hits = (arg[:, h, rows] == cols).double()
-            weight = (torch.ones_like(on_target, dtype=torch.float64) if open_pairs is None else
-                      open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols].double().expand_as(hits))
-            sums[i, h, 0] += (on_target.double() * weight).sum()
-            sums[i, h, 1] += (hits * weight).sum()
-            counts[i, h] += weight.sum()
+    def reduce(i: int, probs: torch.Tensor, open_pairs: torch.Tensor | None) -> None:
+        sums[i], counts[i] = add_scores(sums[i], counts[i], probs, open_pairs, targets[i], layouts[i].num_patches)
 
     if images is None:
         for i, ((name, ad), lay) in enumerate(zip(chosen, layouts)):
-            reduce(i, *layer_position_input(model, name, ad, lay, pos_embed), real=False)
+            x, terms = layer_position_input(model, name, ad, lay, pos_embed)
+            reduce(i, ad.attention_probs(x.float(), terms), reachable(terms))
     else:
-        was_training = model.training
-        model.eval()
-        try:
-            for start in range(0, images.shape[0], batch_size):
-                run_with_hooks(model, images[start : start + batch_size], chosen,
-                               lambda i, x, terms: reduce(i, x, terms, real=True), with_terms=True)
-        finally:
-            model.train(was_training)
-        check_all_called(chosen, (counts.sum(1) > 0).tolist())
+        reorders = _reorders(model, chosen, layouts)
+        for start in range(0, images.shape[0], batch_size):
+            batch = images[start : start + batch_size]
+            order = _order(model, chosen, layouts, batch) if reorders else None
+            for i, real in enumerate(real_maps(model, batch, chosen)):
+                layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
+                probs = real.probs
+                if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
+                    probs = canonical(probs, order)  # same seed, same order: the maps back in grid order
+                reduce(i, probs, real.open_pairs)
     valid = counts > 0
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
     return {"mass": mass, "hit": hit}
+
+
+def _order(model: nn.Module, chosen, layouts, inputs) -> torch.Tensor | None:
+    """The grid index of each token the first chosen layer receives in a forward of ``inputs``
+    (:func:`~structinit.adapters.token_order.token_order`, with the seed every probe uses), or
+    None for a layer with a relative position bias or a model without a position embedding."""
+    name, ad = chosen[0]
+    pe = find_position_embedding(model).pos_embed
+    if pe is None or layer_relative_bias(model, name, ad) is not None:
+        return None
+    return token_order(model, ad, pe, layouts[0].num_patches, inputs)
+
+
+def _reorders(model: nn.Module, chosen, layouts) -> bool:
+    """Whether the model puts its tokens out of grid order before the first chosen layer, read on
+    the probe with two seeds (a random order shows in one of them at least)."""
+    inputs = probe_inputs(model, chosen, count=1)
+    if inputs is None:
+        return False
+    pe = find_position_embedding(model).pos_embed
+    if pe is None or layer_relative_bias(model, *chosen[0]) is not None:
+        return False
+    for seed in (0, 1):
+        order = token_order(model, chosen[0][1], pe, layouts[0].num_patches, inputs, seed=seed)
+        if order is not None and not is_identity(order):
+            return True
+    return False
 
 
 @dataclass(frozen=True)

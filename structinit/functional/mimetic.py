@@ -252,7 +252,8 @@ def mimetic_vo(
     generator: torch.Generator | None = None, reference_layout: bool = False, with_target: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Wv (D, inner), Wo (inner, D) and M (D×D) with Wv Wo = M = γZ − δI (its rank-``inner``
-    truncation when inner < D), so that x ↦ o(v(x)) is x ↦ x M. M is None with
+    truncation when inner < D; with inner > D the extra channels are zero), so that
+    x ↦ o(v(x)) is x ↦ x M. M is None with
     ``with_target=False`` and a circular noise narrower than D (nothing else needs it).
 
     ``reference_layout=True`` reproduces the public ports, which store L and R in
@@ -264,14 +265,18 @@ def mimetic_vo(
     check_number("delta", delta)
     if reference_layout and inner != dim:
         raise ValueError("reference_layout=True needs square value/output projections")
+    rank = min(inner, dim)  # a value path wider than the model (x-transformers' heads·dim_head > D) has rank D
     if noise == "circular":
-        left, right, m = circular_factors(dim, inner, gamma, -delta, with_target=with_target and inner < dim,
+        left, right, m = circular_factors(dim, rank, gamma, -delta, with_target=with_target and inner < dim,
                                           generator=generator)
         left, right = left[0], right[0]
         m = m[0] if m is not None else (left @ right if with_target else None)
     else:
         left, right, m = mimetic_factors(dim, gamma, -delta, noise=noise, generator=generator)
-        left, right = left[:, :inner], right[:inner]
+        left, right = left[:, :rank], right[:rank]
+    if inner > rank:  # the extra value channels read and write nothing: Wv Wo is still M
+        left = torch.cat([left, left.new_zeros(dim, inner - rank)], 1)
+        right = torch.cat([right, right.new_zeros(inner - rank, dim)], 0)
     if reference_layout:
         return left.T.clone(), right.T.clone(), m
     return left, right, m

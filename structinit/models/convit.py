@@ -134,6 +134,10 @@ class GPSAAdapter(AttentionAdapter):
     def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
         return self.module.mix(super().attention_probs(x, terms))
 
+    def observed_probs(self, maps, shape):
+        content = super().observed_probs(maps[:1], shape)  # the content softmax comes first, then the gated mix
+        return None if content is None else self.module.mix(content)
+
 
 register_adapter(GPSA, GPSAAdapter)
 

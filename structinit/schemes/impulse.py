@@ -11,10 +11,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.registry import layer_relative_bias
-from structinit.adapters.trace import real_logits_gap
+from structinit.adapters.registry import attention_survey, layer_relative_bias
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import (
@@ -24,6 +23,7 @@ from structinit.functional.targets import (
     enumerated_offsets,
     random_offsets,
 )
+from structinit.schemes.checks import check_settable, impulse_check, note_layers
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
@@ -133,6 +133,10 @@ def plan_impulse(
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     chosen = select_layers(find_attention_layers(model), layers)
+    skipped = attention_survey(model).skipped() if layers is None else []
+    if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
+        _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
+    _check_can_set(model, chosen)  # what the model computes decides next: a layout error would hide it
     biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
     relative = [b is not None for b in biases]
     if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
@@ -147,6 +151,8 @@ def plan_impulse(
         plan = Plan()
         plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
+        _add_check(plan, model, chosen, per_layer, [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases])
+        note_layers(plan, model, "impulse", chosen, skipped)
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
@@ -157,7 +163,6 @@ def plan_impulse(
     gen = make_generator(generator, seed)
     offsets = solver_obj.default_offsets if offsets is None else offsets
     per_layer = _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen)
-    _check_adapter_is_the_real_attention(model, *chosen[0])  # after the options: it runs a probe
 
     plan = Plan()
     pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
@@ -169,13 +174,17 @@ def plan_impulse(
         reservation = resolve_reservation(model, chosen, stored, reserve, "impulse", layout)
     x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
     specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, per_layer)]
+    written = []
     for (_, ad), solved in zip(chosen, solver_obj.solve(x, layout.grid, specs, gen)):
         record = {"offsets": list(solved.offsets), "grid": layout.grid,
                   "num_prefix_tokens": layout.num_prefix_tokens, "solver": solver}
         plan.add_qk(ad, solved.wq, solved.wk, record=record)
+        written.append(list(solved.offsets))
     _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
     if reservation is not None:
         reservation.plan(plan)
+    _add_check(plan, model, chosen, written, [layout] * len(chosen))
+    note_layers(plan, model, "impulse", chosen, skipped)
     return plan
 
 
@@ -187,17 +196,24 @@ def _plan_values(plan: Plan, chosen, value_init: str, gamma: float, delta: float
             plan.add(ad.vo_writes(wv, wo))
 
 
-def _check_adapter_is_the_real_attention(model: nn.Module, name: str, adapter) -> None:
-    """Impulse designs the logits from the adapter's q/k; a module that changes q and k after
-    their projections (rotary position embeddings) would not reach the target maps."""
-    gap = real_logits_gap(model, name, adapter)
-    if gap is not None and gap > 1e-3:
-        raise ValueError(
-            f"impulse cannot set the attention of layer {name!r} ({type(adapter.module).__name__}): the q and k it "
-            f"really uses differ from those of its projections (logits off by {gap:.0%}), as when rotary position "
-            "embeddings (RoPE) rotate them by position, so the written q/k would not give the impulse maps. "
-            "Use a position-free scheme such as 'mimetic', or register an adapter whose qk_features apply the "
-            "model's transform (structinit.register_adapter)")
+def _check_can_set(model: nn.Module, chosen) -> None:
+    """Every chosen layer computes plain softmax(q kᵀ·scale + bias) from the q/k impulse writes,
+    as the model's own forward shows (:func:`~structinit.schemes.checks.check_settable`), and
+    normalises neither q nor k: the solvers design q kᵀ itself."""
+    check_settable(model, chosen, "impulse")
+    for name, ad in chosen:
+        if ad.qk_normalised and layer_relative_bias(model, name, ad) is None:
+            raise ValueError(
+                f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): q and k are "
+                "normalised after their projections (q_norm/k_norm), and the impulse solvers design q kᵀ before "
+                "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
+                "the model without the q/k norm for the init")
+
+
+def _add_check(plan: Plan, model: nn.Module, chosen, offsets, layouts) -> None:
+    check = impulse_check(model, chosen, offsets, layouts)
+    if check is not None:
+        plan.checks.append(check)
 
 
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")

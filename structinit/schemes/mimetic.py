@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.registry import attention_survey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
+from structinit.schemes.checks import TRANSFORMS, check_settable, mimetic_check, note_layers
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
@@ -59,6 +61,9 @@ def plan_mimetic(
     check_choice("noise", noise, NOISE)
     reserve = check_choice("reserve", "none" if reserve is None else reserve, RESERVE_MODES)
     chosen = select_layers(find_attention_layers(model), layers)
+    # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
+    # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
+    check_settable(model, chosen, "mimetic", accept=TRANSFORMS)
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
@@ -82,6 +87,10 @@ def plan_mimetic(
         plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
         reservation.plan(plan)
+    check = mimetic_check(model, chosen)
+    if check is not None:
+        plan.checks.append(check)
+    note_layers(plan, model, "mimetic", chosen, attention_survey(model).skipped() if layers is None else [])
     return plan
 
 

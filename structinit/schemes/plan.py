@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import AttentionAdapter
-from structinit.schemes.records import set_record
+from structinit.schemes.records import get_record, set_record
 
 
 @dataclass
@@ -24,6 +24,11 @@ class Plan:
     writes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     records: list[tuple[nn.Module, str, dict | None]] = field(default_factory=list)
     actions: list[Callable[[], None]] = field(default_factory=list)
+    # Run after the writes, on the model as written; one that raises undoes every write and
+    # record, then its error propagates (structinit.schemes.checks).
+    checks: list[Callable[[], None]] = field(default_factory=list)
+    # Layers the scheme left alone on purpose, (name, why), for the caller to report.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for dst, value in pairs:
@@ -46,10 +51,35 @@ class Plan:
         self.records.append((adapter.module, "impulse", record))
 
     def commit(self) -> None:
+        """Apply the plan; when a check fails, restore every written tensor and record (actions
+        cannot be undone, so a plan with actions has no checks) and raise its error."""
+        if self.checks and self.actions:
+            raise RuntimeError("internal: a plan with actions cannot be checked and undone")
+        saved = self._save() if self.checks else None
         for action in self.actions:
             action()
+        self._apply(self.writes, self.records)
+        try:
+            for check in self.checks:
+                check()
+        except BaseException:
+            self._apply(*saved)
+            raise
+
+    def _save(self):
+        tensors, seen = [], set()
+        for dst, _ in self.writes:
+            key = (dst.data_ptr(), tuple(dst.shape), dst.stride())
+            if key not in seen:
+                seen.add(key)
+                tensors.append((dst, dst.detach().clone()))
+        records = [(module, kind, get_record(module, kind)) for module, kind, _ in self.records]
+        return tensors, records[::-1]  # restored last-first, so the oldest state wins
+
+    @staticmethod
+    def _apply(writes, records) -> None:
         with torch.no_grad():
-            for dst, value in self.writes:
+            for dst, value in writes:
                 dst.copy_(value.to(device=dst.device, dtype=dst.dtype))
-        for module, kind, record in self.records:
+        for module, kind, record in records:
             set_record(module, kind, record)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import adapter_for, is_depthwise, is_ssm, is_token_mixing
+from structinit.adapters.registry import attention_survey
 from structinit.schemes.plan import Plan
 from structinit.utils import OptionError, Registry, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
@@ -165,12 +167,22 @@ def in_place(planner: Callable[..., Plan], name: str) -> Callable[..., nn.Module
     @functools.wraps(planner)
     def init(model: nn.Module, *args, **options) -> nn.Module:
         check_call(planner, model, args, options, name)
-        run_planner(planner, model, args, options, name).commit()
+        commit_and_report(run_planner(planner, model, args, options, name), name)
         return model
 
     init.__name__ = init.__qualname__ = name
     init.__signature__ = inspect.signature(planner).replace(return_annotation=nn.Module)
     return init
+
+
+def commit_and_report(plan: Plan, what: str) -> None:
+    """``plan.commit()``, then a warning that lists the layers the scheme left alone on purpose
+    (attention-pooling heads), if any: the caller must not believe they were initialised."""
+    plan.commit()
+    if plan.skipped:
+        warnings.warn(f"{what} left alone: " + "; ".join(f"{n} ({why})" for n, why in plan.skipped)
+                      + "; they are not self-attention over the tokens (structinit.get_record(model, 'init') "
+                      "lists them)", UserWarning, stacklevel=3)
 
 
 def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, target: str = "model",
@@ -252,9 +264,27 @@ def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, 
         check_choice("target", target, targets)
         return next(e for e in entries if e.target == target), options
     present = [e for e in entries if _PRESENT.get(e.target, lambda m: False)(model)]
+    kinds = [e.target for e in present]
+    if "attention" in targets and "attention" not in kinds and kinds:
+        # Attention no adapter claims, beside layers of another kind: the plain call must not quietly
+        # initialise the other kind instead. find_attention_layers names the attention it cannot read.
+        unknown = attention_survey(model).unknown
+        if unknown:
+            raise ValueError(
+                f"scheme {name!r} initialises attention, and {type(model).__name__} has attention that no adapter "
+                f"understands: {', '.join(f'{n} ({what})' for n, what in unknown)}; nothing was written. Register "
+                f"an adapter for it (structinit.register_adapter), or pass target={kinds[0]!r} to initialise only "
+                f"its {kinds[0]} layers")
+    if len(present) > 1 and "attention" in kinds:
+        chosen = next(e for e in present if e.target == "attention")
+        others = [t for t in kinds if t != "attention"]
+        warnings.warn(f"scheme {name!r}: {type(model).__name__} has attention and {', '.join(others)} layers; the "
+                      f"attention is initialised and the {', '.join(others)} layers are left as they are (pass "
+                      f"target={others[0]!r} to initialise those)", UserWarning, stacklevel=4)
+        return chosen, options
     if len(present) > 1:
         raise OptionError(f"target=None: scheme {name!r} exists for targets {', '.join(targets)} and "
-                          f"{type(model).__name__} has layers of each ({', '.join(e.target for e in present)}); "
+                          f"{type(model).__name__} has layers of each ({', '.join(kinds)}); "
                           f"pass target= one of {', '.join(repr(t) for t in targets)}")
     return (present or entries)[0], options
 
@@ -292,5 +322,5 @@ def init_(model: nn.Module, scheme: str, **options) -> nn.Module:
         >>> model = structinit.create_model("vit_tiny_patch2_32")
         >>> _ = structinit.init_(model, "impulse", kernel_size=3, seed=0)
     """
-    plan_init(model, scheme, **options).commit()
+    commit_and_report(plan_init(model, scheme, **options), f"scheme {scheme!r}")
     return model

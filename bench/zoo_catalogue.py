@@ -1,0 +1,263 @@
+"""The zoo's catalogue: ViT-family models built from code (no weights) by timm, torchvision,
+vit-pytorch, open_clip, Hugging Face transformers, x-transformers and by hand, each with what
+structinit's attention schemes are expected to do on it.
+
+An entry's ``refused`` maps a scheme to a regular expression its clear error must match; a
+scheme not listed must work. ``skipped`` names the modules the schemes must leave alone (and
+list): attention-pooling, class-attention or reduced-key heads. Small configurations are used
+where a package allows them without leaving the architecture family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+import structinit
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One catalogue entry: ``build()`` returns the model (random weights), which takes
+    (B, 3, image_size, image_size) images."""
+
+    name: str
+    package: str
+    build: Callable[[], nn.Module]
+    image_size: int
+    what: str
+    refused: dict[str, str] = field(default_factory=dict)  # scheme → what its clear error says (a regex)
+    skipped: tuple[str, ...] = ()  # modules every attention scheme leaves alone, by name
+
+
+# -- builders, one per package ---------------------------------------------------------------
+
+def _timm(name: str, **kw) -> Callable[[], nn.Module]:
+    def build():
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw)
+    return build
+
+
+def _torchvision(name: str) -> Callable[[], nn.Module]:
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, num_classes=10)
+    return build
+
+
+VITPYTORCH_SMALL = dict(image_size=32, patch_size=4, num_classes=10, dim=96, depth=4, heads=3, mlp_dim=192,
+                        dim_head=32)
+
+
+def _vit_pytorch(module: str, cls: str, base: dict | None = None, **kw) -> Callable[[], nn.Module]:
+    def build():
+        options = (VITPYTORCH_SMALL if base is None else base) | kw
+        return getattr(importlib.import_module(f"vit_pytorch.{module}"), cls)(**options)
+    return build
+
+
+def _open_clip(name: str) -> Callable[[], nn.Module]:
+    def build():
+        import open_clip
+
+        return open_clip.create_model(name, pretrained=None).visual
+    return build
+
+
+HF_SMALL = dict(image_size=32, patch_size=4, hidden_size=96, num_attention_heads=3, num_hidden_layers=4,
+                intermediate_size=192)
+
+
+def _huggingface(config: str, model: str, base: dict | None = None, **kw) -> Callable[[], nn.Module]:
+    """A Hugging Face model from its config: ``base`` (default the small ViT's) updated by ``kw``."""
+    def build():
+        import transformers
+
+        options = (HF_SMALL if base is None else base) | kw
+        return getattr(transformers, model)(getattr(transformers, config)(**options))
+    return build
+
+
+def _x_transformers(**encoder) -> Callable[[], nn.Module]:
+    def build():
+        from x_transformers import Encoder, ViTransformerWrapper
+
+        layers = Encoder(dim=96, depth=2, heads=3, **encoder)
+        return ViTransformerWrapper(image_size=32, patch_size=4, num_classes=10, attn_layers=layers)
+    return build
+
+
+class EncoderViT(nn.Module):
+    """A ViT written on ``nn.TransformerEncoder``: patch conv, class token, learned PE,
+    pre-norm encoder layers (``nn.MultiheadAttention`` inside), class-token head."""
+
+    def __init__(self, image_size=32, patch=4, dim=96, depth=4, heads=3, classes=10):
+        super().__init__()
+        self.image_size = image_size
+        self.patchify = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.positions = nn.Parameter(torch.randn(1, (image_size // patch) ** 2 + 1, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = self.patchify(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1) + self.positions
+        return self.head(self.encoder(x)[:, 0])
+
+
+class ShuffledEncoderViT(nn.Module):
+    """An MAE-style encoder at mask ratio 0: structinit's ViT whose tokens are put in a random
+    order (``torch.rand`` noise, argsort) after the position embedding is added, as MAE's
+    random masking does before the blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.vit = structinit.create_model("vit_tiny_patch4_32", depth=2)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        vit = self.vit
+        x = vit.patch_embed(img) + vit.pos_embed
+        order = torch.rand(x.shape[0], x.shape[1], device=x.device).argsort(1)
+        x = torch.gather(x, 1, order[..., None].expand_as(x))
+        return vit.head(vit.norm(vit.blocks(x)).mean(1))
+
+
+def _hand(cls) -> Callable[[], nn.Module]:
+    return cls
+
+
+ROPE = "rotated by position"
+NO_ADAPTER = "attention that no adapter understands"
+
+
+CATALOGUE: tuple[ZooModel, ...] = (
+    # -- timm -------------------------------------------------------------------------------
+    ZooModel("timm_vit_tiny_patch16_224", "timm", _timm("vit_tiny_patch16_224"), 224, "ViT-Ti/16"),
+    ZooModel("timm_deit_tiny_distilled_patch16_224", "timm", _timm("deit_tiny_distilled_patch16_224"), 224,
+             "DeiT-Ti, class + distillation token"),
+    ZooModel("timm_vit_small_patch16_224_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4),
+             32, "ViT-S at 32 px, patch 4"),
+    ZooModel("timm_vit_base_patch14_reg4_dinov2", "timm", _timm("vit_base_patch14_reg4_dinov2", img_size=224),
+             224, "DINOv2 ViT-B/14, 4 registers, LayerScale (224 px)"),
+    ZooModel("timm_vit_medium_patch16_gap_256", "timm", _timm("vit_medium_patch16_gap_256"), 256,
+             "no class token, global average pool"),
+    ZooModel("timm_eva02_tiny_patch14_224", "timm", _timm("eva02_tiny_patch14_224"), 224,
+             "EVA-02: absolute PE and RoPE, SwiGLU", refused={"impulse": ROPE}),
+    ZooModel("timm_vit_small_dynamic_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4,
+                                                          dynamic_img_size=True), 32, "dynamic_img_size=True"),
+    ZooModel("timm_swin_tiny_patch4_window7_224", "timm", _timm("swin_tiny_patch4_window7_224"), 224,
+             "Swin-T: shifted 7×7 windows, relative position bias, patch merging"),
+    ZooModel("timm_beit_base_patch16_224", "timm", _timm("beit_base_patch16_224"), 224,
+             "BEiT-B: relative position bias with class-token rows, no absolute PE"),
+    ZooModel("timm_beit_shared_rel_pos_bias", "timm",
+             _timm("beit_base_patch16_224", use_rel_pos_bias=False, use_shared_rel_pos_bias=True, depth=4), 224,
+             "BEiT-B (4 layers), one relative bias table shared by every layer"),
+    ZooModel("timm_deit3_small_32px", "timm", _timm("deit3_small_patch16_224", img_size=32, patch_size=4, depth=4),
+             32, "DeiT-III: LayerScale, no PE on the class token"),
+    ZooModel("timm_vit_qk_norm_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4, depth=4,
+                                                    qk_norm=True), 32, "per-head LayerNorm on q and k",
+             refused={"impulse": "q and k are normalised"}),
+    ZooModel("timm_vit_map_head_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4, depth=4,
+                                                     class_token=False, global_pool="map"), 32,
+             "attention-pooling head (one learned query)", skipped=("attn_pool",)),
+    ZooModel("timm_vit_rope_mixed_32px", "timm", _timm("vit_base_patch16_rope_mixed_224", img_size=32,
+                                                       patch_size=4, depth=2, embed_dim=96, num_heads=3), 32,
+             "2-D RoPE with learned mixed frequencies", refused={"impulse": ROPE}),
+    ZooModel("timm_vit_relpos_small_32px", "timm", _timm("vit_relpos_small_patch16_224", img_size=32, patch_size=4,
+                                                         depth=4), 32, "relative position bias from an MLP",
+             refused={"impulse": "logit term that does not depend on content"}),
+    ZooModel("timm_cait_xxs24_32px", "timm", _timm("cait_xxs24_224", img_size=32, patch_size=4, depth=2), 32,
+             "CaiT: talking heads, class-attention blocks",
+             refused={"impulse": "heads are mixed before the softmax", "mimetic": "diagonal of strength"}),
+    ZooModel("timm_convit_tiny_32px", "timm", _timm("convit_tiny", img_size=32, patch_size=4, depth=4,
+                                                    local_up_to_layer=2), 32, "ConViT: gated positional (GPSA) layers",
+             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
+    ZooModel("timm_twins_pcpvt_small_64px", "timm", _timm("twins_pcpvt_small", img_size=64, depths=(1, 1, 1, 1)), 64,
+             "Twins-PCPVT: reduced-key attention, positional depthwise convs, no position embedding",
+             refused={"impulse": "cannot infer the token grid"},
+             skipped=("blocks.0.0.attn", "blocks.1.0.attn", "blocks.2.0.attn")),
+    ZooModel("timm_xcit_nano_12_p16_64px", "timm", _timm("xcit_nano_12_p16_224", img_size=64, depth=2), 64,
+             "XCiT: cross-covariance attention (a d×d map over channels), class attention",
+             refused={"impulse": "forms no softmax", "mimetic": "forms no softmax"}),
+    ZooModel("timm_pit_ti_224", "timm", _timm("pit_ti_224"), 224,
+             "PiT: pooling stages, position embedding stored (1, D, h, w)",
+             refused={"impulse": "channels first"}),
+    # -- torchvision --------------------------------------------------------------------------
+    ZooModel("tv_vit_b_16", "torchvision", _torchvision("vit_b_16"), 224, "class token `class_token`"),
+    ZooModel("tv_vit_b_32", "torchvision", _torchvision("vit_b_32"), 224, "class token `class_token`"),
+    ZooModel("tv_swin_t", "torchvision", _torchvision("swin_t"), 224,
+             "Swin-T: the attention takes a (B, H, W, C) map and cuts its own windows"),
+    # -- vit-pytorch --------------------------------------------------------------------------
+    ZooModel("vitpytorch_ViT", "vit-pytorch", _vit_pytorch("vit", "ViT"), 32, "fused `to_qkv`, norm inside"),
+    ZooModel("vitpytorch_SimpleViT", "vit-pytorch", _vit_pytorch("simple_vit", "SimpleViT"), 32,
+             "sin-cos PE as a plain tensor attribute"),
+    ZooModel("vitpytorch_DistillableViT", "vit-pytorch", _vit_pytorch("distill", "DistillableViT"), 32,
+             "the student ViT of DistillWrapper"),
+    ZooModel("vitpytorch_ViT_patch_dropout", "vit-pytorch", _vit_pytorch("vit_with_patch_dropout", "ViT"), 32,
+             "PE without a class-token row"),
+    ZooModel("vitpytorch_SimpleViT_qk_norm", "vit-pytorch",
+             _vit_pytorch("simple_vit_with_qk_norm", "SimpleViT"), 32, "q/k RMSNorm inside a fused-qkv attention",
+             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
+    ZooModel("vitpytorch_SimpleViT_registers", "vit-pytorch",
+             _vit_pytorch("simple_vit_with_register_tokens", "SimpleViT", num_register_tokens=4), 32,
+             "register tokens appended after the grid", refused={"impulse": "cannot infer the token grid"}),
+    ZooModel("vitpytorch_ViT_small_dataset_LSA", "vit-pytorch", _vit_pytorch("vit_for_small_dataset", "ViT"), 32,
+             "LSA: learned temperature, masked diagonal; shifted-patch tokenisation",
+             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
+    ZooModel("vitpytorch_CaiT", "vit-pytorch",
+             _vit_pytorch("cait", "CaiT", cls_depth=1, depth=2, dropout=0.0, emb_dropout=0.0, layer_dropout=0.0), 32,
+             "CaiT: talking heads, class attention",
+             refused={"impulse": "heads are mixed before the softmax", "mimetic": "diagonal of strength"}),
+    ZooModel("vitpytorch_RvT", "vit-pytorch",
+             _vit_pytorch("rvt", "RvT", use_rotary=True, use_ds_conv=False, use_glu=False), 32,
+             "RvT: 2-D rotary embedding", refused={"impulse": ROPE}),
+    # -- open_clip ----------------------------------------------------------------------------
+    ZooModel("openclip_ViT-B-32", "open_clip", _open_clip("ViT-B-32"), 224, "`.visual`, class token (D,)"),
+    ZooModel("openclip_ViT-S-32", "open_clip", _open_clip("ViT-S-32"), 224, "`.visual`, ViT-S/32"),
+    ZooModel("openclip_coca_ViT-B-32", "open_clip", _open_clip("coca_ViT-B-32"), 224,
+             "CoCa: attentional pooler (256 learned queries, cross-attention)", skipped=("attn_pool.attn",)),
+    # -- Hugging Face transformers ------------------------------------------------------------
+    ZooModel("hf_ViTForImageClassification", "transformers", _huggingface("ViTConfig", "ViTForImageClassification"),
+             32, "ViT, 32 px"),
+    ZooModel("hf_DeiTForImageClassificationWithTeacher", "transformers",
+             _huggingface("DeiTConfig", "DeiTForImageClassificationWithTeacher"), 32, "DeiT, distillation token"),
+    ZooModel("hf_SwinForImageClassification", "transformers",
+             _huggingface("SwinConfig", "SwinForImageClassification", dict(
+                 image_size=32, patch_size=2, embed_dim=48, depths=[2, 2, 2], num_heads=[2, 4, 8], window_size=4)),
+             32, "Swin, shifted 4×4 windows, flattened relative index, mask passed by position"),
+    ZooModel("hf_BeitForImageClassification", "transformers",
+             _huggingface("BeitConfig", "BeitForImageClassification", use_relative_position_bias=True), 32,
+             "BEiT, each layer's relative bias held beside the attention and handed to it"),
+    ZooModel("hf_Dinov2Model", "transformers", _huggingface("Dinov2Config", "Dinov2Model"), 32,
+             "DINOv2, LayerScale"),
+    ZooModel("hf_Dinov2WithRegistersModel", "transformers",
+             _huggingface("Dinov2WithRegistersConfig", "Dinov2WithRegistersModel", num_register_tokens=4), 32,
+             "DINOv2 with 4 registers that have no position rows"),
+    ZooModel("hf_CLIPVisionModel", "transformers", _huggingface("CLIPVisionConfig", "CLIPVisionModel"), 32,
+             "CLIP vision tower: q/k/v/out_proj, pre-LayerNorm"),
+    ZooModel("hf_SiglipVisionModel", "transformers",
+             _huggingface("SiglipVisionConfig", "SiglipVisionModel", vision_use_head=True), 32,
+             "SigLIP: multihead attention-pooling (MAP) head", skipped=("head.attention",)),
+    ZooModel("hf_ViTMAEModel", "transformers", _huggingface("ViTMAEConfig", "ViTMAEModel", mask_ratio=0.0), 32,
+             "MAE encoder at mask ratio 0: tokens shuffled in the forward"),
+    # -- x-transformers -----------------------------------------------------------------------
+    ZooModel("xt_ViTransformerWrapper", "x-transformers", _x_transformers(), 32,
+             "separate `to_q`, `to_k`, `to_v`, `to_out`"),
+    ZooModel("xt_ViTransformerWrapper_rotary", "x-transformers", _x_transformers(rotary_pos_emb=True), 32,
+             "rotary position embedding on q and k", refused={"impulse": ROPE}),
+    # -- by hand ------------------------------------------------------------------------------
+    ZooModel("torch_TransformerEncoder_ViT", "torch", _hand(EncoderViT), 32, "nn.TransformerEncoder (this file)"),
+    ZooModel("hand_ShuffledEncoderViT", "torch", _hand(ShuffledEncoderViT), 32,
+             "MAE-style random token order after the PE (this file)"),
+)
+BY_NAME = {m.name: m for m in CATALOGUE}
+PACKAGES = ("timm", "torchvision", "vit_pytorch", "open_clip", "transformers", "x_transformers")

@@ -1,0 +1,255 @@
+"""What a model's attention really computes: the attention probabilities each layer forms in
+its own forward, captured where they are made.
+
+One forward pass runs under a :class:`~torch.overrides.TorchFunctionMode` that sees every
+``softmax`` (function, method or ``torch.softmax``), every
+``torch.nn.functional.scaled_dot_product_attention`` and every
+``torch.nn.functional.multi_head_attention_forward`` (``nn.MultiheadAttention``, which the mode
+also keeps off its fused fast path). Module hooks say which module is running, so each map is
+filed under the innermost module that made it. A map is kept when it is *attention-shaped*:
+a softmax over the last axis of a tensor of three or more axes, i.e. (…, queries, keys).
+
+For softmax the logits are its input; for ``scaled_dot_product_attention`` they are the q kᵀ·scale
+(plus mask) of the very q and k the module hands it, after any rotation or norm; for
+``nn.MultiheadAttention`` the probabilities come from torch's own function run again with
+``need_weights=True`` (no logits). Nothing here reads an adapter's idea of the layer: this is
+the ground truth the adapters are checked against (:mod:`structinit.adapters.verify`).
+
+The forward runs in eval mode without gradients, with torch's global random state forked and
+seeded, so a probe neither consumes the caller's random numbers nor sees a different random
+token order (an MAE-style shuffle) from one probe to the next.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+_SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
+_SDPA = F.scaled_dot_product_attention
+_MHA = F.multi_head_attention_forward
+_MHA_SIGNATURE = inspect.signature(_MHA)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+# Leaf modules that only carry a softmax or pass tensors through: a map made in one belongs to
+# its parent (vit-pytorch's ``attend = nn.Softmax(dim=-1)``).
+_CARRIERS = (nn.Softmax, nn.Dropout, nn.Identity)
+
+
+@dataclass
+class AttentionMap:
+    """One attention-shaped softmax a module computed: ``probs`` (…, Tq, Tk) float32, and the
+    ``logits`` it came from (same shape, up to a constant per row) when they were visible."""
+
+    probs: torch.Tensor
+    logits: torch.Tensor | None
+    source: str  # 'softmax', 'sdpa' or 'multihead'
+    q: torch.Tensor | None = None  # what scaled_dot_product_attention received (B, H, Tq, r)
+    k: torch.Tensor | None = None
+
+    @property
+    def queries(self) -> int:
+        return int(self.probs.shape[-2])
+
+    @property
+    def keys(self) -> int:
+        return int(self.probs.shape[-1])
+
+
+@dataclass
+class ModuleCall:
+    """The first call of one watched module during the probe: the (B, T, D) tokens its q/k
+    projection received, the call's arguments, the maps made inside it, and its output."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    x: torch.Tensor | None = None
+    maps: list[AttentionMap] = field(default_factory=list)
+    output: object = None
+    done: bool = False
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+def _softmax_dim(args: tuple, kwargs: dict):
+    return kwargs.get("dim", args[1] if len(args) > 1 else None)
+
+
+def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
+    bound = dict(zip(_SDPA_ARGS, args)) | kwargs
+    q, k = bound["query"].detach().float(), bound["key"].detach().float()
+    if bound.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    scale = bound.get("scale")
+    logits = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    mask = bound.get("attn_mask")
+    if mask is not None:
+        mask = mask.detach()
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
+    if bound.get("is_causal"):
+        t, s = logits.shape[-2:]
+        logits = logits.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1), float("-inf"))
+    return AttentionMap(logits.softmax(-1), logits, "sdpa", q, k)
+
+
+def _mha_map(args: tuple, kwargs: dict) -> AttentionMap | None:
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+    bound.arguments["need_weights"] = True
+    bound.arguments["average_attn_weights"] = False
+    bound.arguments["is_causal"] = False  # torch needs a mask beside the hint; the mask is passed as well
+    _, weights = _MHA(*bound.args, **bound.kwargs)
+    if weights is None:
+        return None
+    probs = weights.detach().float()
+    return AttentionMap(probs if probs.ndim == 4 else probs.unsqueeze(0), None, "multihead")
+
+
+class _Spy(TorchFunctionMode):
+    """Files every attention-shaped map under the innermost running module (module doc)."""
+
+    def __init__(self, stack: list[nn.Module], sink):
+        super().__init__()
+        self.stack, self.sink = stack, sink
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.stack:
+            return out
+        found = None
+        if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3:
+            dim = _softmax_dim(args, kwargs)
+            if dim is not None and dim % out.ndim == out.ndim - 1:
+                found = AttentionMap(out.detach().float(), args[0].detach().float(), "softmax")
+        elif func is _SDPA:
+            found = _sdpa_map(args, kwargs)
+        elif func is _MHA:
+            found = _mha_map(args, kwargs)
+        if found is not None:
+            self.sink(self.stack, found)
+        return out
+
+
+def _owner(stack: list[nn.Module]) -> nn.Module:
+    for module in reversed(stack):
+        if not isinstance(module, _CARRIERS):
+            return module
+    return stack[-1]
+
+
+@torch.no_grad()
+def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Module, object]] = (),
+            *, seed: int = 0, substitute: dict[nn.Module, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+            ) -> tuple[dict[nn.Module, ModuleCall], dict[nn.Module, list[AttentionMap]]]:
+    """Run ``inputs`` through ``model`` once (module doc) and return what its attention did.
+
+    ``watched`` holds (module, input module, adapter-like) triples: for each module its first
+    call is recorded (:class:`ModuleCall`), with the tokens its input module received read by
+    ``adapter.input_tokens(args, kwargs)`` and every map made anywhere inside it. The second
+    result files every attention-shaped map of the pass under the innermost module that made
+    it (a module that only holds a softmax counts as its parent). Raises whatever the forward
+    raises; the caller decides what a failed probe means.
+
+    ``substitute`` maps a watched module to ``fn(x) -> x'``: in its first call the tokens its
+    input module receives are replaced by ``fn(x)`` (same shape), in every argument that holds
+    them (``nn.MultiheadAttention`` gets them as query, key and value), so the module's own
+    forward runs on tokens of the caller's choosing.
+    """
+    substitute = substitute or {}
+    watched = list(watched)
+    calls = {module: ModuleCall() for module, _, _ in watched}
+    by_module: dict[nn.Module, list[AttentionMap]] = {}
+    stack: list[nn.Module] = []
+    active: list[ModuleCall] = []
+
+    def sink(frames, found):
+        by_module.setdefault(_owner(frames), []).append(found)
+        for call in active:
+            call.maps.append(found)
+
+    def push(module, args):
+        stack.append(module)
+
+    def pop(module, args, output):
+        if stack and stack[-1] is module:
+            stack.pop()
+
+    handles = [nn.modules.module.register_module_forward_pre_hook(push),
+               nn.modules.module.register_module_forward_hook(pop)]
+    for module, input_module, adapter in watched:
+        call = calls[module]
+
+        def enter(mod, args, kwargs, call=call):
+            if not call.done and call not in active:
+                call.args, call.kwargs = _detached(args), _detached(kwargs)
+                active.append(call)
+
+        def leave(mod, args, kwargs, output, call=call):
+            if call in active:
+                active.remove(call)
+                call.output, call.done = _detached(output), True
+
+        swap_tokens = substitute.get(module)
+
+        def grab(mod, args, kwargs, call=call, adapter=adapter, swap=swap_tokens):
+            if call not in active or call.x is not None:
+                return None
+            try:
+                call.x = adapter.input_tokens(args, kwargs).detach()
+            except (StopIteration, AttributeError, TypeError, IndexError):
+                return None
+            if swap is None:
+                return None
+            call.x = swap(call.x)
+            return _replaced(args, kwargs, adapter.input_tokens(args, kwargs), call.x, adapter)
+
+        handles += [module.register_forward_pre_hook(enter, with_kwargs=True),
+                    input_module.register_forward_pre_hook(grab, with_kwargs=True),
+                    module.register_forward_hook(leave, with_kwargs=True)]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), _Spy(stack, sink):
+            torch.manual_seed(seed)
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return calls, by_module
+
+
+def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, adapter) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every tensor that holds the tokens ``old`` (as the adapter reads
+    them, possibly batch-first of a sequence-first input) replaced by ``new``."""
+    def swap(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value is old or (value.shape == old.shape and value.data_ptr() == old.data_ptr()):
+            return new.to(value.dtype)
+        if value.ndim == 3 and value.transpose(0, 1).shape == old.shape and torch.equal(value.transpose(0, 1), old):
+            return new.transpose(0, 1).to(value.dtype)  # nn.MultiheadAttention, sequence first
+        if value.ndim == old.ndim - 1 and value.unsqueeze(0).shape == old.shape and torch.equal(value[None], old):
+            return new[0].to(value.dtype)  # an unbatched (T, D) call
+        return value
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+
+def module_output(call: ModuleCall) -> torch.Tensor | None:
+    """The tensor a recorded call returned (the first one of a tuple, as Hugging Face's
+    attention and ``nn.MultiheadAttention`` return (output, weights)), or None."""
+    out = call.output
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return out if isinstance(out, torch.Tensor) else None

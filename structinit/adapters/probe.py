@@ -1,0 +1,144 @@
+"""The probe: images of the size a model takes, built from what it states (``image_size``,
+``img_size``, a config's, a patch embedding's) or guessed from its token tensors, for every
+check that runs a model forward to see what it really computes."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from structinit.adapters.position import square_side
+from structinit.utils import is_int
+
+# Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
+           nn.MultiheadAttention)
+_MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
+
+
+def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor]]:
+    """Free floating-point tensors of width ``dim``: parameters, buffers and plain tensor
+    attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers."""
+    out, seen = [], set()
+    for path, module in model.named_modules():
+        if isinstance(module, _LAYERS):
+            continue
+        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False),
+               *((n, t) for n, t in vars(module).items() if isinstance(t, torch.Tensor) and not n.startswith("_"))]
+        for name, t in own:
+            if t.is_floating_point() and t.ndim >= 1 and t.shape[-1] == dim and id(t) not in seen:
+                seen.add(id(t))
+                out.append((f"{path}.{name}" if path else name, t))
+    return out
+
+
+def _rows(t: torch.Tensor) -> int:
+    return int(t.numel() // t.shape[-1])
+
+
+def _pair(v) -> tuple[int, int] | None:
+    if is_int(v) and v > 0:
+        return int(v), int(v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(is_int(x) and x > 0 for x in v):
+        return int(v[0]), int(v[1])
+    return None
+
+
+def _stated(model: nn.Module, attrs) -> tuple[int, int] | None:
+    """The first (h, w) the model, its config or its patch embedding states under ``attrs``."""
+    for owner in (model, getattr(model, "config", None), getattr(model, "patch_embed", None)):
+        for attr in attrs:
+            found = _pair(getattr(owner, attr, None))
+            if found is not None:
+                return found
+    return None
+
+
+def _patch(model: nn.Module) -> tuple[int, int] | None:
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
+    return _stated(model, ("patch_size",)) or (tuple(conv.stride) if conv is not None else None)
+
+
+def _channels(model: nn.Module, patch) -> int:
+    """Input channels: a patch convolution's, else a patch Linear's in_features / (p·p), else 3."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if conv is not None:
+        return conv.in_channels
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    if first is not None and patch is not None and first.in_features % (patch[0] * patch[1]) == 0:
+        return max(1, min(first.in_features // (patch[0] * patch[1]), 4))
+    return 3
+
+
+def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
+    """(C, H, W) probe sizes to try, most likely first (module doc)."""
+    patch = _patch(model)
+    chans = _channels(model, patch)
+    stated = _stated(model, ("image_size", "img_size"))
+    if stated is not None:
+        return [(chans, *stated)]
+    if patch is None:
+        return []
+    sides = []
+    for rows in sorted({_rows(t) for _, t in candidates}, reverse=True):
+        for n in range(rows, max(rows - _MAX_ROW_SLACK, 0), -1):
+            side = square_side(n)
+            if side is not None and side not in sides:
+                sides.append(side)
+    return [(chans, s * patch[0], s * patch[1]) for s in sides]
+
+
+def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Tensor | None:
+    """``count`` probe images (count, C, H, W) in the model's dtype for a model whose attention
+    layers are ``candidates`` (name, adapter): the first size :func:`probe_sizes` gives (two by
+    default, so that a term that does not depend on content shows as one); None when no size
+    can be told."""
+    dim = candidates[0][1].dim if candidates else _common_width(model)
+    sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
+    if not sizes:
+        return None
+    return torch.randn(count, *sizes[0], generator=torch.Generator().manual_seed(0)).to(_dtype(model))
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+_COMMON_SIDES = (32, 224, 64, 16, 28, 96, 128, 256, 384)  # tried in this order by a model that states no size
+_TAKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {sizes asked: [(C, H, W)] or []}
+
+
+@torch.no_grad()
+def _taken_size(model: nn.Module, sizes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The first of ``sizes``, then of common square 3-channel sizes, that the model's forward
+    takes (a model may state no size, or have no patch convolution to read one from: vit-pytorch
+    cuts patches with a reshape); [] when none does. Kept per model and sizes asked."""
+    key = tuple(sizes)
+    known = _TAKEN.get(model, {})
+    if key in known:
+        return known[key]
+    found: list[tuple[int, int, int]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        for size in [*sizes, *((3, s, s) for s in _COMMON_SIDES if (3, s, s) not in sizes)]:
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    model(torch.zeros(1, *size, dtype=_dtype(model)))
+            except Exception:  # the wrong size (or not an image model): try the next
+                continue
+            found = [size]
+            break
+    finally:
+        model.train(was_training)
+    _TAKEN.setdefault(model, {})[key] = found
+    return found
+
+
+def _common_width(model: nn.Module) -> int | None:
+    """The input width most of the model's Linear layers take: the token width of a model whose
+    attention no adapter claims (so that it can still be probed, and that attention found)."""
+    widths = [m.in_features for m in model.modules() if isinstance(m, nn.Linear)]
+    return max(set(widths), key=widths.count) if widths else None

@@ -1,0 +1,327 @@
+"""Every attention layer an adapter claims, checked against what the model itself computes.
+
+A probe runs through the whole model (:func:`structinit.adapters.observe.observe`) and each
+adapted layer is judged on its own first call:
+
+- **self**: it forms a (T × T) softmax map over the T tokens it receives, that map equals the
+  adapter's recomputation softmax(q kᵀ·scale + bias) from the same tokens, and its output is
+  that map applied to the value projection, through the output projection (or the per-head
+  context, when the output projection sits in a sibling module);
+- **pooling**: its maps are not square: few learned queries or the class token attending to
+  the tokens (an attention-pooling or class-attention head), or keys pooled to fewer tokens.
+  It is not self-attention over the token grid; schemes leave it alone and list it;
+- **refused**: anything else, with what differs: heads mixed before the softmax (talking
+  heads), q and k rotated by position (RoPE), a norm on q and k, a logit term that does not
+  depend on content, a q/k layout other than the adapter's, no map at all (linear attention),
+  or an output that is not the map applied to v.
+
+Modules that form an attention-shaped map and that no adapter claims are listed too
+(``unknown``): a scheme must not pretend the model has no attention there.
+
+A model that cannot be probed (no image size to build a probe from, or a forward that fails)
+is judged by names and shapes only; :attr:`AttentionSurvey.probed` says which happened.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from structinit.adapters.attention import AttentionAdapter
+from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
+from structinit.utils.memo import kept
+
+# Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
+# one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
+HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
+LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
+TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one adapted layer behaved in the probe: ``kind`` 'self', 'pooling' or 'refused'
+    (with ``code``, one of this module's constants, and ``reason`` in words); ``checked`` is
+    False when the layer could not be compared with its adapter (it was judged by names)."""
+
+    name: str
+    adapter: AttentionAdapter
+    kind: str
+    code: str = ""
+    reason: str = ""
+    checked: bool = True
+
+
+@dataclass
+class AttentionSurvey:
+    """The attention of a model as its forward shows it (module doc)."""
+
+    verdicts: list[Verdict] = field(default_factory=list)
+    unknown: list[tuple[str, str]] = field(default_factory=list)  # (module name, what it computes)
+    pooling: list[tuple[str, str]] = field(default_factory=list)  # unclaimed pooling heads (name, why)
+    probed: bool = False
+
+    def of(self, kind: str) -> list[Verdict]:
+        return [v for v in self.verdicts if v.kind == kind]
+
+    def skipped(self) -> list[tuple[str, str]]:
+        """(name, why) of every attention-pooling head, claimed by an adapter or not."""
+        return [(v.name, v.reason) for v in self.of("pooling")] + self.pooling
+
+    def verdict(self, name: str) -> Verdict | None:
+        return next((v for v in self.verdicts if v.name == name), None)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """How far a probability the model computes may sit from the float32 recomputation."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
+def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tensor | None) -> torch.Tensor:
+    """q kᵀ·scale + relative bias + the call's terms, (B, H, T, T), as the adapter reads the layer."""
+    q, k = adapter.qk_features(x)
+    logits = q @ k.transpose(-2, -1) * adapter.scale
+    if adapter.relative is not None:
+        logits = logits + adapter.relative.bias().to(logits.dtype)
+    if terms is not None:
+        logits = logits + terms.to(logits.dtype)
+    return logits
+
+
+def _as(t: torch.Tensor, shape) -> torch.Tensor | None:
+    return t.reshape(shape) if t.numel() == torch.Size(shape).numel() else None
+
+
+def _finite(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+
+
+def _rows_centred(t: torch.Tensor) -> torch.Tensor:
+    """Logits with each row's mean over its finite entries removed: a softmax does not see it."""
+    finite = torch.isfinite(t)
+    mean = _finite(t).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(finite, t - mean, torch.zeros_like(t))
+
+
+def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, x: torch.Tensor,
+             terms: torch.Tensor | None) -> tuple[str, str]:
+    """(code, words) for a layer whose real map differs from the adapter's (module doc)."""
+    ours_logits = _rows_centred(adapter_logits(adapter, x.float(), terms))
+    shape = ours_logits.shape
+    if real.q is not None and real.k is not None:
+        q_real = real.q if tuple(real.q.shape[:3]) == tuple(shape[:3]) else None
+        q_ours, _ = adapter.qk_features(x.float())
+        same = q_real is not None and q_real.shape == q_ours.shape and torch.allclose(q_real, q_ours, rtol=1e-3,
+                                                                                       atol=1e-5)
+        if q_real is not None and q_real.shape == q_ours.shape and not same:
+            norms_real, norms_ours = q_real.norm(dim=-1), q_ours.norm(dim=-1)
+            if torch.allclose(norms_real, norms_ours, rtol=1e-3, atol=1e-5):
+                return ROTATION, ("the q and k it really uses are its projections' rotated by position "
+                                  "(rotary position embeddings)")
+            if float(norms_real.std() / norms_real.mean().clamp_min(1e-12)) < 1e-3:
+                return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
+    if real.logits is not None and _as(real.logits, shape) is not None:
+        raw_real, raw_ours = _as(real.logits, shape), adapter_logits(adapter, x.float(), terms)
+        eye = torch.eye(shape[-1], dtype=torch.bool)
+        diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
+        if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
+            # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
+            return ROTATION, ("the q and k it really uses are its projections' rotated by position (rotary "
+                              "position embeddings): its logits keep the diagonal and differ off it")
+    if real.logits is not None:
+        real_logits = _as(real.logits, shape)
+        if real_logits is not None:
+            real_logits = _rows_centred(real_logits)
+            heads = shape[1]
+            a = ours_logits.transpose(0, 1).reshape(heads, -1).T  # (pairs, H)
+            b = real_logits.transpose(0, 1).reshape(heads, -1).T
+            design = torch.cat([a, torch.ones(len(a), 1)], 1).double()
+            mix = torch.linalg.lstsq(design, b.double()).solution
+            residual = float((design @ mix - b.double()).norm() / b.double().norm().clamp_min(1e-12))
+            if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], torch.eye(heads, dtype=mix.dtype),
+                                                                  atol=1e-3):
+                return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
+                                     "is not its own q kᵀ")
+            diff = real_logits - ours_logits
+            constant = torch.allclose(diff, diff[:1].expand_as(diff), atol=1e-3 * (1 + float(diff.abs().max())))
+            if shape[0] > 1 and constant:
+                return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
+                                       "structinit does not model)")
+    return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
+                    "packed per head, or a transform of q and k)")
+
+
+def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None) -> bool:
+    """Whether ``out`` is ``probs`` applied to the value projection of ``x`` (then the output
+    projection, or as the per-head context); True when the layer returned nothing comparable."""
+    if out is None:
+        return True
+    views = adapter.linear_views()
+    (wv, bv), (wo, bo) = views["v"], views["o"]
+    b, h, t, _ = probs.shape
+    v = nn.functional.linear(x.float(), wv.float(), None if bv is None else bv.float())
+    if v.shape[-1] % h:
+        return False
+    v = v.reshape(b, t, h, -1).transpose(1, 2)
+    context = (probs @ v).transpose(1, 2).reshape(b, t, -1)
+    projected = nn.functional.linear(context, wo.float(), None if bo is None else bo.float())
+    out = out.float()
+    for want in (projected, context):
+        for got in (out, out.transpose(0, 1) if out.ndim == 3 else out):
+            if got.shape == want.shape:
+                scale = float(want.abs().max()) + 1e-6
+                if float((got - want).abs().max()) <= 1e-3 * scale:
+                    return True
+    return False
+
+
+@torch.no_grad()
+def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.dtype) -> Verdict:
+    """The :class:`Verdict` on one adapted layer from its recorded call (module doc)."""
+    if not call.done:
+        return Verdict(name, adapter, "refused", UNCALLED,
+                       "it was not called in the model's forward (an unused layer, or a fused fast path)")
+    maps = [m for m in call.maps if m.probs.ndim >= 3]
+    if not maps:
+        return Verdict(name, adapter, "refused", NO_MAP,
+                       "it forms no softmax(q kᵀ) map over its tokens (linear or factorised attention): there "
+                       "is no map to shape")
+    x = call.x
+    if x is None or x.ndim != 3:  # a layer that cuts its own windows from a (B, H, W, C) map
+        return Verdict(name, adapter, "self", checked=False)
+    if not bool(torch.isfinite(x).all()):  # NaN/inf in the model already: the probe can tell nothing
+        return Verdict(name, adapter, "self", checked=False)
+    tokens = x.shape[-2]
+    first = call.args[0] if call.args and isinstance(call.args[0], torch.Tensor) else None
+    seen = {tokens} | ({first.shape[-2]} if first is not None and first.ndim == 3 else set())  # q's and the call's
+    # A softmax over a head's features (linear attention normalises q that way) is not a map over tokens.
+    over_tokens = [m for m in maps if m.keys in seen or m.keys != adapter.head_dim]
+    square = [m for m in over_tokens if m.queries == m.keys == tokens]
+    if not square:
+        cross = next((m for m in over_tokens if m.queries != m.keys and seen & {m.queries, m.keys}), None)
+        if cross is not None:
+            return Verdict(name, adapter, "pooling", reason=_pooling_words(cross))
+        return Verdict(name, adapter, "refused", NO_MAP,
+                       f"it forms no softmax(q kᵀ) map over its {tokens} tokens (its softmax maps are "
+                       f"{maps[0].queries}×{maps[0].keys}: linear or factorised attention): there is no map to shape")
+    terms = adapter.call_terms(call.args, call.kwargs, x)
+    ours = adapter.attention_probs(x.float(), terms)
+    real = adapter.observed_probs([m.probs for m in square], ours.shape)
+    tol = tolerance(dtype)
+    if real is None or float((real - ours).abs().max()) > tol:
+        best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
+                   if _as(m.probs, ours.shape) is not None else float("inf"))
+        if _as(best.probs, ours.shape) is None:
+            return Verdict(name, adapter, "refused", LAYOUT,
+                           f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
+        code, words = diagnose(adapter, best, ours, x, terms)
+        return Verdict(name, adapter, "refused", code, words)
+    if not _value_path(adapter, real, x, module_output(call)):
+        return Verdict(name, adapter, "refused", VALUE_PATH,
+                       "its output is not its attention map applied to v through its output projection (heads "
+                       "mixed after the softmax, a second map mixed in, or a projection structinit does not see)")
+    return Verdict(name, adapter, "self")
+
+
+_SURVEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],
+                     inputs: torch.Tensor | None) -> AttentionSurvey:
+    """Judge every candidate (name, adapter) by one probe of ``inputs`` through ``model``, and
+    list the attention no candidate covers (module doc). ``inputs=None``, or a probe the model
+    does not take: every candidate is 'self', unchecked, and ``probed`` is False. The answer
+    is kept while the model holds the same modules (it depends on their code, not weights)."""
+    key = (tuple((n, id(ad.module)) for n, ad in candidates), None if inputs is None else tuple(inputs.shape))
+    return kept(_SURVEYS, model, key, lambda: _survey(model, candidates, inputs))
+
+
+def _survey(model, candidates, inputs) -> AttentionSurvey:
+    unchecked = AttentionSurvey([Verdict(n, ad, "self", checked=False) for n, ad in candidates])
+    if inputs is None:
+        return unchecked
+    try:
+        calls, by_module = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in candidates])
+    except Exception:  # a probe the model does not take: judged by names and shapes alone
+        return unchecked
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    verdicts = [judge(n, ad, calls[ad.module], dtype) for n, ad in candidates]
+    covered = [ad.module for _, ad in candidates]
+    names = {m: n for n, m in model.named_modules()}
+    unknown, pooling = [], []
+    for module, maps in by_module.items():
+        if any(module is c or _inside(module, c) for c in covered):
+            continue
+        attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim == 4)]
+        if not attention:
+            continue
+        m, name = attention[0], names.get(module, "?")
+        if all(a.queries != a.keys for a in attention):
+            pooling.append((name, f"{type(module).__name__}: {_pooling_words(m)}"))
+        else:
+            unknown.append((name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map"))
+    return AttentionSurvey(verdicts, unknown, pooling, probed=True)
+
+
+def _pooling_words(m: AttentionMap) -> str:
+    kind = ("an attention-pooling or class-attention head" if m.queries < m.keys else
+            "learned queries, or keys pooled to fewer tokens")
+    return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
+
+
+def _inside(module: nn.Module, container: nn.Module) -> bool:
+    return any(module is m for m in container.modules())
+
+
+@dataclass
+class RealMap:
+    """One layer's attention as its forward computed it: ``probs`` (B', heads, T, T) float32 (B'
+    counts images × windows for a windowed layer) and ``open_pairs`` (B', 1 or heads, T, T) bool,
+    the pairs the call did not mask, or None when it masked none."""
+
+    probs: torch.Tensor
+    open_pairs: torch.Tensor | None
+    logits: torch.Tensor | None = None  # the softmax's input, same shape, when it was visible
+
+
+MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
+
+
+@torch.no_grad()
+def real_maps(model: nn.Module, inputs, chosen: list[tuple[str, AttentionAdapter]],
+              calls: dict[nn.Module, ModuleCall] | None = None) -> list[RealMap]:
+    """The attention probabilities each chosen layer computes in one forward of ``inputs``
+    (:func:`~structinit.adapters.observe.observe`; or read from its ``calls``, already
+    observed). RuntimeError, naming the layer, when one is not called or forms no square map
+    over its tokens."""
+    from structinit.adapters.relative import reachable
+
+    if calls is None:
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
+    out = []
+    for name, ad in chosen:
+        call = calls[ad.module]
+        found = [m for m in call.maps if m.probs.ndim >= 3 and m.queries == m.keys]
+        square = [m.probs for m in found]
+        if not call.done or not square:
+            raise RuntimeError(f"attention layer {name!r} was {'not called' if not call.done else 'called'} in the "
+                               "model's forward but formed no square attention map there; its maps cannot be read")
+        t = square[0].shape[-1]
+        shape = torch.Size((square[0].numel() // (ad.num_heads * t * t), ad.num_heads, t, t))
+        probs = ad.observed_probs(square, shape)
+        if probs is None:
+            raise RuntimeError(f"attention layer {name!r} formed maps of shape {tuple(square[0].shape)}, which do not "
+                               f"split into its {ad.num_heads} heads")
+        if call.x is not None and call.x.ndim == 3 and call.x.shape[-2] == t:
+            open_pairs = reachable(ad.call_terms(call.args, call.kwargs, call.x))
+            if open_pairs is not None and open_pairs.shape[0] != probs.shape[0]:
+                open_pairs = None
+        else:  # the layer cuts its own windows and masks inside: read the mask off the map
+            open_pairs = probs > MASKED_PROB
+        source = next((m for m in found if m.probs.data_ptr() == probs.data_ptr()), None)
+        logits = None if source is None or source.logits is None else source.logits.reshape(probs.shape)
+        out.append(RealMap(probs, open_pairs, logits))
+    return out

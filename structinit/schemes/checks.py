@@ -1,0 +1,183 @@
+"""What an attention scheme checks against the model's own forward, before and after it writes.
+
+Before: every chosen layer must be attention the scheme can set, as the probe of
+:func:`structinit.adapters.registry.attention_survey` judged it; a layer that is not is an
+error naming it and what differs, with nothing written.
+
+After: :meth:`structinit.Plan.commit` runs the scheme's checks on the model as written and
+restores every written tensor when one fails. Impulse's check feeds each chosen layer the
+position-only input it was designed for, inside a real forward, and needs each head's own
+softmax map to put its argmax on its target as often as the written q/k say; mimetic's reads
+every chosen layer's real logits and needs the diagonal the adapter wrote into q kᵀ to be
+there as the model computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from structinit.adapters import TokenLayout
+from structinit.adapters.observe import observe
+from structinit.adapters.position_input import layer_position_input
+from structinit.adapters.probe import probe_inputs
+from structinit.adapters.registry import attention_survey, layer_relative_bias
+from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps
+from structinit.functional.targets import target_index
+
+# What to do instead, by what differs (structinit.adapters.verify's codes).
+_HINTS = {
+    "rotation": "Use 'mimetic', which sets only the projections",
+    "qk-norm": "Use 'mimetic', or build the model without the q/k norm for the init",
+    "head-mixing": "Build the model without head mixing, or use 'mimetic'",
+    "position-bias": "Use 'mimetic', or register an adapter that models the bias (structinit.register_adapter)",
+    "layout": "Register an adapter that reads this layer's q, k, v and output (structinit.register_adapter)",
+    "no-map": "Structinit's attention schemes need a softmax(q kᵀ) map; leave these layers to the model's own init",
+    "value-path": "Register an adapter that models this layer's output (structinit.register_adapter)",
+    "uncalled": "Initialise only the layers the forward uses (layers=)",
+}
+HIT_SLACK = 0.02  # per head: how far the real hit rate may fall below the written q/k's (ties, float error)
+MIN_DIAGONAL_SHARE = 0.5  # mimetic: the real diagonal strength against the one the adapter wrote
+MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ β) has no structure to check
+
+
+def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str] = frozenset()) -> list[Verdict]:
+    """The probe's verdict on every chosen (name, adapter); ValueError naming the first layer
+    whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do."""
+    survey = attention_survey(model)
+    verdicts = [survey.verdict(name) for name, _ in chosen]
+    for (name, ad), verdict in zip(chosen, verdicts):
+        if verdict is not None and verdict.kind == "refused" and verdict.code not in accept:
+            raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
+                             f"{verdict.reason}; nothing was written. {_HINTS.get(verdict.code, '')}".rstrip())
+    return [v for v in verdicts if v is not None]
+
+
+def note_layers(plan, model: nn.Module, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
+    """Record on the model which attention layers ``scheme`` wrote and which it left alone, and
+    why (``structinit.get_record(model, 'init')``); the skipped ones are also warned about."""
+    plan.skipped = list(skipped)
+    plan.records.append((model, "init", {"scheme": scheme, "layers": [n for n, _ in chosen],
+                                         "skipped": list(skipped)}))
+
+
+def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]],
+                  layouts: list[TokenLayout]) -> Callable[[], None] | None:
+    """The check after an impulse write (module doc): a probe runs through the model with the
+    tokens each chosen layer receives replaced by what the impulse is designed for (the grid
+    rows by LayerNorm(PE), or zeros for a layer with a relative position bias), and each head's
+    own softmax map must put its argmax on its target as often as the written q/k say it does
+    (within :data:`HIT_SLACK`). None when the model cannot be probed (nothing was checked
+    before the write either)."""
+    inputs = probe_inputs(model, chosen, count=1)
+    if inputs is None or not attention_survey(model).probed:
+        return None
+
+    def check() -> None:
+        swaps = {ad.module: _design_tokens(model, name, ad, lay) for (name, ad), lay in zip(chosen, layouts)}
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
+        for (name, ad), real, lay, offs in zip(chosen, real_maps(model, inputs, chosen, calls), layouts, offsets):
+            _check_hits(name, ad, real, calls[ad.module], lay, offs)
+    return check
+
+
+def _design_tokens(model, name, ad, layout: TokenLayout) -> Callable[[torch.Tensor], torch.Tensor]:
+    x_design, _ = layer_position_input(model, name, ad, layout)
+    relative = layer_relative_bias(model, name, ad) is not None
+
+    def swap(x: torch.Tensor) -> torch.Tensor:
+        if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
+            return torch.zeros_like(x)
+        out = x.clone()
+        out[:, x.shape[-2] - layout.num_patches:] = x_design.to(x.dtype)
+        return out
+    return swap
+
+
+def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) -> list[float]:
+    """Per head, the share of grid rows (open in the call) whose argmax among the grid tokens
+    is the head's target, for maps (B, H, T, T)."""
+    prefix = probs.shape[-1] - layout.num_patches
+    arg = probs[..., prefix:].argmax(-1)  # among the grid tokens: the design says nothing of prefix tokens
+    rates = []
+    for h, offset in enumerate(offsets):
+        t = target_index(layout.grid, offset)
+        rows = torch.nonzero(t >= 0).squeeze(1)
+        hits = arg[:, h, rows + prefix] == t[rows]
+        if open_pairs is not None:
+            hits = hits[open_pairs[:, min(h, open_pairs.shape[1] - 1), rows + prefix, t[rows] + prefix]]
+        rates.append(float(hits.double().mean()) if hits.numel() else 1.0)
+    return rates
+
+
+def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None:
+    """The real maps of one layer on its design input hit each head's target as often as the
+    adapter's maps of the same tokens say they should (the solver's own fit is not judged)."""
+    if real.probs.shape[-1] < layout.num_patches:
+        raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
+                         f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
+    got = _hit_rates(real.probs, real.open_pairs, layout, offsets)
+    x = call.x
+    if x is not None and x.ndim == 3 and x.shape[-2] == real.probs.shape[-1]:
+        with torch.no_grad():
+            ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
+        want = _hit_rates(ours, real.open_pairs, layout, offsets)
+    else:  # a layer that cuts its own windows: the design is a clean hit
+        want = [1.0] * len(offsets)
+    for h, (rate, designed) in enumerate(zip(got, want)):
+        if rate < designed - HIT_SLACK:
+            raise ValueError(
+                f"impulse: after the write, head {h} of layer {name!r} ({type(ad.module).__name__}) puts its argmax "
+                f"on its target offset {tuple(offsets[h])} in {rate:.0%} of the grid rows of its own forward on the "
+                f"position-only input, where the written q/k give {designed:.0%}; the write was undone. The layer "
+                "computes its attention in a way the adapter does not model; register an adapter for it "
+                "(structinit.register_adapter) or use 'mimetic'")
+
+
+def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
+    """Per head, how far each token's logit on itself stands above its logits on the others,
+    in units of their spread: mean over rows of (L_ii − mean_j≠i L_ij) / std_j≠i L_ij, for
+    logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve)."""
+    t = logits.shape[-1]
+    eye = torch.eye(t, dtype=torch.bool)
+    logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
+    diag = logits[..., eye].reshape(*logits.shape[:-2], t)
+    off = logits[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
+    return ((diag - off.mean(-1)) / off.std(-1).clamp_min(1e-6)).mean(dim=(0, -1))
+
+
+def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
+    """The check after a mimetic write: on a probe through the model, every chosen layer's real
+    logits (its own softmax's input, else the log of its map) show at least
+    :data:`MIN_DIAGONAL_SHARE` of the diagonal strength the adapter's q kᵀ has on the same
+    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`; None without a
+    probe."""
+    inputs = probe_inputs(model, chosen, count=1)
+    if inputs is None or not attention_survey(model).probed:
+        return None
+
+    def check() -> None:
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
+        for (name, ad), real in zip(chosen, real_maps(model, inputs, chosen, calls)):
+            x = calls[ad.module].x
+            if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1]:
+                continue  # a windowed layer that cuts its own windows: its tokens are not the map's
+            terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
+            with torch.no_grad():
+                wrote = diagonal_strength(adapter_logits(ad, x.float(), terms))
+            got = diagonal_strength(real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log())
+            weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
+                    and got[h] < MIN_DIAGONAL_SHARE * wrote[h]]
+            if weak:
+                h = weak[0]
+                raise ValueError(
+                    f"mimetic: after the write, head {h} of layer {name!r} ({type(ad.module).__name__}) shows a "
+                    f"diagonal of strength {float(got[h]):.2f} in the model's own attention logits, against "
+                    f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone. The layer mixes or transforms "
+                    "q kᵀ in a way that hides the structure (register an adapter that models it)")
+    return check
+
+
+__all__ = ["TRANSFORMS", "check_settable", "impulse_check", "mimetic_check", "diagonal_strength"]

@@ -1,0 +1,149 @@
+"""Attention modules that look like timm's (a fused ``qkv``, ``proj`` and ``num_heads``, so the
+name-based adapter claims them) but compute something else, one broken assumption each, and
+the helpers to put them into structinit's micro ViT."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import structinit
+
+
+class Variant(nn.Module):
+    """timm's attention with one change in how the map or the output is computed (``kind``)."""
+
+    def __init__(self, attn: nn.Module, kind: str):
+        super().__init__()
+        self.qkv, self.proj, self.num_heads, self.kind = attn.qkv, attn.proj, attn.num_heads, kind
+        h, dim = attn.num_heads, attn.qkv.in_features
+        self.head_dim = dim // h
+        if kind in ("talking_heads", "mix_after"):
+            self.proj_l, self.proj_w = nn.Linear(h, h), nn.Linear(h, h)
+        if kind == "qk_norm":
+            self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
+        if kind == "extra_bias":
+            self.pos_logits = nn.Parameter(torch.randn(h, 64, 64))
+        self.scale = self.head_dim**-0.5
+
+    def _qkv(self, x):
+        b, t, _ = x.shape
+        qkv = self.qkv(x)
+        if self.kind == "per_head_packed":  # [q1 k1 v1 q2 k2 v2 …]: another layout of the same Linear
+            return qkv.reshape(b, t, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4).unbind(0)
+        return qkv.reshape(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self._qkv(x)
+        if self.kind == "qk_norm":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.kind == "linear":  # softmax over features and over tokens, then kᵀv: no T×T map
+            context = q.softmax(-1) @ (k.softmax(-2).transpose(-2, -1) @ v)
+            return self.proj(context.transpose(1, 2).reshape(b, t, d))
+        if self.kind == "rotary":
+            q, k = rotate(q), rotate(k)
+            return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
+        logits = q @ k.transpose(-2, -1) * self.scale
+        if self.kind == "talking_heads":
+            logits = self.proj_l(logits.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.kind == "extra_bias":
+            logits = logits + self.pos_logits[:, :t, :t]
+        if self.kind == "flip_large":  # what a probe cannot see at init, where every logit is small
+            logits = torch.where(logits.abs() < 3, logits, -logits)
+        attn = logits.softmax(-1)
+        if self.kind in ("talking_heads", "mix_after"):
+            attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """RoPE on (B, H, T, r): pairs of channels rotated by an angle that grows with the position."""
+    t, r = x.shape[-2], x.shape[-1]
+    freq = 1.0 / (100 ** (torch.arange(0, r, 2, dtype=x.dtype) / r))
+    angle = torch.arange(t, dtype=x.dtype)[:, None] * freq[None]
+    cos, sin = angle.cos(), angle.sin()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+
+
+def micro_vit_with(kind: str | None, seed: int = 0) -> nn.Module:
+    """structinit's micro ViT (8×8 grid, no class token) with every attention a :class:`Variant`
+    (``None``: as built)."""
+    torch.manual_seed(seed)
+    model = structinit.create_model("vit_micro_patch2_16")
+    if kind is not None:
+        for block in model.blocks:
+            block.attn = Variant(block.attn, kind)
+    return model
+
+
+class AttentionPool(nn.Module):
+    """One learned query attending to every token (timm's AttentionPoolLatent, SigLIP's MAP
+    head): separate q/k/v projections, an output projection and a head count, so the
+    name-based adapter claims it."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.latent = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.q, self.k, self.v, self.proj = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.num_heads
+        q = self.q(self.latent.expand(b, -1, -1)).reshape(b, 1, h, -1).transpose(1, 2)
+        k = self.k(x).reshape(b, t, h, -1).transpose(1, 2)
+        v = self.v(x).reshape(b, t, h, -1).transpose(1, 2)
+        attn = (q @ k.transpose(-2, -1) * (d // h) ** -0.5).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, 1, d))[:, 0]
+
+
+class PooledViT(nn.Module):
+    """The micro ViT's blocks, then an attention-pooling head instead of average pooling."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        vit = structinit.create_model("vit_micro_patch2_16", num_classes=0)
+        self.vit, self.pool = vit, AttentionPool(vit.embed_dim, 2)
+        self.head = nn.Linear(vit.embed_dim, 10)
+
+    def forward(self, img):
+        return self.head(self.pool(self.vit.forward_features(img)))
+
+
+class UnknownAttention(nn.Module):
+    """Self-attention that no built-in adapter reads (its projections are called ``to_qk`` and
+    ``values``) — Twins' and several hierarchical ViTs' situation."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.to_qk, self.values, self.out = nn.Linear(dim, 2 * dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k = self.to_qk(x).reshape(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        v = self.values(x).reshape(b, t, self.heads, -1).transpose(1, 2)
+        attn = (q @ k.transpose(-2, -1)).softmax(-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class ConvPositionViT(nn.Module):
+    """Patch conv, a depthwise positional conv (PCPVT's PEG), then blocks of unknown attention."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.image_size, self.patch_size = 16, 2
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.peg = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.attn = UnknownAttention(dim, 2)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, img):
+        x = self.patch(img)
+        x = (x + self.peg(x)).flatten(2).transpose(1, 2)
+        x = x + self.attn(self.norm(x))
+        return self.head(x.mean(1))

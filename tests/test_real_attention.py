@@ -1,0 +1,151 @@
+"""Never silently wrong: every attention layer is checked against what the model itself
+computes (its own softmax, scaled_dot_product_attention or nn.MultiheadAttention), before an
+init writes and after. Each test breaks one assumption the adapters make and expects a refusal
+that names the layer and what differs, with the model bit-identical, or a skip that says so."""
+
+import warnings
+
+import pytest
+import torch
+from broken_attention import ConvPositionViT, PooledViT, micro_vit_with
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.observe import observe
+from structinit.adapters.registry import attention_survey
+from structinit.schemes.checks import diagonal_strength
+
+REFUSED = {  # kind → (impulse's words, mimetic's words or None where mimetic sets the layer)
+    "talking_heads": ("heads are mixed before the softmax", r"after the write.*diagonal of strength -?\d"),
+    "per_head_packed": ("another head layout", "another head layout"),
+    "linear": ("forms no softmax", "forms no softmax"),
+    "extra_bias": ("logit term that does not depend on content", None),
+    "rotary": ("rotated by position", None),
+    "mix_after": ("output is not its attention map applied to v", "output is not its attention map applied to v"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_impulse_refuses_each_broken_assumption_and_writes_nothing(kind):
+    model = micro_vit_with(kind)
+    words, _ = REFUSED[kind]
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   rf"impulse cannot set the attention of layer 'blocks\.0\.attn' \(Variant\): .*{words}")
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_mimetic_refuses_what_it_cannot_read_and_sets_the_rest(kind):
+    model = micro_vit_with(kind)
+    _, words = REFUSED[kind]
+    if words is not None:  # refused before the write, or found after it and undone: bit-identical either way
+        check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError, words)
+        return
+    structinit.init_(model, "mimetic", seed=0)  # a transform on top of the projections is the model's own
+    wq, _, wk, _ = structinit.find_attention_layers(model)[0][1].read_qk()
+    product = wq[0] @ wk[0].T
+    assert product.diagonal().mean() > 5 * product.fill_diagonal_(0).abs().mean()
+
+
+def test_qk_norm_is_refused_by_impulse_and_kept_by_mimetic():
+    model = micro_vit_with("qk_norm")
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"layer 'blocks\.0\.attn' \(Variant\): q and k are normalised")
+    structinit.init_(model, "mimetic", seed=0)
+
+
+def test_a_change_the_probe_cannot_see_at_init_is_caught_after_the_write_and_undone():
+    """Logits that flip sign beyond ±3 agree with the adapter at init (they are small), so the
+    probe before the write passes; the impulse's large negative logits flip, the check after the
+    write sees the model's own maps miss, and every written tensor is restored."""
+    model = micro_vit_with("flip_large")
+    assert {v.kind for v in attention_survey(model).verdicts} == {"self"}
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"after the write, head 0 of layer 'blocks\.0\.attn'.*the write was undone")
+
+
+def test_a_pooling_head_is_left_alone_and_listed():
+    model = PooledViT()
+    pool = {k: v.clone() for k, v in model.pool.state_dict().items()}
+    survey = attention_survey(model)
+    assert [n for n, _ in survey.skipped()] == ["pool"] and "1 query over 64 tokens" in survey.skipped()[0][1]
+    with pytest.warns(UserWarning, match=r"left alone: pool \(cross-attention of 1 query over 64 tokens"):
+        structinit.init_(model, "impulse", seed=0)
+    assert all(torch.equal(v, model.pool.state_dict()[k]) for k, v in pool.items())
+    assert [n for n, _ in structinit.find_attention_layers(model)] == ["vit.blocks.0.attn", "vit.blocks.1.attn"]
+    assert structinit.get_record(model, "init")["skipped"] == [("pool", survey.skipped()[0][1])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        structinit.init_(model, "mimetic", seed=0, layers=[0, 1])  # the blocks alone: nothing to say
+    assert [n for n, _ in structinit.find_attention_layers(model, pooling=True)][-1] == "pool"
+
+
+def test_an_unknown_attention_beside_depthwise_convs_is_named_not_replaced_by_the_conv_init():
+    model = ConvPositionViT()
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"attention that no adapter understands: attn \(UnknownAttention: a 64×64 softmax map\)")
+    structinit.init_(model, "impulse", target="conv", seed=0)  # asked for by name: the convs alone
+
+
+def test_impulse_fidelity_reads_the_models_own_maps():
+    """On real tokens the score comes from the maps the model computes: for talking heads set by
+    hand with the mixing made the identity, it equals the plain model's; mixing the heads again
+    changes the model's maps, and the score follows them, not the adapter's recomputation."""
+    plain, mixed = micro_vit_with(None), micro_vit_with("talking_heads")
+    structinit.init_(plain, "impulse", seed=0)
+    images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    for block, variant in zip(plain.blocks, mixed.blocks):
+        variant.attn.qkv.load_state_dict(block.attn.qkv.state_dict())
+        for lin in (variant.attn.proj_l, variant.attn.proj_w):
+            lin.weight.data.copy_(torch.eye(2))
+            lin.bias.data.zero_()
+        variant.attn.structinit_impulse = block.attn.structinit_impulse
+        variant.attn.proj.load_state_dict(block.attn.proj.state_dict())
+    mixed.load_state_dict({k: v for k, v in plain.state_dict().items() if "attn" not in k}, strict=False)
+    same = structinit.impulse_fidelity(mixed, images)["hit"]
+    torch.testing.assert_close(same, structinit.impulse_fidelity(plain, images)["hit"])
+    for block in mixed.blocks:
+        block.attn.proj_l.weight.data.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))  # swap the heads' logits
+    swapped = structinit.impulse_fidelity(mixed, images)["hit"]
+    assert swapped[0].max() < 0.5 < same[0].min()
+
+
+def test_the_probe_sees_every_way_torch_computes_attention():
+    """softmax as a function, a method and torch.softmax; scaled_dot_product_attention; and
+    nn.MultiheadAttention, whose fused fast path the probe keeps it off."""
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    calls, _ = observe(SelfAttend(mha), x, [(mha, mha, structinit.MultiheadAttentionAdapter(mha))])
+    (found,) = calls[mha].maps
+    expected = mha(x, x, x, need_weights=True, average_attn_weights=False)[1]
+    torch.testing.assert_close(found.probs, expected)
+    model = structinit.create_model("vit_micro_patch2_16")  # timm-style attention: sdpa
+    ad = structinit.find_attention_layers(model)[0][1]
+    calls, _ = observe(model, torch.randn(1, 3, 16, 16), [(ad.module, ad.input_module, ad)])
+    (sdpa,) = calls[ad.module].maps
+    assert sdpa.source == "sdpa" and sdpa.probs.shape == (1, 2, 64, 64)
+    torch.testing.assert_close(sdpa.probs, ad.attention_probs(calls[ad.module].x), atol=1e-5, rtol=1e-5)
+
+
+class SelfAttend(torch.nn.Module):
+    def __init__(self, mha):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, x):
+        return self.mha(x, x, x)[0]
+
+
+def test_the_probe_leaves_the_callers_random_state_alone():
+    model = structinit.create_model("vit_micro_patch2_16")
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    structinit.init_(model, "impulse", seed=0)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_diagonal_strength_reads_identity_logits_and_ignores_row_constants():
+    eye = torch.eye(6)[None, None] * 3.0
+    strong = diagonal_strength(eye)
+    torch.testing.assert_close(diagonal_strength(eye + torch.randn(1, 1, 6, 1)), strong)
+    assert strong.item() > 2 and diagonal_strength(torch.zeros(1, 1, 6, 6)).item() == 0
