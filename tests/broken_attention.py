@@ -147,3 +147,70 @@ class ConvPositionViT(nn.Module):
         x = (x + self.peg(x)).flatten(2).transpose(1, 2)
         x = x + self.attn(self.norm(x))
         return self.head(x.mean(1))
+
+
+class ReorderedViT(nn.Module):
+    """structinit's micro ViT whose tokens leave the [prefix, grid] order after the position
+    embedding: ``shuffle`` puts them in a random order (MAE's masking at ratio 0), ``registers``
+    appends learned tokens after the grid (vit-pytorch's registers)."""
+
+    def __init__(self, shuffle: bool = False, registers: int = 0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.vit = structinit.create_model("vit_micro_patch2_16", depth=2)
+        self.shuffle = shuffle
+        self.registers = nn.Parameter(torch.randn(1, registers, self.vit.embed_dim) * 0.02) if registers else None
+
+    def forward(self, img):
+        vit = self.vit
+        x = vit.patch_embed(img) + vit.pos_embed
+        if self.shuffle:
+            order = torch.rand(x.shape[0], x.shape[1]).argsort(1)
+            x = torch.gather(x, 1, order[..., None].expand_as(x))
+        if self.registers is not None:
+            x = torch.cat([x, self.registers.expand(len(x), -1, -1)], 1)
+        return vit.head(vit.norm(vit.blocks(x)).mean(1))
+
+
+class SelfAttentionOnly(nn.Module):
+    """Hugging Face's older layout: query/key/value and a head count in one module, which returns
+    the per-head context; the output projection sits in a sibling (``output.dense``)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.num_attention_heads = heads
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (f(x).reshape(b, t, self.num_attention_heads, -1).transpose(1, 2)
+                   for f in (self.query, self.key, self.value))
+        attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+        return ((attn @ v).transpose(1, 2).reshape(b, t, d),)
+
+
+class SelfOutput(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.dense(x)
+
+
+class SiblingAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.attention, self.output = SelfAttentionOnly(dim, heads), SelfOutput(dim)
+
+    def forward(self, x):
+        return self.output(self.attention(x)[0])
+
+
+def micro_vit_with_sibling_output(seed: int = 0) -> nn.Module:
+    """structinit's micro ViT whose attention keeps its output projection in a sibling module."""
+    torch.manual_seed(seed)
+    model = structinit.create_model("vit_micro_patch2_16")
+    for block in model.blocks:
+        block.attn = SiblingAttention(model.embed_dim, 2)
+    return model

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from broken_attention import ConvPositionViT, PooledViT, micro_vit_with
+from broken_attention import ConvPositionViT, PooledViT, ReorderedViT, micro_vit_with, micro_vit_with_sibling_output
 
 import structinit
 from rejection import check_rejected
@@ -149,3 +149,38 @@ def test_diagonal_strength_reads_identity_logits_and_ignores_row_constants():
     strong = diagonal_strength(eye)
     torch.testing.assert_close(diagonal_strength(eye + torch.randn(1, 1, 6, 1)), strong)
     assert strong.item() > 2 and diagonal_strength(torch.zeros(1, 1, 6, 6)).item() == 0
+
+
+@pytest.mark.parametrize("shuffle,registers", [(True, 0), (False, 3), (True, 3)])
+def test_tokens_out_of_grid_order_are_read_in_grid_order(shuffle, registers):
+    """An encoder that shuffles its tokens, or appends registers after the grid: the init is
+    right by position, and the fidelity of the model's own maps, put back in grid order from the
+    token order its forward shows, is exact; scored by sequence index it would be near chance."""
+    model = ReorderedViT(shuffle, registers)
+    assert structinit.infer_layout(model) == structinit.TokenLayout((8, 8), registers)
+    structinit.init_(model, "impulse", seed=0)
+    fid = structinit.impulse_fidelity(model, torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2)))
+    assert bool((fid["hit"] == 1).all()), fid["hit"]
+    from structinit.adapters.probe import probe_inputs
+    from structinit.adapters.token_order import is_identity, token_order
+
+    name, ad = structinit.find_attention_layers(model)[0]
+    order = token_order(model, ad, model.vit.pos_embed, 64, probe_inputs(model, [(name, ad)]))
+    assert order is not None and not is_identity(order)
+    assert sorted(order[0][order[0] >= 0].tolist()) == list(range(64)) and int((order[0] < 0).sum()) == registers
+
+
+def test_an_output_projection_in_a_sibling_module_is_found_and_checked():
+    """q/k/v in one module that returns the per-head context, the output projection beside it
+    (Hugging Face's Data2Vec, Swin-V2, DPT …): the layer is adapted, its context checked against
+    the model's own forward, and both schemes write it, mimetic's W_o into the sibling."""
+    model = micro_vit_with_sibling_output()
+    (name, ad), _ = structinit.find_attention_layers(model)
+    assert name == "blocks.0.attn.attention" and ad.linear_views()["o"][0] is model.blocks[0].attn.output.dense.weight
+    assert {v.kind for v in attention_survey(model).verdicts} == {"self"}
+    structinit.init_(model, "impulse", seed=0)
+    images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    assert bool((structinit.impulse_fidelity(model, images)["hit"] == 1).all())
+    dense = model.blocks[0].attn.output.dense.weight.detach().clone()
+    structinit.init_(model, "mimetic", seed=0)
+    assert not torch.equal(dense, model.blocks[0].attn.output.dense.weight)

@@ -242,11 +242,12 @@ class SeparateQKVAdapter(AttentionAdapter):
     (proj, o_proj, out_proj, o, out, to_out, wo) and a head count attribute. What the module
     computes is checked against its own forward (:mod:`structinit.adapters.verify`)."""
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, out: nn.Linear | None = None):
         self.module = module
         self._qkv = next((n for n in _SEPARATE_NAMES if _all_linear(module, n)), None)
         self._split = None if self._qkv else next(n for n in _SPLIT_KV_NAMES if _all_linear(module, n))
-        self._out = next(n for n in _OUT_NAMES if _linear(module, n) is not None)
+        self._sibling = out  # an output projection held beside the module (Hugging Face's `output.dense`)
+        self._out = None if out is not None else next(n for n in _OUT_NAMES if _linear(module, n) is not None)
         self.num_heads = _heads(module)
         q = _linear(module, (self._qkv or self._split)[0])
         self.head_dim = int(getattr(module, "head_dim", q.out_features // self.num_heads))
@@ -263,7 +264,7 @@ class SeparateQKVAdapter(AttentionAdapter):
         return self.module
 
     def linear_views(self) -> Views:
-        out = _linear(self.module, self._out)
+        out = self._sibling if self._sibling is not None else _linear(self.module, self._out)
         if self._qkv is not None:
             lin = [_linear(self.module, n) for n in self._qkv]
             return {name: (m.weight, _bias(m)) for name, m in zip("qkv", lin)} | {"o": (out.weight, _bias(out))}
@@ -286,6 +287,26 @@ class SeparateQKVAdapter(AttentionAdapter):
 
 def _all_linear(m: nn.Module, names) -> bool:
     return all(_linear(m, n) is not None for n in names)
+
+
+_SIBLING_OUT_NAMES = ("dense", "proj", "out_proj", "o_proj")
+
+
+def sibling_output(parent: nn.Module | None, module: nn.Module) -> nn.Linear | None:
+    """The output projection of a ``module`` that has q/k/v projections and a head count but
+    no output Linear of its own, held by a sibling under ``parent`` (Hugging Face's
+    ``attention.output.dense`` beside ``attention.attention``): the one Linear named like an
+    output in a sibling, from the q width back to the input width. None otherwise."""
+    if parent is None or _heads(module) is None or any(_linear(module, n) is not None for n in _OUT_NAMES):
+        return None
+    names = next((n for n in (*_SEPARATE_NAMES, *_SPLIT_KV_NAMES) if _all_linear(module, n)), None)
+    if names is None:
+        return None
+    q = _linear(module, names[0])
+    found = [lin for child in parent.children() if child is not module for n in _SIBLING_OUT_NAMES
+             for lin in [_linear(child, n)] if lin is not None
+             and (lin.in_features, lin.out_features) == (q.out_features, q.in_features)]
+    return found[0] if len(found) == 1 else None
 
 
 class MultiheadAttentionAdapter(AttentionAdapter):

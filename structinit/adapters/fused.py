@@ -11,8 +11,10 @@ The layout is read from shapes and then *verified by running the module*: on ran
 where x̂ is what the fused Linear really receives (the module may normalise x first, as
 vit-pytorch's ``Attention.norm`` does). The head count comes from an attribute (``heads``,
 ``num_heads``, …) when there is one, else from the softmax scale (r = scale⁻²), else from the
-first divisor of heads · r that the verification accepts. A module whose output differs
-(masked diagonal, learned temperature, q/k norm, RoPE …) is not adapted, so the caller's
+first divisor of heads · r that the verification accepts; the scale is the one the module
+states, else r^−½, else none at all (1: q/k-normed attention often leaves it out). A module
+whose output differs
+(masked diagonal, learned temperature, RoPE …) is not adapted, so the caller's
 "no adapter understands" error names it.
 """
 
@@ -78,20 +80,21 @@ class FusedLinearAdapter(AttentionAdapter):
         inner = self.qkv.out_features // 3
         known = _VERIFIED.get(module)
         if num_heads is None and known is not None and known[0] == (self.qkv, self.out):
-            self._set_heads(known[1])  # verified before: the class's code, not its weights, decides
+            self._set_heads(*known[1:])  # verified before: the class's code, not its weights, decides
             return
         for heads in [num_heads] if num_heads else _head_counts(module, inner):
-            self._set_heads(heads)
-            if verify(self):
-                _VERIFIED[module] = ((self.qkv, self.out), heads)
-                return
+            for scale in (None, 1.0):  # the stated or r^−½ scale, else none at all (q/k-normed attention)
+                self._set_heads(heads, scale)
+                if verify(self):
+                    _VERIFIED[module] = ((self.qkv, self.out), heads, scale)
+                    return
         raise ValueError(f"{type(module).__name__}'s forward is not softmax(q kᵀ·scale)·v of its fused Linear "
                          "for any head count; register an adapter for it")
 
-    def _set_heads(self, heads: int) -> None:
+    def _set_heads(self, heads: int, scale: float | None = None) -> None:
         self.num_heads, self.dim = int(heads), self.qkv.in_features
         self.head_dim = self.qkv.out_features // 3 // self.num_heads
-        self.scale = module_scale(self.module, self.head_dim)
+        self.scale = module_scale(self.module, self.head_dim) if scale is None else scale
 
     @property
     def input_module(self) -> nn.Module:

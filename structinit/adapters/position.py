@@ -184,7 +184,7 @@ def _generic(model: nn.Module) -> Discovery | None:
     consistent, traced_discovery = _TRACED
     # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class
     # token kept elsewhere or under another name), the traced forward decides.
-    return found if consistent(found) else traced_discovery(model) or found
+    return found if consistent(model, found) else traced_discovery(model) or found
 
 
 # (consistent, traced_discovery) of structinit.adapters.trace, which hands them over when it

@@ -14,6 +14,7 @@ from structinit.adapters.attention import (
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
+    sibling_output,
 )
 from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.probe import probe_inputs
@@ -104,6 +105,10 @@ def candidate_layers(model: nn.Module) -> tuple[list[tuple[str, AttentionAdapter
         if any(name.startswith(p + ".") for p in inside):
             continue
         adapter = adapter_for(module)
+        if adapter is None:  # q/k/v here, the output projection in a sibling module
+            parent = model.get_submodule(name.rpartition(".")[0]) if name else None
+            out = sibling_output(parent, module)
+            adapter = None if out is None else SeparateQKVAdapter(module, out)
         if adapter is not None:
             found.append((name, adapter))
             inside.append(name)

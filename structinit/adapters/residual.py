@@ -86,6 +86,8 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     for name, adapter in layers:
         weight, bias = adapter.linear_views()["o"]
         out.append((f"{name} (output projection)", weight, bias))
+        if not any(weight is p for p in adapter.module.parameters()):
+            name = name.rpartition(".")[0]  # the output projection is a sibling: the wrapper of both is the attention
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
         mlp_out = _mlp_output(block, adapter, search=bool(block_path))
@@ -115,9 +117,11 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
             return path, module
     if block is None or not search:
         return None
+    o_weight = adapter.linear_views()["o"][0]
     inside = {id(m) for m in adapter.module.modules()}
     last = [(n, m) for n, m in block.named_modules()
-            if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside]
+            if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside
+            and m.weight is not o_weight]
     return last[-1] if last else None
 
 

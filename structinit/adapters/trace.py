@@ -48,11 +48,15 @@ def first_layer(model: nn.Module):
 def run_probe(model: nn.Module, images: torch.Tensor, handles: list) -> bool:
     """Run ``images`` through ``model`` in eval mode (restored after), with hooks already
     registered (their ``handles`` are removed after); a hook stops the forward early by raising
-    :class:`_Stop`. False when the forward fails before that (a probe the model does not take)."""
+    :class:`_Stop`. False when the forward fails before that (a probe the model does not take).
+    Torch's random state is forked and seeded, as in every probe: a random token order (MAE) is
+    the same from one probe to the next, and the caller's random numbers are not consumed."""
     was_training = model.training
     model.eval()
     try:
-        model(images)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model(images)
     except _Stop:
         pass
     except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
@@ -116,11 +120,11 @@ def _trace(model, adapter, candidates) -> Discovery | None:
         if base is not None:
             found = _classify(model, adapter, images, base, candidates)
             if found is not None:
-                return _with_grid(model, found, (h, w))
+                return _with_grid(model, *found, (h, w))
     return None
 
 
-def _classify(model, adapter, images, base, candidates) -> Discovery | None:
+def _classify(model, adapter, images, base, candidates) -> tuple[Discovery, int] | None:
     """Sort the candidates by the rows they change into PE and prefix tokens (module doc)."""
     rows = {name: changed_rows(model, adapter, images, base, t) for name, t in candidates}
     one_to_one = [(n, t) for n, t in candidates if rows[n] and len(rows[n]) == _rows(t)]
@@ -138,18 +142,19 @@ def _classify(model, adapter, images, base, candidates) -> Discovery | None:
     grid_rows = sorted(pe_rows - set(token_rows))
     if not grid_rows or grid_rows != list(range(grid_rows[0], grid_rows[-1] + 1)):
         return None
-    prefix = grid_rows[0]
-    if grid_rows[-1] + 1 != base.shape[1] or sorted(token_rows) != list(range(prefix)):
-        return None  # tokens after the grid, or rows from nowhere: not a layout structinit can describe
+    others = sorted(set(range(base.shape[1])) - set(grid_rows))
+    if sorted(token_rows) != others:
+        return None  # rows from nowhere: not a layout structinit can describe
+    # Tokens off the grid count as prefix tokens wherever they sit (vit-pytorch appends its registers
+    # after the grid): what reads the maps puts them first (structinit.adapters.token_order).
     tokens.sort(key=lambda nt: min(rows[nt[0]]))
-    return Discovery(pe, pe_name, None, prefix, tuple(tokens), "traced")
+    return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced"), len(grid_rows)
 
 
-def _with_grid(model: nn.Module, found: Discovery, image: tuple[int, int]) -> Discovery:
-    """``found`` with its grid: the probe image cut into the model's patches when that gives the
-    grid's token count, else the square grid of that count."""
+def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int]) -> Discovery:
+    """``found`` with its grid of ``n`` tokens: the probe image cut into the model's patches when
+    that gives ``n``, else the square grid of ``n``."""
     pe = found.pos_embed
-    n = _rows(pe) - (found.num_prefix_tokens if _rows(pe) > found.num_prefix_tokens else 0)
     patch = _patch(model)
     grid = _grid_from(image, patch) if patch is not None else None
     if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
@@ -158,16 +163,40 @@ def _with_grid(model: nn.Module, found: Discovery, image: tuple[int, int]) -> Di
     return Discovery(pe, found.pos_embed_name, grid, found.num_prefix_tokens, found.prefix_tokens, "traced")
 
 
-def consistent(found: Discovery) -> bool:
+def consistent(model: nn.Module, found: Discovery) -> bool:
     """Whether a name-based :class:`Discovery`'s PE rows fit its grid and prefix tokens (when the
-    grid is unknown, whether the rows left after the prefix tokens form a square)."""
+    grid is unknown, whether the rows left after the prefix tokens form a square), and the
+    first attention layer of a probe receives as many tokens as they add up to (a wrapper may
+    append tokens the name-based finder cannot see)."""
     if found.pos_embed is None:
         return False
     rows, prefix = _rows(found.pos_embed), found.num_prefix_tokens or 0
     if found.grid is None:
-        return square_side(rows - prefix) is not None or (not prefix and square_side(rows) is not None)
-    n = math.prod(found.grid)
-    return rows in (n, n + prefix) and (found.num_prefix_tokens is not None or rows == n)
+        fits = square_side(rows - prefix) is not None or (not prefix and square_side(rows) is not None)
+    else:
+        n = math.prod(found.grid)
+        fits = rows in (n, n + prefix) and (found.num_prefix_tokens is not None or rows == n)
+    count = _first_layer_tokens(model)
+    return fits and (count is None or count in (rows, rows + prefix, rows - prefix + prefix))
+
+
+_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → tokens at its first layer
+
+
+def _first_layer_tokens(model: nn.Module) -> int | None:
+    """How many tokens the model's first attention layer receives on a probe, or None when it
+    cannot be told."""
+    def count() -> int | None:
+        first = first_layer(model)
+        if first is None:
+            return None
+        sizes = probe_sizes(model, token_candidates(model, first[1].dim))
+        if not sizes:
+            return None
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        x = tokens_at(model, first[1], torch.zeros(1, *sizes[0], dtype=dtype))
+        return None if x is None else int(x.shape[-2])
+    return kept(_COUNTS, model, tuple(id(m) for m in model.modules()), count)
 
 
 @torch.no_grad()

@@ -146,12 +146,33 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
                 return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
                                      "is not its own q kᵀ")
             diff = real_logits - ours_logits
-            constant = torch.allclose(diff, diff[:1].expand_as(diff), atol=1e-3 * (1 + float(diff.abs().max())))
-            if shape[0] > 1 and constant:
+            half = shape[0] // 2  # the probe's two images, window by window
+            constant = torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + float(diff.abs().max())))
+            if shape[0] > 1 and shape[0] % 2 == 0 and constant:
                 return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                        "structinit does not model)")
+    if real.logits is not None and shape[0] > 1 and _cosine(adapter, real, x, shape):
+        return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
+                         "cos(q, k) plus a term that does not depend on content)")
     return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
                     "packed per head, or a transform of q and k)")
+
+
+def _cosine(adapter: AttentionAdapter, real: AttentionMap, x: torch.Tensor, shape) -> bool:
+    """Whether the real logits are s_h · cos(q_i, k_j) + a term the same for every sample (Swin-V2's
+    cosine attention with its position bias): the difference between two samples' logits must be
+    s_h times the difference of their cosines, for one s_h per head."""
+    real_logits = _as(real.logits, shape)
+    if real_logits is None or not torch.isfinite(real_logits).all():
+        return False
+    q, k = adapter.qk_features(x.float())
+    cos = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+    other = shape[0] // 2  # the same window of the second probe image (windows of one image have other masks)
+    d_real = (real_logits[0] - real_logits[other]).flatten(1).double()  # (H, T·T)
+    d_cos = (cos[0] - cos[other]).flatten(1).double()
+    scale = (d_real * d_cos).sum(1, keepdim=True) / (d_cos * d_cos).sum(1, keepdim=True).clamp_min(1e-12)
+    residual = (d_real - scale * d_cos).norm() / d_real.norm().clamp_min(1e-12)
+    return bool(residual < 1e-3)
 
 
 def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None) -> bool:

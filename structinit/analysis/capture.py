@@ -1,6 +1,6 @@
-"""The one capture path for attention maps: a forward pre-hook on every attention layer
-takes the tokens the layer receives, and the layer's adapter recomputes its attention
-probabilities from them. It works on any model an adapter understands."""
+"""Capturing what attention layers see and do: :func:`attention_maps` returns the maps a model
+computes itself (its own softmax, in its forward); :func:`run_with_hooks` hands a callback the
+tokens each layer receives, for analyses that recompute from them (metrics, CKA)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import AttentionAdapter, find_attention_layers, select_layers
+from structinit.adapters.verify import real_maps
 
 
 def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -57,25 +58,14 @@ def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None
     """Attention probabilities of every (chosen) attention layer for one forward pass of
     ``inputs``: a list of (B, heads, T, T) float tensors, T including prefix tokens.
 
-    Works on any model an adapter understands: each layer's input is captured with a hook
-    and its map recomputed from the adapter's q/k weights, its relative position bias and the
-    additive terms of the call (Swin's windows: B·windows maps of the window's tokens). Holds all maps in memory; for
+    These are the maps the model computes itself, captured from its own softmax,
+    ``scaled_dot_product_attention`` or ``nn.MultiheadAttention`` in its forward
+    (:func:`structinit.adapters.verify.real_maps`), whatever it does to q and k on the way (a
+    windowed layer gives B·windows maps of the window's tokens). Holds all maps in memory; for
     large batches use :func:`impulse_fidelity`, which reduces them on the fly.
     """
     chosen = select_layers(find_attention_layers(model), layers)
-    maps: list[torch.Tensor | None] = [None] * len(chosen)
-
-    def keep(i, x, terms):
-        maps[i] = chosen[i][1].attention_probs(x.float(), terms)
-
-    was_training = model.training
-    model.eval()
-    try:
-        run_with_hooks(model, inputs, chosen, keep, with_terms=True)
-    finally:
-        model.train(was_training)
-    check_all_called(chosen, [m is not None for m in maps])
-    return maps
+    return [real.probs for real in real_maps(model, inputs, chosen)]
 
 
 def check_all_called(chosen, called) -> None:

@@ -21,9 +21,11 @@ from torch import nn
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.observe import observe
+from structinit.adapters.position import find_position_embedding
 from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import attention_survey, layer_relative_bias
+from structinit.adapters.token_order import is_identity, token_order
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps
 from structinit.functional.targets import target_index
 
@@ -76,14 +78,26 @@ def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]]
         return None
 
     def check() -> None:
-        swaps = {ad.module: _design_tokens(model, name, ad, lay) for (name, ad), lay in zip(chosen, layouts)}
+        order = _grid_order(model, chosen, layouts, inputs)
+        swaps = {ad.module: _design_tokens(model, name, ad, lay, order) for (name, ad), lay in zip(chosen, layouts)}
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
         for (name, ad), real, lay, offs in zip(chosen, real_maps(model, inputs, chosen, calls), layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs)
     return check
 
 
-def _design_tokens(model, name, ad, layout: TokenLayout) -> Callable[[torch.Tensor], torch.Tensor]:
+def _grid_order(model: nn.Module, chosen, layouts, inputs) -> torch.Tensor | None:
+    """The grid index of each token the first chosen layer receives on the probe (the seed every
+    probe uses), when the model puts its tokens out of [prefix, grid] order; else None."""
+    name, ad = chosen[0]
+    pe = find_position_embedding(model).pos_embed
+    if pe is None or layer_relative_bias(model, name, ad) is not None:
+        return None
+    order = token_order(model, ad, pe, layouts[0].num_patches, inputs)
+    return None if order is None or is_identity(order) else order
+
+
+def _design_tokens(model, name, ad, layout: TokenLayout, order) -> Callable[[torch.Tensor], torch.Tensor]:
     x_design, _ = layer_position_input(model, name, ad, layout)
     relative = layer_relative_bias(model, name, ad) is not None
 
@@ -91,7 +105,12 @@ def _design_tokens(model, name, ad, layout: TokenLayout) -> Callable[[torch.Tens
         if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
             return torch.zeros_like(x)
         out = x.clone()
-        out[:, x.shape[-2] - layout.num_patches:] = x_design.to(x.dtype)
+        design = x_design.to(x.dtype)[0]
+        if order is not None and order.shape == x.shape[:2]:  # each grid token gets its own position's row
+            on_grid = order >= 0
+            out[on_grid] = design[order[on_grid]]
+        else:
+            out[:, x.shape[-2] - layout.num_patches:] = design
         return out
     return swap
 
