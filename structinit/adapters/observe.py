@@ -99,7 +99,7 @@ def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
     if bound.get("is_causal"):
         t, s = logits.shape[-2:]
-        logits = logits.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1), float("-inf"))
+        logits = logits.masked_fill(torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1), float("-inf"))
     return AttentionMap(logits.softmax(-1), logits, "sdpa", q, k)
 
 

@@ -99,11 +99,16 @@ def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Te
     sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
     if not sizes:
         return None
-    return torch.randn(count, *sizes[0], generator=torch.Generator().manual_seed(0)).to(_dtype(model))
+    images = torch.randn(count, *sizes[0], generator=torch.Generator().manual_seed(0))
+    return images.to(device=_device(model), dtype=_dtype(model))
 
 
 def _dtype(model: nn.Module) -> torch.dtype:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 _COMMON_SIDES = (32, 224, 64, 16, 28, 96, 128, 256, 384)  # tried in this order by a model that states no size
@@ -126,7 +131,7 @@ def _taken_size(model: nn.Module, sizes: list[tuple[int, int, int]]) -> list[tup
         for size in [*sizes, *((3, s, s) for s in _COMMON_SIDES if (3, s, s) not in sizes)]:
             try:
                 with torch.random.fork_rng(devices=[]):
-                    model(torch.zeros(1, *size, dtype=_dtype(model)))
+                    model(torch.zeros(1, *size, dtype=_dtype(model), device=_device(model)))
             except Exception:  # the wrong size (or not an image model): try the next
                 continue
             found = [size]

@@ -59,7 +59,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
         return None
     rows = pos_embed.reshape(-1, pos_embed.shape[-1])
     offset = rows.shape[0] - num_patches
-    code = torch.zeros(base.shape[:2], dtype=torch.long)
+    code = torch.zeros(base.shape[:2], dtype=torch.long, device=base.device)
     saved = pos_embed.detach().clone()
     # a direction, not a constant: a LayerNorm before the layer would remove a constant shift
     delta = torch.randn(rows.shape[-1], generator=torch.Generator().manual_seed(0)) * (float(saved.float().abs().max())
@@ -69,7 +69,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
         chosen = [offset + r for r in range(num_patches) if (r + 1) >> bit & 1]
         try:
             flat = pos_embed.data.reshape(-1, pos_embed.shape[-1])
-            flat[chosen] += delta.to(flat.dtype)
+            flat[chosen] += delta.to(device=flat.device, dtype=flat.dtype)
             after = _tokens(model, adapter, inputs, seed)
         finally:
             pos_embed.data.copy_(saved)
@@ -80,7 +80,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     order = code - 1
     for sample in order:
         grid = sample[sample >= 0]
-        if grid.numel() != num_patches or not torch.equal(grid.sort().values, torch.arange(num_patches)):
+        if grid.numel() != num_patches or not torch.equal(grid.sort().values.cpu(), torch.arange(num_patches)):
             return None  # not one token per grid position: tokens mix before the layer
     return order
 
@@ -89,7 +89,7 @@ def is_identity(order: torch.Tensor) -> bool:
     """Whether every sample's grid tokens sit in grid order after the same prefix tokens."""
     prefix = int((order[0] < 0).sum())
     expected = torch.cat([torch.full((prefix,), -1), torch.arange(order.shape[1] - prefix)])
-    return bool((order == expected).all())
+    return bool((order.cpu() == expected).all())
 
 
 def canonical(probs: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

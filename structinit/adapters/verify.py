@@ -125,7 +125,7 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
                 return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
     if real.logits is not None and _as(real.logits, shape) is not None:
         raw_real, raw_ours = _as(real.logits, shape), adapter_logits(adapter, x.float(), terms)
-        eye = torch.eye(shape[-1], dtype=torch.bool)
+        eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
         diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
         if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
             # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
@@ -138,11 +138,11 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
             heads = shape[1]
             a = ours_logits.transpose(0, 1).reshape(heads, -1).T  # (pairs, H)
             b = real_logits.transpose(0, 1).reshape(heads, -1).T
-            design = torch.cat([a, torch.ones(len(a), 1)], 1).double()
+            design = torch.cat([a, torch.ones(len(a), 1, device=a.device)], 1).double()
             mix = torch.linalg.lstsq(design, b.double()).solution
             residual = float((design @ mix - b.double()).norm() / b.double().norm().clamp_min(1e-12))
-            if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], torch.eye(heads, dtype=mix.dtype),
-                                                                  atol=1e-3):
+            identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
+            if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], identity, atol=1e-3):
                 return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
                                      "is not its own q kᵀ")
             diff = real_logits - ours_logits

@@ -96,15 +96,16 @@ def add_scores(sums: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, op
     prefix = probs.shape[-1] - num_patches
     arg = probs.argmax(-1)
     for h, t in enumerate(targets):
+        t = t.to(probs.device)
         rows = torch.nonzero(t >= 0).squeeze(1) + prefix
         cols = t[rows - prefix] + prefix
         on_target = probs[:, h, rows, cols]
         hits = (arg[:, h, rows] == cols).double()
         weight = (torch.ones_like(on_target, dtype=torch.float64) if open_pairs is None else
                   open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols].double().expand_as(hits))
-        sums[h, 0] += (on_target.double() * weight).sum()
-        sums[h, 1] += (hits * weight).sum()
-        counts[h] += weight.sum()
+        sums[h, 0] += float((on_target.double() * weight).sum())  # float(): the maps may live on a GPU
+        sums[h, 1] += float((hits * weight).sum())
+        counts[h] += float(weight.sum())
     return sums, counts
 
 

@@ -122,7 +122,7 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
     arg = probs[..., prefix:].argmax(-1)  # among the grid tokens: the design says nothing of prefix tokens
     rates = []
     for h, offset in enumerate(offsets):
-        t = target_index(layout.grid, offset)
+        t = target_index(layout.grid, offset).to(probs.device)
         rows = torch.nonzero(t >= 0).squeeze(1)
         hits = arg[:, h, rows + prefix] == t[rows]
         if open_pairs is not None:
@@ -160,7 +160,7 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
     in units of their spread: mean over rows of (L_ii − mean_j≠i L_ij) / std_j≠i L_ij, for
     logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve)."""
     t = logits.shape[-1]
-    eye = torch.eye(t, dtype=torch.bool)
+    eye = torch.eye(t, dtype=torch.bool, device=logits.device)
     logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
     diag = logits[..., eye].reshape(*logits.shape[:-2], t)
     off = logits[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
