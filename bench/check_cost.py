@@ -6,8 +6,9 @@ forward of a probe image, side by side in one run, with the checks' share of the
     .venv/bin/python bench/check_cost.py                # the table of docs/results/zoo.md
     .venv/bin/python bench/check_cost.py --repeats 5
 
-Each figure is the median of ``--repeats`` runs on a fresh copy of the model (a model keeps
-what its probe found, so a second init on the same model skips the first probe).
+Each figure is the median of ``--repeats`` runs after one warm-up (``bench/timing.py``), on a
+fresh copy of the model (a model keeps what its probe found, so a second init on the same model
+skips the first probe).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import warnings
 
 import torch
+from timing import median_seconds
 
 import structinit
 from structinit.adapters.probe import probe_inputs
@@ -31,15 +33,6 @@ MODELS = {  # name → (structinit model, kwargs)
     "ViT-S/16 at 224 px (196 tokens)": ("vit_tiny_patch4_32", dict(img_size=224, patch_size=16, embed_dim=384,
                                                                    num_heads=6)),
 }
-
-
-def seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def row(label: str, name: str, kwargs: dict, scheme: str, repeats: int) -> str:
@@ -68,7 +61,7 @@ def row(label: str, name: str, kwargs: dict, scheme: str, repeats: int) -> str:
             check()
         return time.perf_counter() - start
 
-    t_forward, t_survey, t_init = seconds(forward, repeats), seconds(survey, repeats), seconds(init, repeats)
+    t_forward, t_survey, t_init = (median_seconds(f, repeats) for f in (forward, survey, init))
     t_after = statistics.median(checks_after() for _ in range(repeats))
     share = (t_survey + t_after) / t_init
     return (f"| {label} | `{scheme}` | {t_init:.3f} | {t_survey:.3f} | {t_after:.3f} | {t_forward:.3f} | "

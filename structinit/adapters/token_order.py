@@ -17,34 +17,14 @@ import math
 import torch
 from torch import nn
 
+from structinit.adapters.position import find_position_embedding
+from structinit.adapters.registry import layer_relative_bias
+from structinit.adapters.trace import tokens_at
 
-class _Stop(Exception):
-    pass
 
-
-@torch.no_grad()
 def _tokens(model: nn.Module, adapter, inputs, seed: int) -> torch.Tensor | None:
-    seen = {}
-
-    def stop(module, args, kwargs):
-        seen["x"] = adapter.input_tokens(args, kwargs).detach().float().clone()
-        raise _Stop
-
-    handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model(inputs)
-    except _Stop:
-        pass
-    except Exception:  # a probe the model does not take
-        return None
-    finally:
-        handle.remove()
-        model.train(was_training)
-    return seen.get("x")
+    x = tokens_at(model, adapter, inputs, seed)
+    return None if x is None else x.float()
 
 
 @torch.no_grad()
@@ -83,6 +63,19 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
         if grid.numel() != num_patches or not torch.equal(grid.sort().values.cpu(), torch.arange(num_patches)):
             return None  # not one token per grid position: tokens mix before the layer
     return order
+
+
+def out_of_order(model: nn.Module, first: tuple, num_patches: int, inputs, seed: int = 0) -> torch.Tensor | None:
+    """:func:`token_order` for the model's first chosen layer ``first`` (name, adapter) on
+    ``inputs``, when it shows the tokens out of [prefix, grid] order; None when they are in
+    order, or cannot be read (no position embedding, or a layer with a relative position bias,
+    whose grid is its window)."""
+    name, adapter = first
+    pe = find_position_embedding(model).pos_embed
+    if pe is None or layer_relative_bias(model, name, adapter) is not None:
+        return None
+    order = token_order(model, adapter, pe, num_patches, inputs, seed)
+    return None if order is None or is_identity(order) else order
 
 
 def is_identity(order: torch.Tensor) -> bool:

@@ -45,7 +45,7 @@ def first_layer(model: nn.Module):
 
 
 @torch.no_grad()
-def run_probe(model: nn.Module, images: torch.Tensor, handles: list) -> bool:
+def run_probe(model: nn.Module, images: torch.Tensor, handles: list, seed: int = 0) -> bool:
     """Run ``images`` through ``model`` in eval mode (restored after), with hooks already
     registered (their ``handles`` are removed after); a hook stops the forward early by raising
     :class:`_Stop`. False when the forward fails before that (a probe the model does not take).
@@ -55,7 +55,7 @@ def run_probe(model: nn.Module, images: torch.Tensor, handles: list) -> bool:
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+            torch.manual_seed(seed)
             model(images)
     except _Stop:
         pass
@@ -68,16 +68,17 @@ def run_probe(model: nn.Module, images: torch.Tensor, handles: list) -> bool:
     return True
 
 
-def tokens_at(model: nn.Module, adapter, images: torch.Tensor) -> torch.Tensor | None:
+def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0) -> torch.Tensor | None:
     """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
-    ``model`` (eval mode, restored), or None when the forward fails before reaching it."""
+    ``model`` (eval mode, restored; torch's random state seeded with ``seed``), or None when
+    the forward fails before reaching it."""
     seen = {}
 
     def stop(module, args, kwargs):
         seen["x"] = adapter.input_tokens(args, kwargs).detach().clone()
         raise _Stop
 
-    ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)])
+    ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)], seed)
     return seen.get("x") if ok else None
 
 

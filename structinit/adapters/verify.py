@@ -114,14 +114,10 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
     if real.q is not None and real.k is not None:
         q_real = real.q if tuple(real.q.shape[:3]) == tuple(shape[:3]) else None
         q_ours, _ = adapter.qk_features(x.float())
-        same = q_real is not None and q_real.shape == q_ours.shape and torch.allclose(q_real, q_ours, rtol=1e-3,
-                                                                                       atol=1e-5)
-        if q_real is not None and q_real.shape == q_ours.shape and not same:
-            norms_real, norms_ours = q_real.norm(dim=-1), q_ours.norm(dim=-1)
-            if torch.allclose(norms_real, norms_ours, rtol=1e-3, atol=1e-5):
-                return ROTATION, ("the q and k it really uses are its projections' rotated by position "
-                                  "(rotary position embeddings)")
-            if float(norms_real.std() / norms_real.mean().clamp_min(1e-12)) < 1e-3:
+        if q_real is not None and q_real.shape == q_ours.shape and not torch.allclose(q_real, q_ours, rtol=1e-3,
+                                                                                      atol=1e-5):
+            norms = q_real.norm(dim=-1)
+            if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
                 return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
     if real.logits is not None and _as(real.logits, shape) is not None:
         raw_real, raw_ours = _as(real.logits, shape), adapter_logits(adapter, x.float(), terms)

@@ -11,12 +11,11 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, select_layers
-from structinit.adapters.position import find_position_embedding
 from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
-from structinit.adapters.token_order import canonical, is_identity, token_order
+from structinit.adapters.token_order import canonical, out_of_order
 from structinit.adapters.verify import real_maps
 from structinit.functional.targets import Offset, target_index
 from structinit.schemes.records import get_record
@@ -169,7 +168,7 @@ def impulse_fidelity(
         reorders = _reorders(model, chosen, layouts)
         for start in range(0, images.shape[0], batch_size):
             batch = images[start : start + batch_size]
-            order = _order(model, chosen, layouts, batch) if reorders else None
+            order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
             for i, real in enumerate(real_maps(model, batch, chosen)):
                 layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
                 probs = real.probs
@@ -182,31 +181,12 @@ def impulse_fidelity(
     return {"mass": mass, "hit": hit}
 
 
-def _order(model: nn.Module, chosen, layouts, inputs) -> torch.Tensor | None:
-    """The grid index of each token the first chosen layer receives in a forward of ``inputs``
-    (:func:`~structinit.adapters.token_order.token_order`, with the seed every probe uses), or
-    None for a layer with a relative position bias or a model without a position embedding."""
-    name, ad = chosen[0]
-    pe = find_position_embedding(model).pos_embed
-    if pe is None or layer_relative_bias(model, name, ad) is not None:
-        return None
-    return token_order(model, ad, pe, layouts[0].num_patches, inputs)
-
-
 def _reorders(model: nn.Module, chosen, layouts) -> bool:
     """Whether the model puts its tokens out of grid order before the first chosen layer, read on
     the probe with two seeds (a random order shows in one of them at least)."""
     inputs = probe_inputs(model, chosen, count=1)
-    if inputs is None:
-        return False
-    pe = find_position_embedding(model).pos_embed
-    if pe is None or layer_relative_bias(model, *chosen[0]) is not None:
-        return False
-    for seed in (0, 1):
-        order = token_order(model, chosen[0][1], pe, layouts[0].num_patches, inputs, seed=seed)
-        if order is not None and not is_identity(order):
-            return True
-    return False
+    return inputs is not None and any(
+        out_of_order(model, chosen[0], layouts[0].num_patches, inputs, seed) is not None for seed in (0, 1))
 
 
 @dataclass(frozen=True)

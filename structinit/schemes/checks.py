@@ -21,11 +21,10 @@ from torch import nn
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.observe import observe
-from structinit.adapters.position import find_position_embedding
 from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import attention_survey, layer_relative_bias
-from structinit.adapters.token_order import is_identity, token_order
+from structinit.adapters.token_order import out_of_order
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps
 from structinit.functional.targets import target_index
 
@@ -78,23 +77,12 @@ def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]]
         return None
 
     def check() -> None:
-        order = _grid_order(model, chosen, layouts, inputs)
+        order = out_of_order(model, chosen[0], layouts[0].num_patches, inputs)  # the seed of every probe
         swaps = {ad.module: _design_tokens(model, name, ad, lay, order) for (name, ad), lay in zip(chosen, layouts)}
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
         for (name, ad), real, lay, offs in zip(chosen, real_maps(model, inputs, chosen, calls), layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs)
     return check
-
-
-def _grid_order(model: nn.Module, chosen, layouts, inputs) -> torch.Tensor | None:
-    """The grid index of each token the first chosen layer receives on the probe (the seed every
-    probe uses), when the model puts its tokens out of [prefix, grid] order; else None."""
-    name, ad = chosen[0]
-    pe = find_position_embedding(model).pos_embed
-    if pe is None or layer_relative_bias(model, name, ad) is not None:
-        return None
-    order = token_order(model, ad, pe, layouts[0].num_patches, inputs)
-    return None if order is None or is_identity(order) else order
 
 
 def _design_tokens(model, name, ad, layout: TokenLayout, order) -> Callable[[torch.Tensor], torch.Tensor]:
