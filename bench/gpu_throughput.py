@@ -1,27 +1,28 @@
-"""Training throughput on a GPU: images/s of one forward + backward + AdamW step in bf16
-autocast, eager and under ``torch.compile``, with the FLOPs of an image (forward + backward,
-counted by ``torch.utils.flop_counter.FlopCounterMode``), the TFLOP/s that makes, and its
-fraction of the card's dense bf16 peak (:data:`PEAKS`; another card says "peak unknown",
-``--peak-tflops`` sets one).
+"""Training throughput on a GPU: images/s of the harness's own training step (forward +
+backward + AdamW in bf16 autocast), eager and under ``torch.compile``, with the FLOPs of an
+image (forward + backward, counted by ``torch.utils.flop_counter.FlopCounterMode``), the
+TFLOP/s that makes, and its fraction of the card's dense bf16 peak (:data:`PEAKS`; another
+card says "peak unknown", ``--peak-tflops`` sets one).
 
-Each model is built with ``structinit.create_model`` and initialised with ``structinit.init_``
-(plain torch otherwise), and trained on one fixed random batch on the device, so the numbers
-are the model's and the optimiser's, with no data loading. The optimiser is AdamW with
-torch's default implementation, as in the training harness. Each cell is the median step
-time over ``--steps`` steps after ``--warmup`` steps (``timing.median_seconds``; the compile
-happens in the warm-up, whose time is its own column). The table is rewritten after every
-row, so a run cut short keeps what it measured.
+The step is the one ``structinit train`` takes: each model is built and initialised by the
+harness (``paper-cifar``'s settings at the model's size and batch) and stepped by
+:class:`structinit.harness.run.step.TrainStep` (fused AdamW on CUDA, label smoothing 0.1,
+gradient clipping at 3). A plain row trains on one fixed random batch, so its numbers are the
+model's and the optimiser's alone. ``--warmup`` steps run first (the compile happens there,
+and its time is its own column); then ``--steps`` steps are queued as the training loop
+queues them, with one synchronisation at the end. The table is rewritten after every row, so
+a run cut short keeps what it measured.
 
-``--pipeline AUGMENT`` adds a row per model with the rest of the harness's step: a uint8 batch
-on the device augmented by ``AUGMENT`` (a fresh augmentation every step, drawn from a CPU
-generator as the harness does), normalised, label smoothing 0.1 and gradient clipping at 3.
-Its gap to the plain row is what the training loop costs beyond the model and the optimiser.
+``--pipeline AUGMENT`` adds a row per model whose batches come from the harness's own
+``ImageTask.batches``: a permutation of random uint8 images on the device, augmented by
+``AUGMENT`` and normalised. Its gap to the plain row is what the data pipeline costs.
 
     .venv/bin/python bench/gpu_throughput.py                                  # cuda, the default models
     .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32:1024 --no-compile
     .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32 --pipeline flip,ra2-9-0.5  # paper-cifar's step
     .venv/bin/python bench/gpu_throughput.py --device cpu --models vit_micro_patch2_16:16 --steps 3 --warmup 1 \\
         --no-compile                                                          # a smoke run on the CPU
+    .venv/bin/python bench/gpu_throughput.py --from docs/results/data/gpu/h100-throughput.json  # a saved table
 
 ``--models`` takes names from :data:`MODELS` or any registered structinit ViT (``vit_*``), each
 with an optional ``:batch``.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -39,12 +41,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from timing import median_seconds
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import structinit
 from structinit.augment import Augment
+from structinit.data.datasets import ArrayDataset
+from structinit.harness.config import TrainConfig
+from structinit.harness.recipes import recipe
+from structinit.harness.run.device import Placement, resolve_precision
+from structinit.harness.run.lifecycle import construct_and_plan
+from structinit.harness.run.step import TrainStep
+from structinit.harness.tasks.image import ImageTask
 
 
 @dataclass(frozen=True)
@@ -138,53 +146,94 @@ def flops_per_image(spec: Spec, batch: int = 2) -> tuple[float, tuple[int, int, 
     return train_flops(model, x, y) / batch, input_shape(model)
 
 
+def input_shape_and_classes(spec: Spec) -> tuple[tuple[int, int, int], int]:
+    """(the image shape, the class count) of ``spec``'s model, read on the meta device."""
+    with torch.device("meta"):
+        model = build(spec)
+    return input_shape(model), model.head.out_features
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetch: int = 0) -> TrainConfig:
+    """``paper-cifar`` in bf16 at ``spec``'s model and batch, one epoch (half of it warm-up)."""
+    return recipe("paper-cifar", model=spec.model, model_kwargs=dict(spec.overrides), batch_size=spec.batch,
+                  compile=compile, init=init, augment=augment, precision="bf16", epochs=1, warmup_epochs=0.5,
+                  data_dir=None, test_prefix=None, test_every=1, cpu_prefetch=cpu_prefetch)
+
+
+def harness_step(cfg: TrainConfig, data: ArrayDataset, device: torch.device) -> tuple[ImageTask, TrainStep]:
+    """(the task, the step) of the run ``cfg`` on the training images ``data``, built as
+    ``structinit train`` builds them, so that a timed step is the harness's own
+    (:class:`~structinit.harness.run.step.TrainStep`) and its batches are
+    :meth:`ImageTask.batches` (permutation, augmentation on the device, normalisation)."""
+    task = ImageTask(cfg)
+    dtype = resolve_precision(task.check(), device)
+    where = Placement(1, 0, device)
+    model, plan = construct_and_plan(cfg, task.place(data, {}, where))
+    plan.commit()
+    _, total, warmup = task.schedule()
+    return task, TrainStep(model.to(device).train(), task, where, dtype, total, warmup)
+
+
+def wait_at(start_file: Path, timeout_s: float = 600.0) -> None:
+    """Say this process is warm (``<start_file>.ready.<pid>``), then wait until ``start_file``
+    exists: concurrent processes time the same window (the caller creates it once all are warm)."""
+    Path(f"{start_file}.ready.{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while not start_file.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"--start-file {start_file}: not created within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
 def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup: int, init: str,
-            pipeline: str | None = None) -> dict:
-    """images/s (median step), warm-up seconds and peak memory of training ``spec`` in bf16 autocast;
-    with ``pipeline`` (an augmentation spec) the step also augments a uint8 batch, smooths the
-    labels by 0.1 and clips the gradient norm at 3, as the training harness does."""
-    torch.manual_seed(0)
-    model = build(spec, init).to(device).train()
-    net = torch.compile(model) if compile else model
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    num_classes = model.head.out_features
-    x = torch.randn(spec.batch, *input_shape(model), device=device)
-    y = torch.randint(0, num_classes, (spec.batch,), device=device)
-    if pipeline is not None:
-        augment = Augment.parse(pipeline)
-        raw = torch.randint(0, 256, (spec.batch, *input_shape(model)), dtype=torch.uint8, device=device)
-        generator = torch.Generator().manual_seed(0)  # on the CPU, as the harness's augmentation generator
+            pipeline: str | None = None, start_file: Path | None = None, cpu_prefetch: int = 0) -> dict:
+    """images/s, warm-up seconds and peak memory of the harness's training step on ``spec``.
+
+    Without ``pipeline`` the step trains on one fixed batch (the model and the optimiser
+    alone); with it (an augmentation spec) each step takes the next batch of
+    :meth:`ImageTask.batches`, augmented on the device. Either way ``warmup`` steps run first
+    (compiling), then ``steps`` steps are timed as the training loop runs them: queued without
+    waiting, with one synchronisation at the end."""
+    shape, classes = input_shape_and_classes(spec)
+    generator = torch.Generator().manual_seed(0)
+    n = spec.batch * (warmup + steps)
+    images = torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, classes, (n,), generator=generator)
+    data = ArrayDataset(images, labels, [str(k) for k in range(classes)], "random", (0.5,) * shape[0],
+                        (0.25,) * shape[0])
+    cfg = bench_config(spec, compile, init, pipeline or "none", cpu_prefetch if pipeline else 0)
+    task, train_step = harness_step(cfg, data, device)
+    if pipeline is None:
+        fixed = next(task.batches(task.schedule()[0][0], Placement(1, 0, device)))
+        batches = iter([fixed] * (warmup + steps))
+    else:
+        batches = task.batches(task.schedule()[0][0], Placement(1, 0, device))
     losses = []
 
-    def step() -> None:
-        inputs = x if pipeline is None else (augment(raw, generator).float() / 255 - 0.5) / 0.25
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = net(inputs)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=0.1 if pipeline is not None else 0.0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if pipeline is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 3.0)
-        opt.step()
+    def run(count: int) -> None:
+        for _, (x, y) in zip(range(count), batches):
+            losses.append(train_step(len(losses), x, y)[0])
         synchronize(device)
-        losses.append(loss.detach())
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    for _ in range(warmup):
-        step()
+    run(warmup)
     warm_s = time.perf_counter() - start
-    seconds = median_seconds(step, repeats=steps, warmup=0)
+    if start_file is not None:
+        wait_at(start_file)
+    start = time.perf_counter()
+    run(steps)
+    seconds = time.perf_counter() - start
     if not all(math.isfinite(float(v)) for v in losses):
         raise FloatingPointError(f"{spec.label}: a training loss is not finite")
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"images_per_s": spec.batch / seconds, "warmup_s": warm_s, "peak_memory_gib": memory}
+    return {"images_per_s": steps * spec.batch / seconds, "warmup_s": warm_s, "peak_memory_gib": memory}
 
 
 def release(device: torch.device) -> None:
@@ -222,11 +271,11 @@ def device_header(device: torch.device, card: str | None, peak: float | None, ar
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     cuda = f", CUDA {torch.version.cuda}" if device.type == "cuda" else ""
     peak_text = f"dense bf16 peak {peak:g} TFLOP/s ({card})" if peak is not None else "peak unknown"
-    return (f"Training throughput on {name} (torch {torch.__version__}{cuda}; {peak_text}): forward + backward + "
-            f"AdamW in bf16 autocast, the median of {args.steps} steps after {args.warmup} warm-up steps, "
-            f"init {args.init}."
-            + (f" Rows '+ pipeline' add the harness's step: augmentation ({args.pipeline}) of a uint8 batch on the "
-               "device, label smoothing 0.1 and gradient clipping at 3." if args.pipeline else ""))
+    return (f"Training throughput on {name} (torch {torch.__version__}{cuda}; {peak_text}): the harness's "
+            f"training step (forward + backward + fused AdamW on CUDA, bf16 autocast), {args.steps} steps queued "
+            f"after {args.warmup} warm-up steps, init {args.init}."
+            + (f" Rows '+ pipeline' take their batches from the harness (ImageTask.batches): {args.pipeline} on "
+               "uint8 images on the device, then normalisation." if args.pipeline else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,13 +290,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=None, help="start no new cell after this many seconds")
     p.add_argument("--pipeline", default=None, metavar="AUGMENT",
                    help="also time the harness's whole step with this augmentation (e.g. flip,ra2-9-0.5)")
+    p.add_argument("--pipeline-only", action="store_true", help="time only the --pipeline row")
+    p.add_argument("--cpu-prefetch", type=int, default=0, metavar="N",
+                   help="the --pipeline row augments on the CPU, N batches ahead (the harness's cpu_prefetch)")
+    p.add_argument("--start-file", type=Path, default=None, metavar="PATH",
+                   help="after warming up, write PATH.ready.<pid> and time only once PATH exists (to time "
+                   "concurrent processes over one window)")
     p.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
     p.add_argument("--json", type=Path, default=None, help="write the rows here (JSON)")
+    p.add_argument("--from", dest="saved", type=Path, default=None, metavar="JSON",
+                   help="print the table of a saved --json run (measures nothing)")
     args = p.parse_args(argv)
+    if args.saved is not None:
+        saved = json.loads(args.saved.read_text())
+        print(markdown(saved["rows"], saved["header"], saved["peak_tflops"]), end="")
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
     specs = parse_models(args.models)
+    if (args.pipeline_only or args.cpu_prefetch) and args.pipeline is None:
+        raise SystemExit("--pipeline-only and --cpu-prefetch are about the --pipeline row: give --pipeline AUGMENT too")
+    if args.cpu_prefetch < 0:
+        raise SystemExit(f"--cpu-prefetch {args.cpu_prefetch}: expected N ≥ 0 batches ahead")
     if args.pipeline is not None:
         try:
             Augment.parse(args.pipeline)
@@ -260,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
     modes = ["eager", "compile"] if args.compile else ["eager"]
     if args.pipeline is not None:
-        modes.append(f"{modes[-1]} + pipeline")  # the harness's whole step, in the fastest mode only
+        where = f", CPU {args.cpu_prefetch} ahead" if args.cpu_prefetch else ""
+        modes.append(f"{modes[-1]} + pipeline{where}")  # the harness's whole step, in the fastest mode only
+    if args.pipeline_only:
+        modes = modes[-1:]
     counted = [flops_per_image(spec) for spec in specs]  # (FLOPs per image, image shape)
     cells, failed, start = {}, False, time.perf_counter()
     text = markdown([], header, peak)
@@ -273,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 try:
                     row |= measure(spec, device, mode.startswith("compile"), args.steps, args.warmup, args.init,
-                                   args.pipeline if mode.endswith("pipeline") else None)
+                                   args.pipeline if "+ pipeline" in mode else None, args.start_file,
+                                   args.cpu_prefetch)
                 except torch.OutOfMemoryError:
                     row["status"] = "out of memory"
                 except Exception as error:  # one bad cell fails the run, the others are still measured

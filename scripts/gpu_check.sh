@@ -13,6 +13,8 @@
 #   OUT                 where results go (default runs/gpu_check)
 #   DATA                the folder holding cifar-10-batches-py (default ../shared/datasets)
 #   GPU_CHECK_QUICK=1   small sizes: a smoke run of the script itself in seconds
+#   GPU_CHECK_ONLY      the steps to run, comma-separated (default all: device,cuda-tests,paper-cifar,
+#                       throughput); the device is always recorded
 #   GPU_CHECK_DEVICE    auto (default: cuda when torch sees it), cuda (fail without it), or cpu
 #   GPU_CHECK_EPOCHS    paper-cifar epochs (2; 1 with QUICK)
 #   GPU_CHECK_MODELS, GPU_CHECK_STEPS, GPU_CHECK_WARMUP, GPU_CHECK_COMPILE (1/0), GPU_CHECK_PIPELINE
@@ -35,6 +37,15 @@ DATA=$(cd "$DATA" 2>/dev/null && pwd || echo "$DATA")
 cd "$ROOT" || exit 1
 PY=${GPU_CHECK_PYTHON:-.venv/bin/python}
 QUICK=${GPU_CHECK_QUICK:-0}
+ONLY=${GPU_CHECK_ONLY:-device,cuda-tests,paper-cifar,throughput}
+for step in ${ONLY//,/ }; do
+    case $step in
+        device|cuda-tests|paper-cifar|throughput) ;;
+        *) echo "error: GPU_CHECK_ONLY=$ONLY: unknown step '$step'; choose from device,cuda-tests,paper-cifar,throughput" >&2
+           exit 2 ;;
+    esac
+done
+wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
 WANT=${GPU_CHECK_DEVICE:-auto}
 # Limits per step (seconds): together under 10 minutes, whatever hangs.
 LIMIT_DEVICE=${GPU_CHECK_LIMIT_DEVICE:-40} LIMIT_TESTS=${GPU_CHECK_LIMIT_TESTS:-80}
@@ -136,7 +147,9 @@ esac
 
 # ------------------------------------------------------------------ 2. the tests that need CUDA
 # Those in the test files that mention cuda whose names say cuda (they skip without it: "needs CUDA").
-if [ "$CUDA" = 1 ]; then
+if ! wanted cuda-tests; then
+    skip cuda-tests "not in GPU_CHECK_ONLY"
+elif [ "$CUDA" = 1 ]; then
     mapfile -t CUDA_TEST_FILES < <(grep -l -i cuda tests/test_*.py | grep -v 'tests/test_gpu_check.py')
     if [ "${#CUDA_TEST_FILES[@]}" = 0 ]; then
         echo "FAILED cuda-tests: no test file under tests/ mentions cuda"
@@ -174,7 +187,9 @@ print(f"| {run.name} | {'yes' if compiled else 'no'} | {len(rows)} | {rates} | {
 EOF
     tail -n 1 "$OUT/paper-cifar.md"
 }
-if [ "$CUDA" != 1 ]; then
+if ! wanted paper-cifar; then
+    skip paper-cifar "not in GPU_CHECK_ONLY"
+elif [ "$CUDA" != 1 ]; then
     skip paper-cifar-bf16 "needs CUDA ($NO_CUDA_WHY): the 2-epoch paper-cifar runs are a GPU check"
     skip paper-cifar-bf16-compile "needs CUDA ($NO_CUDA_WHY)"
 elif [ ! -f "$DATA/cifar-10-batches-py/data_batch_1" ]; then
@@ -206,8 +221,12 @@ else
     COMPILE=${GPU_CHECK_COMPILE:-0}
 fi
 [ "$COMPILE" = 1 ] || BENCH+=(--no-compile)
-run_step throughput "$LIMIT_BENCH" "$PY" bench/gpu_throughput.py "${BENCH[@]}" \
-    --out "$OUT/throughput.md" --json "$OUT/throughput.json"
+if wanted throughput; then
+    run_step throughput "$LIMIT_BENCH" "$PY" bench/gpu_throughput.py "${BENCH[@]}" \
+        --out "$OUT/throughput.md" --json "$OUT/throughput.json"
+else
+    skip throughput "not in GPU_CHECK_ONLY"
+fi
 
 # ------------------------------------------------------------------ summary
 {

@@ -145,7 +145,9 @@ def test_pipeline_rows_time_the_harness_step(tmp_path, bench, monkeypatch):
     rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["eager", "eager + pipeline"]
     assert all(r["images_per_s"] > 0 for r in rows)
-    assert calls == [torch.uint8] * 3  # one fresh augmentation of the uint8 batch per step: 1 warm-up + 2 timed
+    # the plain row's one fixed batch (augment "none"), then one fresh augmentation of the uint8
+    # batch per step of the pipeline row: 1 warm-up + 2 timed
+    assert calls == [torch.uint8] * (1 + 3)
 
 
 def test_pipeline_with_a_bad_augmentation_stops_before_measuring(tmp_path, bench, capsys):
@@ -154,3 +156,27 @@ def test_pipeline_with_a_bad_augmentation_stops_before_measuring(tmp_path, bench
         bench.main(["--device", "cpu", "--models", "vit_micro_patch2_16:8", "--no-compile", "--pipeline", "flips",
                     "--json", str(out)])
     assert not out.exists() and "Training throughput" not in capsys.readouterr().out
+
+
+def test_the_benchmark_times_the_training_loops_own_batches_and_step(tmp_path, bench):
+    # One epoch through `structinit train`'s loop, then the benchmark's harness_step on the same
+    # config and images: the same batches (permutation, RandAugment, flips) and the same step
+    # give the same mean loss and bit-identical weights.
+    from safetensors.torch import load_file
+
+    from structinit.harness.recipes import recipe
+    from structinit.harness.run.device import Placement
+    from structinit.harness.run.lifecycle import run_task
+    from structinit.harness.tasks.image import ImageTask, load_data
+
+    cfg = recipe("digits", epochs=1, augment="flip,ra2-9-0.5", seed=3, out_dir=str(tmp_path / "run"))
+    result = run_task(ImageTask(cfg), progress=False)
+    train_ds, _ = load_data(cfg)
+    task, step = bench.harness_step(cfg, train_ds, torch.device("cpu"))
+    cpu = Placement(1, 0, torch.device("cpu"))
+    losses = [float(step(i, x, y)[0]) for i, (x, y) in enumerate(task.batches(task.schedule()[0][0], cpu))]
+    assert len(losses) == task.steps == 300 // 64
+    assert sum(losses) / len(losses) == pytest.approx(result["history"][0]["train_loss"], rel=1e-6)
+    weights = load_file(tmp_path / "run" / "model.safetensors")
+    assert weights.keys() == step.model.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in step.model.state_dict().items())

@@ -2,8 +2,9 @@
 
 The dataset lives in memory as uint8 (B, C, H, W) tensors (C = 1 or 3); augmentation runs on
 whole batches, vectorised, on CPU or CUDA. Every random choice comes from a CPU
-``torch.Generator``: per-image parameters are drawn on the CPU and moved to the batch's device,
-so a seed fixes the result, whatever the device.
+``torch.Generator``: per-image parameters are drawn on the CPU and moved to the batch's device
+(through pinned memory, so that a GPU never waits for the host), and a seed fixes the result,
+whatever the device.
 
     from structinit.augment import Augment
     aug = Augment.parse("ra2-9-0.5,crop4,flip")       # RandAugment (timm rand-m9-mstd0.5-inc1), crop, flip

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from structinit.utils import is_int, is_number
+from structinit.utils import is_int, is_number, to_device
 
 __all__ = ["check_batch", "check_int", "check_probability", "fill_values", "per_sample"]
 
@@ -66,7 +66,7 @@ def per_sample(
             raise ValueError(
                 f"{fn}: {name} has shape {tuple(value.shape)}: pass a number or one value per sample, shape ({batch},)"
             )
-        return value.to(device=x.device, dtype=torch.float64).clamp(low, high).to(dtype)
+        return to_device(value.to(torch.float64), x.device).clamp(low, high).to(dtype)
     if not is_number(value) or not math.isfinite(value) or not low <= value <= high:
         raise ValueError(f"{fn}: {name}={value!r}: expected a finite number in [{low}, {high}] or a ({batch},) tensor")
     return torch.full((batch,), value, dtype=dtype, device=x.device)

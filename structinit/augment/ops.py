@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from structinit.augment._checks import check_batch, fill_values, per_sample
-from structinit.utils import is_int
+from structinit.utils import is_int, to_device
 
 # PIL's ImageFilter.SMOOTH, the "degenerate" image that ImageEnhance.Sharpness blends with
 _SMOOTH = ((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0))
@@ -102,14 +102,17 @@ def equalize(x: torch.Tensor) -> torch.Tensor:
     With h the 256-bin histogram and ``last`` the count of the brightest value present,
     step = (H·W − last) // 255 and lut[v] = (step // 2 + Σ_{u<v} h[u]) // step (clamped to 255).
     Channels with a single value, or step = 0, are unchanged. All B·C histograms come from one
-    ``bincount`` on values offset by 256 per (image, channel).
+    scatter-add on values offset by 256 per (image, channel).
     """
     check_batch(x, "equalize")
     b, c, h, w = x.shape
     rows = b * c
     flat = x.reshape(rows, h * w).long()
     offsets = torch.arange(rows, device=x.device).unsqueeze(1) * 256
-    hist = torch.bincount((flat + offsets).flatten(), minlength=rows * 256).view(rows, 256)
+    # a scatter-add, not bincount: on a GPU bincount reads its input's maximum back to the host
+    bins = (flat + offsets).flatten()
+    hist = torch.zeros(rows * 256, dtype=torch.long, device=x.device).scatter_add_(0, bins, torch.ones_like(bins))
+    hist = hist.view(rows, 256)
     last = hist.gather(1, flat.amax(dim=1, keepdim=True))
     step = (h * w - last) // 255
     safe_step = step.clamp(min=1)
@@ -167,7 +170,7 @@ def adjust_sharpness(x: torch.Tensor, factor: float | torch.Tensor) -> torch.Ten
     img = x.float()
     smooth = img.clone()
     if h >= 3 and w >= 3:
-        kernel = torch.tensor(_SMOOTH, device=x.device).expand(c, 1, 3, 3)
+        kernel = to_device(torch.tensor(_SMOOTH), x.device).expand(c, 1, 3, 3)
         # integer weights keep the sums exact, so the rounding below matches PIL's
         inner = F.conv2d(img, kernel, groups=c) / _SMOOTH_SUM
         smooth[:, :, 1:-1, 1:-1] = inner.round()
@@ -190,28 +193,31 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: int | Sequence[int] = 0)
     if not isinstance(matrix, torch.Tensor) or matrix.shape[-2:] != (2, 3) or matrix.ndim not in (2, 3):
         shape = tuple(matrix.shape) if isinstance(matrix, torch.Tensor) else type(matrix).__name__
         raise ValueError(f"affine: matrix has shape {shape}: expected a (2, 3) or ({b}, 2, 3) tensor")
-    matrix = matrix.to(device=x.device, dtype=torch.float64).expand(b, 2, 3)
+    matrix = to_device(matrix.to(torch.float64), x.device).expand(b, 2, 3)
     # grid_sample's nearest picks round-half-even(p − ½) where PIL picks floor(p): nudging p by a
     # hair makes exact ties (e.g. integer shifts, 90° turns of odd sizes) go PIL's way
-    matrix = matrix + torch.tensor([[0.0, 0.0, _TIE_NUDGE], [0.0, 0.0, _TIE_NUDGE]], device=x.device)
+    # (constants go through to_device: a plain copy to a GPU would wait for its queue to drain)
+    matrix = matrix + to_device(torch.tensor([[0.0, 0.0, _TIE_NUDGE], [0.0, 0.0, _TIE_NUDGE]], dtype=torch.float64),
+                                x.device)
     # affine_grid works in normalised coordinates n = 2·p / size − 1 (p in pixel units, align_corners=False):
     # theta = to_normalised · matrix · to_pixels
-    to_norm = torch.tensor([[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]], dtype=torch.float64, device=x.device)
-    to_pix = torch.tensor([[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]], dtype=torch.float64, device=x.device)
-    bottom = torch.tensor([[[0.0, 0.0, 1.0]]], dtype=torch.float64, device=x.device).expand(b, 1, 3)
+    to_norm = to_device(torch.tensor([[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]], dtype=torch.float64), x.device)
+    to_pix = to_device(torch.tensor([[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]], dtype=torch.float64), x.device)
+    bottom = to_device(torch.tensor([[[0.0, 0.0, 1.0]]], dtype=torch.float64), x.device).expand(b, 1, 3)
     theta = to_norm @ torch.cat([matrix, bottom], dim=1) @ to_pix
     # float64 throughout: in float32 a sample point 5e-6 from a pixel edge can land on the wrong side
     grid = F.affine_grid(theta[:, :2], [b, c + 1, h, w], align_corners=False)
     # an extra all-ones channel marks which output pixels came from inside the image
     src = torch.cat([x.double(), torch.ones(b, 1, h, w, dtype=torch.float64, device=x.device)], dim=1)
     out = F.grid_sample(src, grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    fill_t = torch.tensor(fill_values(fill, c, "affine"), dtype=torch.float64, device=x.device).view(1, c, 1, 1)
+    fill_t = to_device(torch.tensor(fill_values(fill, c, "affine"), dtype=torch.float64), x.device).view(1, c, 1, 1)
     return torch.where(out[:, c:] > 0.5, out[:, :c], fill_t).to(torch.uint8)
 
 
 def _matrix(rows: list[list[torch.Tensor | float]], like: torch.Tensor) -> torch.Tensor:
     """Stack per-image entries (each a (B,) tensor or a number) into a (B, 2, 3) matrix."""
-    entries = [torch.as_tensor(e, dtype=like.dtype, device=like.device).expand_as(like) for r in rows for e in r]
+    entries = [e.to(like.dtype).expand_as(like) if isinstance(e, torch.Tensor) else torch.full_like(like, e)
+               for r in rows for e in r]
     return torch.stack(entries, dim=1).view(-1, 2, 3)
 
 

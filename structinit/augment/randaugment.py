@@ -19,7 +19,7 @@ import torch
 
 from structinit.augment import ops
 from structinit.augment._checks import check_batch, check_int, check_probability, fill_values
-from structinit.utils import check_generator, is_number
+from structinit.utils import check_generator, is_number, to_device
 
 MAX_MAGNITUDE = 10.0
 
@@ -194,6 +194,6 @@ def rand_augment(
             idx = ((choice == k) & applied).nonzero().squeeze(1)
             if idx.numel() == 0:
                 continue
-            idx_dev = idx.to(x.device)
+            idx_dev = to_device(idx, x.device)  # no host-device sync: see structinit.utils.transfer
             out.index_copy_(0, idx_dev, apply_op(out.index_select(0, idx_dev), name, m[idx], sign[idx], fill))
     return out

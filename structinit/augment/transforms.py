@@ -10,7 +10,7 @@ import torch
 
 from structinit.augment._checks import check_batch, check_int, check_probability, fill_values
 from structinit.augment.randaugment import MAX_MAGNITUDE, rand_augment
-from structinit.utils import check_generator, is_number
+from structinit.utils import check_generator, is_number, to_device
 
 PADDING_MODES = ("reflect", "constant")
 
@@ -60,10 +60,10 @@ def random_crop(
         raise ValueError(
             f"random_crop: size={size!r}: the window must fit the padded {h + 2 * padding}×{w + 2 * padding} image"
         )
-    fill_t = torch.tensor(fill_values(fill, c, "random_crop"), dtype=torch.uint8, device=x.device).view(1, c, 1, 1)
+    fill_t = to_device(torch.tensor(fill_values(fill, c, "random_crop"), dtype=torch.uint8), x.device).view(1, c, 1, 1)
 
-    dy = torch.randint(h + 2 * padding - oh + 1, (b,), generator=generator).to(x.device)
-    dx = torch.randint(w + 2 * padding - ow + 1, (b,), generator=generator).to(x.device)
+    dy = to_device(torch.randint(h + 2 * padding - oh + 1, (b,), generator=generator), x.device)
+    dx = to_device(torch.randint(w + 2 * padding - ow + 1, (b,), generator=generator), x.device)
     reflect = padding_mode == "reflect"
     rows, rows_inside = _window_index(dy, oh, h, padding, reflect)
     cols, cols_inside = _window_index(dx, ow, w, padding, reflect)
@@ -80,7 +80,7 @@ def random_hflip(x: torch.Tensor, p: float, generator: torch.Generator) -> torch
     check_batch(x, "random_hflip")
     check_generator(generator, "random_hflip")
     check_probability(p, "p", "random_hflip")
-    flip = (torch.rand(x.shape[0], generator=generator, dtype=torch.float64) < p).to(x.device)
+    flip = to_device(torch.rand(x.shape[0], generator=generator, dtype=torch.float64) < p, x.device)
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
 
 

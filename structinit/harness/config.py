@@ -156,6 +156,8 @@ class TrainConfig(RunConfig):
     holdout_mode: str = option("last", check=("last", "stratified"),
                                help="which images are set aside: 'last' in order, or 'stratified'")
     test_prefix: int | None = option(None, help="also score the first N test images")
+    test_every: int = option(1, check="count", help="score the whole test split every N epochs and at the last "
+                             "(needs test_prefix, the split scored at every evaluation in between)")
     epochs: int = option(30, flag=True, check="count", help="passes over the training images")
     warmup_epochs: float = option(2.0, help="epochs of learning-rate warm-up")
     label_smoothing: float = option(0.1, help="label smoothing of the cross-entropy loss")
@@ -171,6 +173,10 @@ class TrainConfig(RunConfig):
                                        "accuracy", expected="an ℓ₂ radius > 0 in pixel space [0, 1], e.g. 36/255 ≈ "
                                        "0.1412, or None for no certification")
     augment: str = option("crop4,flip", flag=True, help="data augmentation, applied to whole batches")
+    cpu_prefetch: int = option(0, check="natural", help="augment on the CPU in a background thread, this many "
+                               "batches ahead of the step (0: on the training device, in the step); the same draws "
+                               "either way (on a GPU a blend may round a tie the other way), so a run may change it "
+                               "when it resumes")
 
 
 @dataclass

@@ -14,9 +14,10 @@ from structinit.utils.checks import (
 )
 from structinit.utils.registry import Registry
 from structinit.utils.seeding import check_generator, derive_seed, derived_generator, make_generator
+from structinit.utils.transfer import to_device
 
 __all__ = [
     "OptionError", "Registry", "check_choice", "check_finite", "check_generator", "check_int",
     "check_number", "check_options", "derive_seed", "derived_generator", "is_int", "is_number",
-    "make_generator", "warn_caller",
+    "make_generator", "to_device", "warn_caller",
 ]  # fmt: skip

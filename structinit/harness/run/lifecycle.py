@@ -49,7 +49,8 @@ from structinit.harness.run.device import (
     versions,
 )
 from structinit.harness.run.folder import check_out_dir, lock_run
-from structinit.harness.run.optim import EMA, cosine_lr, param_groups
+from structinit.harness.run.optim import EMA
+from structinit.harness.run.step import TrainStep
 from structinit.schemes.plan import Plan
 from structinit.utils.optional_imports import require
 
@@ -66,6 +67,7 @@ class Chunk:
     first: int
     last: int
     evaluate: bool
+    full: bool = True  # evaluate every split; False: only those the task scores at every evaluation
 
 
 class Task(Protocol):
@@ -73,6 +75,7 @@ class Task(Protocol):
 
     cfg: Any
     unit: str  # what a chunk is called in messages: "epoch", "step"
+    free_fields: tuple[str, ...]  # config fields that change how it computes, not what: a resume may change them
     examples: str  # what a batch holds: "images", "sequences" (the row's <examples>_per_s)
     state_keys: tuple[str, ...]  # what its checkpoint must hold to resume
     added_fields: dict[str, Any]  # config fields added since older checkpoints: the value they ran with
@@ -85,7 +88,8 @@ class Task(Protocol):
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor: ...
     def count(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]: ...
     #   (right predictions, scored predictions, the loss's weight in the chunk's mean)
-    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict: ...
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True,
+                 full: bool = True) -> dict: ...
     def row(self, chunk: Chunk) -> dict[str, Any]: ...  # what a metric row and checkpoint say beyond "step"
     def result(self, history: list[dict]) -> dict[str, Any]: ...  # its part of result.json, "final" among it
 
@@ -150,7 +154,8 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     out = Path(cfg.out_dir)
     ckpt_path, result_path = out / CHECKPOINT, out / RESULT
     state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields,
-                         as_ran=lambda c: {**c, "precision": precision_name(resolve_precision(c["precision"], device))})
+                         as_ran=lambda c: {**{k: v for k, v in c.items() if k not in task.free_fields},
+                                           "precision": precision_name(resolve_precision(c["precision"], device))})
     model, plan = construct_and_plan(cfg, task.prepare(where))  # the one place a run's model is made
     plan.commit()
     fingerprint = init_fingerprint(model)
@@ -160,18 +165,13 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
         if state.get("finished") and result_path.exists():
             return json.loads(result_path.read_text())
     model = model.to(device)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
-    ema = EMA(model, cfg.ema_decay) if cfg.ema_decay else None
     chunks, total, warmup = task.schedule()
+    train_step = TrainStep(model, task, where, dtype, total, warmup)
+    ema = train_step.ema
     done, history, wall_before = 0, [], 0.0
     if state is not None:
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        if ema is not None:
-            ema.state = {k: v.to(device) for k, v in state["ema"].items()}
+        train_step.load_state(state)
         history, wall_before = state["history"], state["wall_s"]
         done = state["step"] if "step" in state else chunks[state["epoch"] - 1].last if state["epoch"] else 0
     # The step each process that trained this run started from: [0] for a run never stopped,
@@ -180,10 +180,6 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     log = MetricsLog(out, history) if where.writes else None
     if log is not None:
         log.flush()  # metric files agree with the checkpoint, even after a kill
-    net = model
-    if where.world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    net = torch.compile(net) if cfg.compile else net
     run_start = time.perf_counter()
     for chunk in (c for c in chunks if c.first >= done):
         loss_sum = torch.zeros((), device=device)
@@ -193,32 +189,20 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
         bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
         t0 = time.perf_counter()
         for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
-            lr = cosine_lr(step, total, warmup, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                logits = net(x)
-            loss = task.loss(logits, y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if cfg.grad_clip:
-                scaler.unscale_(opt)
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(opt)
-            scaler.update()
-            if ema is not None:
-                ema.update(model)
-            good, n, w = task.count(logits.detach(), y)
-            loss_sum += loss.detach() * w
+            loss, logits = train_step(step, x, y)
+            good, n, w = task.count(logits, y)
+            loss_sum += loss * w
             right, scored, weight = right + good, scored + n, weight + w
             if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
                 bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
                 bar.update(step + 1 - chunk.first - bar.n)
         if bar is not None:
             bar.close()
-        seconds = time.perf_counter() - t0
         totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
                                                torch.tensor(float(weight), dtype=torch.float64, device=device)]))
+        totals = totals.cpu()  # waits for the chunk's last step: the time below is the device's too
+        seconds = time.perf_counter() - t0
+        lr = train_step.lr(chunk.last - 1)
         if not math.isfinite(float(totals[0])):
             raise NonFiniteLossError(
                 f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not finite "
@@ -228,19 +212,18 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
                f"{task.examples}_per_s": (chunk.last - chunk.first) * cfg.batch_size / seconds,
                "wall_s": wall_before + time.perf_counter() - run_start}
         if chunk.evaluate:
-            row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1])
+            row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1], full=chunk.full)
             if ema is not None:  # the averaged weights too, then the live ones back
                 live = {k: v.detach().clone() for k, v in model.state_dict().items()}
                 model.load_state_dict(ema.state)
-                row |= {f"ema_{k}": v for k, v in task.evaluate(model, dtype, where, False, robust=False).items()
-                        if k.endswith("_acc")}
+                scores = task.evaluate(model, dtype, where, False, robust=False, full=chunk.full)
+                row |= {f"ema_{k}": v for k, v in scores.items() if k.endswith("_acc")}
                 model.load_state_dict(live)
         history = [*history, row]
         if where.writes:
             save_checkpoint(ckpt_path, {
                 "config": cfg.to_dict(), **task.row(chunk), "step": chunk.last, "model": model.state_dict(),
-                "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
-                "ema": None if ema is None else ema.state, "history": history, "wall_s": row["wall_s"],
+                **train_step.state(), "history": history, "wall_s": row["wall_s"],
                 "finished": chunk is chunks[-1], "init_fingerprint": fingerprint, "starts": starts,
             })
             log.append(row)

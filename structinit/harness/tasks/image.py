@@ -31,7 +31,8 @@ from structinit.harness.config import TrainConfig
 from structinit.harness.errors import user_input
 from structinit.harness.run.device import Placement
 from structinit.harness.run.lifecycle import Chunk, construct_and_plan
-from structinit.utils import derived_generator
+from structinit.utils import derived_generator, to_device
+from structinit.utils.background import ahead
 
 __all__ = ["PAPER_HINGE_MARGIN", "ImageTask", "check_data", "eval_images", "evaluate", "hinge_margin", "image_sizes",
            "load_data", "load_train_split", "pgd_accuracy", "plan_model", "test_images"]
@@ -172,9 +173,11 @@ class ImageTask:
     """Classify images: a chunk is an epoch; see the module docstring."""
 
     unit, examples = "epoch", "images"
+    free_fields = ("cpu_prefetch",)
     state_keys = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
     # Fields added after runs were made: a checkpoint without one ran with this value, and resumes.
-    added_fields: ClassVar[dict[str, Any]] = {"loss": "ce", "hinge_margin": None, "certify_eps": None}
+    added_fields: ClassVar[dict[str, Any]] = {"loss": "ce", "hinge_margin": None, "certify_eps": None,
+                                              "test_every": 1, "cpu_prefetch": 0}
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -190,6 +193,12 @@ class ImageTask:
                 raise ValueError(f"hinge_margin={cfg.hinge_margin!r} applies to loss='hinge' only (loss={cfg.loss!r}); "
                                  "set loss='hinge' or leave hinge_margin at None")
         check_data(cfg)
+        with user_input("test_every"):
+            if cfg.test_every > 1 and (not cfg.test_prefix or cfg.holdout):
+                why = f"holdout={cfg.holdout} scores no test split" if cfg.holdout else "test_prefix is not set"
+                raise ValueError(f"test_every={cfg.test_every} leaves the evaluations in between without a score: "
+                                 f"{why}; set test_prefix=N (the first N test images, scored at every evaluation) "
+                                 "with holdout=0, or test_every=1")
         with user_input("precision"):
             # a certificate rests on exact arithmetic: bf16 or fp16 would break the Lipschitz bound
             if cfg.certify_eps is not None and cfg.precision in ("bf16", "fp16"):
@@ -203,8 +212,14 @@ class ImageTask:
         return image_sizes(train_ds.image_shape, train_ds.num_classes)
 
     def prepare(self, where: Placement) -> dict[str, int]:
+        return self.place(*load_data(self.cfg), where)
+
+    def place(self, train_ds, evals: dict, where: Placement) -> dict[str, int]:
+        """Put ``train_ds`` and ``evals`` ({name: split}) on the device, as :meth:`prepare`
+        does with the config's data; the throughput benchmark places its own images here.
+        Returns the model arguments the data decides."""
         cfg, device = self.cfg, where.device
-        train_ds, evals = load_data(cfg)
+        self.cpu_images = train_ds.images  # what cpu_prefetch augments
         self.images, self.labels = train_ds.images.to(device), train_ds.labels.to(device)
         self.evals = {k: (v.images.to(device), v.labels.to(device)) for k, v in evals.items()}
         self.mean = torch.tensor(train_ds.mean, device=device).view(1, -1, 1, 1)
@@ -220,18 +235,29 @@ class ImageTask:
 
     def schedule(self) -> tuple[list[Chunk], int, int]:
         cfg, n = self.cfg, self.steps
-        chunks = [Chunk(e + 1, e * n, (e + 1) * n, (e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs)
+        last = cfg.epochs
+        chunks = [Chunk(e + 1, e * n, (e + 1) * n, (e + 1) % cfg.eval_every == 0 or e + 1 == last,
+                        full=(e + 1) % cfg.test_every == 0 or e + 1 == last)
                   for e in range(cfg.epochs)]
         return chunks, n * cfg.epochs, round(cfg.warmup_epochs * n)
 
     def batches(self, chunk: Chunk, where: Placement):
         epoch, k = chunk.number - 1, self.per_rank
-        order = torch.randperm(len(self.images), generator=derived_generator(self.cfg.seed, epoch)).to(where.device)
+        order = torch.randperm(len(self.images), generator=derived_generator(self.cfg.seed, epoch))
         mine = order[where.rank :: where.world][: self.steps * k]
+        mine_here = to_device(mine, where.device)
         aug_gen = derived_generator(self.cfg.seed, epoch, where.rank, 1)  # 1: augmentation
-        for i in range(self.steps):
-            idx = mine[i * k : (i + 1) * k]
-            yield (self.augment(self.images[idx], aug_gen).float() / 255 - self.mean) / self.std, self.labels[idx]
+        if self.cfg.cpu_prefetch:
+            # The same draws on the CPU images, a background thread ahead of the step; pinned, so
+            # that the copy to a GPU is queued without waiting.
+            pin = where.device.type == "cuda"
+            augmented = (self.augment(self.cpu_images[mine[i * k : (i + 1) * k]], aug_gen) for i in range(self.steps))
+            uint8 = ahead((x.pin_memory() if pin else x for x in augmented), self.cfg.cpu_prefetch)
+            uint8 = (to_device(x, where.device) for x in uint8)
+        else:
+            uint8 = (self.augment(self.images[mine_here[i * k : (i + 1) * k]], aug_gen) for i in range(self.steps))
+        for i, x in enumerate(uint8):
+            yield (x.float() / 255 - self.mean) / self.std, self.labels[mine_here[i * k : (i + 1) * k]]
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.cfg.loss == "hinge":  # label_smoothing is a cross-entropy option: it plays no part here
@@ -241,10 +267,12 @@ class ImageTask:
     def count(self, logits: torch.Tensor, y: torch.Tensor):
         return (logits.argmax(-1) == y).sum(), len(y), len(y)
 
-    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict:
-        """Accuracy and loss of every split; with ``certify_eps`` (and ``robust``), the
-        certified accuracy at ε in pixel space (models that declare a Lipschitz bound) and, at
-        the final evaluation only, the ℓ₂ PGD accuracy at ε."""
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True,
+                 full: bool = True) -> dict:
+        """Accuracy and loss of every split (with ``full=False``, of the ``test_prefix`` split
+        alone); with ``certify_eps`` (and ``robust``), the certified accuracy at ε in pixel space
+        (models that declare a Lipschitz bound) and, at the final evaluation only, the ℓ₂ PGD
+        accuracy at ε."""
         cfg, row, batch = self.cfg, {}, 2 * self.cfg.batch_size
         bound = model_lipschitz(model)
         threshold = None
@@ -252,6 +280,8 @@ class ImageTask:
             # The model sees (x − mean)/std: its Lipschitz constant in pixel space is bound/min(std).
             threshold = pixel_cert_threshold(cfg.certify_eps, bound, self.std)
         for name, (x, y) in self.evals.items():
+            if not full and name != f"test_first{cfg.test_prefix}":
+                continue
             values = evaluate(model, x, y, self.mean, self.std, batch, dtype, where, cert_threshold=threshold)
             row[f"{name}_acc"], row[f"{name}_loss"] = values[:2]
             if threshold is not None:

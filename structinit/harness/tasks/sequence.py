@@ -60,6 +60,7 @@ class SequenceTask:
     """Predict the answer tokens of generated sequences: a chunk is ``eval_every`` steps."""
 
     unit, examples = "step", "sequences"
+    free_fields = ()
     state_keys = ("config", "step", "model", "optimizer", "history", "wall_s")
     added_fields: ClassVar[dict[str, Any]] = {"precision": "fp32", "compile": False, "ema_decay": None}
 
@@ -97,7 +98,8 @@ class SequenceTask:
         mask = y != -100
         return ((logits.argmax(-1) == y) & mask).sum(), mask.sum(), 1
 
-    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True) -> dict:
+    def evaluate(self, model: nn.Module, dtype, where: Placement, final: bool, robust: bool = True,
+                 full: bool = True) -> dict:
         return evaluate_sequences(model, *self.held, 4 * self.cfg.batch_size, dtype)
 
     def row(self, chunk: Chunk) -> dict[str, Any]:

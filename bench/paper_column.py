@@ -1,0 +1,62 @@
+"""The paper's CIFAR-10 column as the GPU runs fill it: each ``paper-cifar`` run that a draw
+brought back (``docs/results/data/gpu/runs.json`` lists them, with the card and the state),
+read on the exact test images 0–1016 with their standard error, set against the paper's
+Table 2. The whole test set's accuracy is beside it: images 1017–9999 of the shared CIFAR-10
+``test_batch`` are JPEG re-encodings, so it is a degraded test, not the paper's.
+
+    .venv/bin/python bench/paper_column.py            # the markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT / "docs" / "results" / "data" / "gpu"
+# Zheng, Li, Lucey, Table 2: ViT-Tiny, 200 epochs, CIFAR-10 top-1 %
+PAPER_CIFAR10 = {"pytorch": 86.36, "trunc_normal": 88.63, "mimetic": 91.16, "impulse": 91.62,
+                 "impulse:kernel_size=5": 90.67}
+EPOCHS = 200  # paper-cifar's
+
+
+def standard_error(accuracy: float, n: int) -> float:
+    """The binomial standard error of an accuracy measured on ``n`` images."""
+    return math.sqrt(accuracy * (1 - accuracy) / n)
+
+
+def column_row(init: str, entry: dict, folder: Path) -> str:
+    rows = [json.loads(line) for line in (folder / entry["metrics"]).read_text().splitlines()]
+    last = rows[-1]
+    exact_key = next(k for k in last if k.startswith("test_first") and k.endswith("_acc"))
+    n = int(exact_key.removeprefix("test_first").removesuffix("_acc"))
+    exact = last[exact_key]
+    whole = [r for r in rows if "test_acc" in r]
+    whole_text = f"{100 * whole[-1]['test_acc']:.2f} (epoch {whole[-1]['epoch']})" if whole else "–"
+    rates = [r["images_per_s"] for r in rows[1:]] or [rows[0]["images_per_s"]]  # the first epoch compiles
+    paper = PAPER_CIFAR10.get(init)
+    return (f"| `{init}` | {last['epoch']} of {EPOCHS} | {100 * exact:.2f} ± {100 * standard_error(exact, n):.2f} | "
+            f"{whole_text} | {'–' if paper is None else f'{paper:.2f}'} | {statistics.median(rates):,.0f} | "
+            f"{last['wall_s'] / 60:.1f} | {entry['card']} |")
+
+
+def column(folder: Path) -> str:
+    manifest = json.loads((folder / "runs.json").read_text())["runs"]
+    lines = ["| init | epochs done | test images 0–1016 % (± s.e.) | whole test set % | paper % (200 epochs) | "
+             "training images/s (median epoch) | minutes | card |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    return "\n".join([*lines, *(column_row(init, entry, folder) for init, entry in manifest.items())]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the folder with runs.json and the metrics")
+    args = p.parse_args(argv)
+    print(column(args.data), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

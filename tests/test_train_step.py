@@ -1,0 +1,93 @@
+"""The training step every run takes (structinit.harness.run.step.TrainStep) and the batches
+it is fed: on CUDA neither waits for the device (no host-device synchronisation), and the
+optimiser is fused there; on the CPU the step is the loop's, bit for bit."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from structinit.data.datasets import ArrayDataset
+from structinit.harness.recipes import recipe
+from structinit.harness.run.device import Placement
+from structinit.harness.run.lifecycle import construct_and_plan
+from structinit.harness.run.step import TrainStep
+from structinit.harness.tasks.image import ImageTask
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _step(device: torch.device, augment: str, images: int = 96, batch: int = 32, **overrides):
+    """(task, step, placement) of a paper-cifar-like run of a micro ViT on random uint8 images."""
+    cfg = recipe("paper-cifar", model="vit_micro_patch2_16", batch_size=batch, augment=augment, epochs=2,
+                 warmup_epochs=1, data_dir=None, test_prefix=None, test_every=1, **overrides)
+    task = ImageTask(cfg)
+    dtype = None if device.type == "cpu" else torch.bfloat16
+    task.check()
+    g = torch.Generator().manual_seed(0)
+    data = ArrayDataset(torch.randint(0, 256, (images, 3, 16, 16), dtype=torch.uint8, generator=g),
+                        torch.randint(0, 10, (images,), generator=g), [str(k) for k in range(10)], "random",
+                        (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    where = Placement(1, 0, device)
+    model, plan = construct_and_plan(cfg, task.place(data, {}, where))
+    plan.commit()
+    _, total, warmup = task.schedule()
+    return task, TrainStep(model.to(device), task, where, dtype, total, warmup), where
+
+
+def test_the_step_follows_the_schedule_and_changes_the_weights():
+    task, step, where = _step(torch.device("cpu"), "flip")
+    chunks, total, warmup = task.schedule()
+    assert (total, warmup) == (6, 3) and step.lr(0) == pytest.approx(task.cfg.warmup_lr)
+    before = {k: v.clone() for k, v in step.model.state_dict().items()}
+    x, y = next(task.batches(chunks[0], where))
+    loss, logits = step(0, x, y)
+    assert not loss.requires_grad and not logits.requires_grad and logits.shape == (32, 10)
+    assert step.opt.param_groups[0]["lr"] == step.lr(0)
+    assert any(not torch.equal(before[k], v) for k, v in step.model.state_dict().items())
+    assert "fused" not in step.opt.defaults or not step.opt.defaults["fused"]  # the CPU keeps torch's default
+
+
+@needs_cuda
+@pytest.mark.parametrize("cpu_prefetch", [0, 2])
+def test_cuda_step_and_batches_never_wait_for_the_device(cpu_prefetch):
+    # paper-cifar's augmentation (RandAugment draws per image on the CPU, every op; on the
+    # device, or on the CPU ahead of the step) and the step, after one warm-up step: any
+    # host-device synchronisation raises.
+    task, step, where = _step(torch.device("cuda"), "flip,ra2-9-0.5", images=512, batch=64,
+                              cpu_prefetch=cpu_prefetch)
+    assert step.opt.defaults.get("fused") is True
+    batches = task.batches(task.schedule()[0][0], where)
+    step(0, *next(batches))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, (x, y) in enumerate(batches, start=1):
+            step(i, x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_batches_augmented_ahead_on_the_cpu_are_the_same_batches():
+    # cpu_prefetch moves the augmentation to a background thread on the CPU: the same images,
+    # labels and order as augmenting inside the loop (on a GPU, blends may round a tie the other way)
+    task, _, where = _step(torch.device("cpu"), "flip,ra2-9-0.5,crop4")
+    chunk = task.schedule()[0][1]
+    inline = list(task.batches(chunk, where))
+    task.cfg = dataclasses.replace(task.cfg, cpu_prefetch=2)
+    ahead = list(task.batches(chunk, where))
+    assert len(ahead) == len(inline) == task.steps
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ahead, inline))
+
+
+def test_a_run_resumes_with_another_cpu_prefetch_but_not_another_augmentation(tmp_path):
+    from structinit.harness.run.lifecycle import run_task
+
+    cfg = recipe("digits", epochs=1, out_dir=str(tmp_path / "run"))
+    done = run_task(ImageTask(cfg), progress=False)
+    with pytest.raises(ValueError, match="augment"):
+        run_task(ImageTask(dataclasses.replace(cfg, augment="flip")), resume=True, progress=False)
+    # how the batches are made is not what they are: the finished run is found, not refused
+    again = run_task(ImageTask(dataclasses.replace(cfg, cpu_prefetch=3)), resume=True, progress=False)
+    assert again["history"] == done["history"] and again["init_fingerprint"] == done["init_fingerprint"]
