@@ -80,6 +80,35 @@ if [ "$K" -le "$N" ]; then
     fi
     say "part $K of $N is here ($(du -sh "$PARTS/part$K" | cut -f1))"
 fi
+# A run to resume must start from the same initial weights here: checked in the first call, in
+# seconds, before the draw spends its minutes on a run this machine would refuse.
+if [ "$K" = 1 ] && [ -f "$PARTS/part1/resume.json" ]; then
+    if "$PY" - "$PARTS/part1/resume.json" >>"$REPORT" 2>&1 <<'EOF'
+import json
+import sys
+
+from structinit.harness.config import TrainConfig
+from structinit.harness.run.checkpoint import init_fingerprint
+from structinit.harness.run.lifecycle import construct_and_plan
+from structinit.harness.tasks.image import ImageTask
+
+saved = json.loads(open(sys.argv[1]).read())
+config = {**ImageTask.added_fields, **saved["config"]}
+model, plan = construct_and_plan(TrainConfig(**config), {"num_classes": 10, "in_chans": 3, "img_size": 32})
+plan.commit()
+here = init_fingerprint(model)
+print(f"resume check: epoch {saved['epoch']}; initial weights here {here[:12]}…, in the checkpoint "
+      f"{saved['init_fingerprint'][:12]}…")
+raise SystemExit(0 if here == saved["init_fingerprint"] else 1)
+EOF
+    then
+        say "resume check: the same initial weights here: the run can resume on this machine"
+    else
+        say "FAILED resume check: this machine makes other initial weights (another torch build or CPU):" \
+            "the run cannot resume here; make the parts without RESUME and start the run afresh"
+        FAILED=1
+    fi
+fi
 
 # ------------------------------------------------------------------ the call's own work
 if [ -n "${GPU_DRAW_CARRY_ONLY:-}" ] && [ "$K" -lt "$N" ]; then

@@ -18,6 +18,7 @@
 #   PART_BYTES  the largest piece (default: 64 MiB less what else a call carries, the checkout's
 #               tracked and untracked files and half a MiB; the pieces are then cut even)
 #   RESUME      a folder with a run's checkpoint pieces to resume on the device
+#   PY          the python that reads that checkpoint (default .venv/bin/python)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DATA=${DATA:-$ROOT/../shared/datasets}
@@ -28,6 +29,7 @@ if [ -z "${PART_BYTES:-}" ]; then
     PART_BYTES=$((LIMIT - CHECKOUT - 512 * 1024))
 fi
 RESUME=${RESUME:-}
+PY=${PY:-$ROOT/.venv/bin/python}  # reads the checkpoint to resume (needs torch)
 
 if [ ! -f "$DATA/cifar-10-batches-py/data_batch_1" ]; then
     echo "error: DATA=$DATA: no cifar-10-batches-py/data_batch_1 there; set DATA to the folder that holds CIFAR-10" >&2
@@ -57,6 +59,18 @@ if [ -n "$RESUME" ]; then
         exit 1
     fi
     [ -f "$RESUME/metrics.jsonl" ] && cp "$RESUME/metrics.jsonl" "$STAGE/payload/resume/"
+    # What the device checks in the first call, before the draw spends its minutes: the run's
+    # config, epoch and the fingerprint of its initial weights (a torch build or CPU whose
+    # arithmetic differs makes other initial weights, and the run cannot resume there).
+    "$PY" - "$STAGE/payload/resume/checkpoint.pt" >"$STAGE/resume.json" <<'EOF'
+import json
+import sys
+
+import torch
+
+state = torch.load(sys.argv[1], map_location="cpu", weights_only=True)
+print(json.dumps({"config": state["config"], "epoch": state["epoch"], "init_fingerprint": state["init_fingerprint"]}))
+EOF
 fi
 tar -C "$STAGE/payload" -cf "$STAGE/payload.tar" .
 rm -rf "$PARTS"
@@ -71,6 +85,7 @@ for piece in "$STAGE"/payload.tar.[0-9]*; do
     mkdir -p "$PARTS/part$k"
     mv "$piece" "$PARTS/part$k/"
     cp "$STAGE/MD5SUMS" "$PARTS/part$k/"
+    [ -f "$STAGE/resume.json" ] && cp "$STAGE/resume.json" "$PARTS/part$k/"
 done
 echo "$k parts in $PARTS ($(du -sh "$STAGE/payload.tar" | cut -f1) in all$([ -n "$RESUME" ] && echo ", with the run in $RESUME")):"
 for part in "$PARTS"/part*; do

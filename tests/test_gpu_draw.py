@@ -47,7 +47,8 @@ def draw(tmp_path):
         done = subprocess.run(["bash", "scripts/gpu_parts.sh"], cwd=ROOT, capture_output=True, text=True,
                               env={**env, "DATA": str(_fake_cifar10(tmp_path / "cifar")) if not
                                    (tmp_path / "cifar").exists() else str(tmp_path / "cifar"),
-                                   "PARTS": env["GPU_DRAW_PARTS"], "PART_BYTES": "350000", **extra})
+                                   "PARTS": env["GPU_DRAW_PARTS"], "PART_BYTES": "350000", "PY": sys.executable,
+                                   **extra})
         assert done.returncode == 0, done.stderr
         return len(list((tmp_path / "parts").glob("part*")))
 
@@ -101,6 +102,14 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
         subprocess.run(["rm", "-rf", str(tmp_path / folder)], check=True)
     n = parts(RESUME=str(tmp_path / "out4"), PART_BYTES="1000000")
     assert n > 10  # part10 and on: joined in order
+    first = call(1, n, "out5", GPU_DRAW_CARRY_ONLY="1")  # the first call checks the initial weights at once
+    assert first.returncode == 0 and "the same initial weights here" in first.stdout, first.stdout + first.stderr
+    resume = tmp_path / "parts" / "part1" / "resume.json"
+    saved = json.loads(resume.read_text())
+    resume.write_text(json.dumps({**saved, "init_fingerprint": "0" * 64}))
+    other = call(1, n, "out5", GPU_DRAW_CARRY_ONLY="1")
+    assert other.returncode == 1 and "FAILED resume check: this machine makes other initial weights" in other.stdout
+    resume.write_text(json.dumps(saved))
     last = call(n, n, "out5", GPU_DRAW_TRAIN_ARGS="--epochs 12")
     assert last.returncode == 0, last.stdout + last.stderr
     assert "resuming the run from the checkpoint in the payload" in last.stdout
