@@ -19,6 +19,8 @@ class Variant(nn.Module):
         self.head_dim = dim // h
         if kind in ("talking_heads", "mix_after"):
             self.proj_l, self.proj_w = nn.Linear(h, h), nn.Linear(h, h)
+        if kind == "mix_params":  # vit-pytorch's CaiT: (h, h) Parameters in an einsum, before and after
+            self.mix_pre, self.mix_post = nn.Parameter(torch.randn(h, h)), nn.Parameter(torch.randn(h, h))
         if kind == "qk_norm":
             self.q_norm, self.k_norm = nn.LayerNorm(self.head_dim), nn.LayerNorm(self.head_dim)
         if kind == "extra_bias":
@@ -46,6 +48,10 @@ class Variant(nn.Module):
         logits = q @ k.transpose(-2, -1) * self.scale
         if self.kind == "talking_heads":
             logits = self.proj_l(logits.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.kind == "mix_params":
+            logits = torch.einsum("bhij,hg->bgij", logits, self.mix_pre)
+        if self.kind == "roll_heads":  # each head takes the next head's logits: mixing with no mixer to set
+            logits = logits.roll(1, dims=1)
         if self.kind == "extra_bias":
             logits = logits + self.pos_logits[:, :t, :t]
         if self.kind == "flip_large":  # what a probe cannot see at init, where every logit is small
@@ -53,6 +59,8 @@ class Variant(nn.Module):
         attn = logits.softmax(-1)
         if self.kind in ("talking_heads", "mix_after"):
             attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.kind == "mix_params":
+            attn = torch.einsum("bhij,hg->bgij", attn, self.mix_post)
         return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))
 
 

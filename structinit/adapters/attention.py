@@ -49,6 +49,13 @@ class AttentionAdapter:
         inside (vit-pytorch), so that captured maps equal the module's own."""
         return self.module
 
+    @property
+    def sibling_inputs(self) -> tuple[nn.Module, ...]:
+        """Modules besides :attr:`input_module` that read the same tokens (a k/v projection
+        beside the q projection that :attr:`input_module` names); a probe that substitutes the
+        tokens substitutes them there too."""
+        return ()
+
     def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
         """The (B, T, D) tokens in the arguments of a forward pre-hook on :attr:`input_module`
         (the self-attention query); ``nn.MultiheadAttention``'s sequence-first input is
@@ -263,6 +270,12 @@ class SeparateQKVAdapter(AttentionAdapter):
             return _linear(self.module, (self._qkv or self._split)[0])
         return self.module
 
+    @property
+    def sibling_inputs(self) -> tuple[nn.Module, ...]:
+        if self.input_module is self.module:
+            return ()
+        return tuple(_linear(self.module, n) for n in (self._qkv or self._split)[1:])
+
     def linear_views(self) -> Views:
         out = self._sibling if self._sibling is not None else _linear(self.module, self._out)
         if self._qkv is not None:
@@ -338,3 +351,23 @@ class MultiheadAttentionAdapter(AttentionAdapter):
         return isinstance(m, nn.MultiheadAttention) and is_self_attention(m)
 
 
+
+
+def head_mixers(module: nn.Module, num_heads: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, tensor, identity value) of each talking-heads mixer of an attention ``module``:
+    a direct child ``nn.Linear(num_heads, num_heads)`` (timm's CaiT ``proj_l``/``proj_w``;
+    its weight to I, its bias to 0) or a direct (num_heads, num_heads) Parameter (vit-pytorch's
+    ``mix_heads_pre_attn``/``post_attn``; to I). Set so, every head keeps its own map."""
+    if num_heads < 2:
+        return []
+    eye = torch.eye(num_heads)
+    found = []
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear) and child.in_features == child.out_features == num_heads:
+            found.append((f"{name}.weight", child.weight, eye))
+            if child.bias is not None:
+                found.append((f"{name}.bias", child.bias, torch.zeros(num_heads)))
+    for name, p in module.named_parameters(recurse=False):
+        if p.shape == (num_heads, num_heads):
+            found.append((name, p, eye))
+    return found

@@ -72,6 +72,7 @@ class ModuleCall:
     maps: list[AttentionMap] = field(default_factory=list)
     output: object = None
     done: bool = False
+    source: torch.Tensor | None = None  # the tokens as the model passed them (before a substitution)
 
 
 def _detached(value):
@@ -211,12 +212,22 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
                 return None
             if swap is None:
                 return None
+            call.source = adapter.input_tokens(args, kwargs)
             call.x = swap(call.x)
-            return _replaced(args, kwargs, adapter.input_tokens(args, kwargs), call.x, adapter)
+            return _replaced(args, kwargs, call.source, call.x, adapter)
+
+        def follow(mod, args, kwargs, call=call, adapter=adapter):
+            # k/v projections that read the same tokens as q (a q Linear beside a kv Linear, after a
+            # norm inside the module) read the substituted tokens too
+            if call not in active or call.source is None:
+                return None
+            return _replaced(args, kwargs, call.source, call.x, adapter)
 
         handles += [module.register_forward_pre_hook(enter, with_kwargs=True),
                     input_module.register_forward_pre_hook(grab, with_kwargs=True),
                     module.register_forward_hook(leave, with_kwargs=True)]
+        if swap_tokens is not None:
+            handles += [m.register_forward_pre_hook(follow, with_kwargs=True) for m in adapter.sibling_inputs]
     was_training = model.training
     model.eval()
     try:

@@ -23,6 +23,7 @@ A finder is ``finder(model) -> Discovery | None``; teach structinit a new layout
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -93,8 +94,21 @@ def find_position_embedding(model: nn.Module) -> Discovery:
         if found is not None:
             if not isinstance(found, Discovery):
                 raise TypeError(f"position-embedding finder {name!r} returned {type(found).__name__}, not a Discovery")
-            return found
+            return _prefix_in_layers(model, found)
     return Discovery(source="none")
+
+
+def _prefix_in_layers(model: nn.Module, found: Discovery) -> Discovery:
+    """``found`` without prefix tokens when its PE has rows for the grid alone and the first
+    attention layer receives the grid alone: the class token comes in after the layers that
+    the layout describes (CaiT's class-attention blocks), so it is no prefix of theirs."""
+    if _TRACED is None or found.pos_embed is None or not found.num_prefix_tokens:
+        return found
+    rows = found.pos_embed.shape[-2]
+    n = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else None
+    if rows != n or _TRACED[2](model) != n:
+        return found
+    return dataclasses.replace(found, num_prefix_tokens=0, prefix_tokens=())
 
 
 # -- helpers shared by the finders ---------------------------------------------------------------
@@ -181,7 +195,7 @@ def _generic(model: nn.Module) -> Discovery | None:
     found = Discovery(pos, name, grid, prefix, tokens, "generic")
     if _TRACED is None:
         return found
-    consistent, traced_discovery = _TRACED
+    consistent, traced_discovery, _ = _TRACED
     # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class
     # token kept elsewhere or under another name), the traced forward decides.
     return found if consistent(model, found) else traced_discovery(model) or found
@@ -193,10 +207,10 @@ def _generic(model: nn.Module) -> Discovery | None:
 _TRACED: tuple | None = None
 
 
-def use_traced_discovery(consistent, traced_discovery) -> None:
-    """Let the generic finder check a name match against a traced forward (called by trace)."""
+def use_traced_discovery(consistent, traced_discovery, first_layer_tokens) -> None:
+    """Let the finders check a name match against a traced forward (called by trace)."""
     global _TRACED
-    _TRACED = (consistent, traced_discovery)
+    _TRACED = (consistent, traced_discovery, first_layer_tokens)
 
 
 def _named_tensors(model: nn.Module):

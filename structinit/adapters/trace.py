@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side, use_traced_discovery
-from structinit.adapters.probe import _patch, _rows, probe_sizes, token_candidates
+from structinit.adapters.probe import _patch, _rows, _taken_size, probe_inputs, probe_sizes, token_candidates
 from structinit.utils.memo import kept
 
 _TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (tensors, Discovery)
@@ -191,11 +191,10 @@ def _first_layer_tokens(model: nn.Module) -> int | None:
         first = first_layer(model)
         if first is None:
             return None
-        sizes = probe_sizes(model, token_candidates(model, first[1].dim))
-        if not sizes:
+        images = probe_inputs(model, [first], count=1)  # stated sizes, else the common sides it takes
+        if images is None:
             return None
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        x = tokens_at(model, first[1], torch.zeros(1, *sizes[0], dtype=dtype))
+        x = tokens_at(model, first[1], torch.zeros_like(images))
         return None if x is None else int(x.shape[-2])
     return kept(_COUNTS, model, tuple(id(m) for m in model.modules()), count)
 
@@ -214,7 +213,7 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
         return None
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
     inside = {id(m) for m in adapter.module.modules()}
-    for c, h, w in probe_sizes(model, [("pe", found)]):
+    for c, h, w in _taken_size(model, probe_sizes(model, [("pe", found)])):  # stated, else a common size
         images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(found.dtype)
         calls = _calls(model, adapter, images, inside)
         if calls is None:
@@ -276,4 +275,4 @@ def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor
 POSITION_FINDERS.register("traced", traced_discovery)
 
 
-use_traced_discovery(consistent, traced_discovery)
+use_traced_discovery(consistent, traced_discovery, _first_layer_tokens)

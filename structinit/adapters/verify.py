@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter
+from structinit.adapters.attention import AttentionAdapter, head_mixers
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
 from structinit.utils.memo import kept
 
@@ -53,6 +53,9 @@ class Verdict:
     code: str = ""
     reason: str = ""
     checked: bool = True
+    # Talking-heads mixers (names inside the module) that make it plain self-attention when set to
+    # the identity: a scheme that writes the layer sets them so (structinit.schemes.checks.plain_heads).
+    mixers: tuple[str, ...] = ()
 
 
 @dataclass
@@ -266,6 +269,7 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
         return unchecked
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     verdicts = [judge(n, ad, calls[ad.module], dtype) for n, ad in candidates]
+    verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     covered = [ad.module for _, ad in candidates]
     names = {m: n for n, m in model.named_modules()}
     unknown, pooling = [], []
@@ -281,6 +285,37 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
         else:
             unknown.append((name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map"))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True)
+
+
+def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdict]:
+    """Talking heads: a layer refused for mixing its heads (before the softmax, or after it)
+    whose mixers are Linear(h, h) or (h, h) parameters is judged again, in a second probe, with
+    every such mixer set to the identity, and restored after. Where it is then plain
+    self-attention, its verdict is 'self' with the mixers named: the scheme sets them so."""
+    mixing = {i: head_mixers(ad.module, ad.num_heads) for i, (v, (_, ad)) in enumerate(zip(verdicts, candidates))
+              if v.kind == "refused" and v.code in (HEAD_MIXING, VALUE_PATH)}
+    mixing = {i: m for i, m in mixing.items() if m}
+    if not mixing:
+        return verdicts
+    saved = [(t, t.detach().clone()) for mixers in mixing.values() for _, t, _ in mixers]
+    try:
+        with torch.no_grad():
+            for mixers in mixing.values():
+                for _, t, value in mixers:
+                    t.copy_(value.to(device=t.device, dtype=t.dtype))
+        again = [candidates[i] for i in mixing]
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in again])
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
+    verdicts = list(verdicts)
+    for i, mixers in mixing.items():
+        name, ad = candidates[i]
+        plain = judge(name, ad, calls[ad.module], dtype)
+        if plain.kind == "self":
+            verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=tuple(n for n, _, _ in mixers))
+    return verdicts
 
 
 def _pooling_words(m: AttentionMap) -> str:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout
+from structinit.adapters.attention import head_mixers
 from structinit.adapters.observe import observe
 from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
@@ -56,12 +57,40 @@ def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str]
     return [v for v in verdicts if v is not None]
 
 
+def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
+    """Plan the identity into the talking-heads mixers of every chosen layer that the probe
+    found plain self-attention once they are (:class:`~structinit.adapters.verify.Verdict`'s
+    ``mixers``): each head then keeps its own map, the one the scheme designs. Returns their
+    full names, which :func:`note_layers` records and the caller is warned of."""
+    survey = attention_survey(model)
+    names, layers, mixers = [], [], []
+    for name, ad in chosen:
+        verdict = survey.verdict(name)
+        if verdict is None or not verdict.mixers:
+            continue
+        layers.append(name)
+        for sub, tensor, value in head_mixers(ad.module, ad.num_heads):
+            if sub in verdict.mixers:
+                plan.add([(tensor, value)])
+                names.append(f"{name}.{sub}")
+                mixer = f"{name}.{sub.removesuffix('.weight').removesuffix('.bias')}"
+                mixers += [] if mixer in mixers else [mixer]
+    if names:
+        shown = ", ".join(mixers[:4]) + (", …" if len(mixers) > 4 else "")
+        plan.notes.append(f"set the talking-heads mixers of {len(layers)} layer(s) to the identity ({shown}), so "
+                          "that each head keeps its own map; they learn from there")
+    return names
+
+
 def note_layers(plan, model: nn.Module, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
-    """Record on the model which attention layers ``scheme`` wrote and which it left alone, and
-    why (``structinit.get_record(model, 'init')``); the skipped ones are also warned about."""
+    """Record on the model which attention layers ``scheme`` wrote, which it left alone and why,
+    and which talking-heads mixers it set to the identity (:func:`plain_heads`, planned here)
+    (``structinit.get_record(model, 'init')``); the skipped ones and the mixers are also warned
+    about."""
     plan.skipped = list(skipped)
+    mixers = plain_heads(plan, model, chosen)
     plan.records.append((model, "init", {"scheme": scheme, "layers": [n for n, _ in chosen],
-                                         "skipped": list(skipped)}))
+                                         "skipped": list(skipped), "head_mixers": mixers}))
 
 
 def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]],

@@ -29,6 +29,8 @@ class Plan:
     checks: list[Callable[[], None]] = field(default_factory=list)
     # Layers the scheme left alone on purpose, (name, why), for the caller to report.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # What the scheme also set, in words, for the caller to report (e.g. talking-heads mixers).
+    notes: list[str] = field(default_factory=list)
 
     def add(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for dst, value in pairs:

@@ -179,6 +179,8 @@ def commit_and_report(plan: Plan, what: str) -> None:
     """``plan.commit()``, then a warning that lists the layers the scheme left alone on purpose
     (attention-pooling heads), if any: the caller must not believe they were initialised."""
     plan.commit()
+    for note in plan.notes:
+        warnings.warn(f"{what}: {note}", UserWarning, stacklevel=3)
     if plan.skipped:
         warnings.warn(f"{what} left alone: " + "; ".join(f"{n} ({why})" for n, why in plan.skipped)
                       + "; they are not self-attention over the tokens (structinit.get_record(model, 'init') "

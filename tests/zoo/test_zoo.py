@@ -51,10 +51,11 @@ def test_catalogue_spans_the_packages_and_the_kinds_of_attention_people_ship():
     packages = {m.package for m in zoo.CATALOGUE}
     assert packages >= {"timm", "torchvision", "vit-pytorch", "open_clip", "transformers", "x-transformers"}
     refusals = " ".join(why for m in zoo.CATALOGUE for why in m.refused.values())
-    for kind in ("rotated by position", "heads are mixed", "normalised", "no adapter", "forms no softmax",
-                 "does not depend on content"):
+    for kind in ("rotated by position", "normalised", "no adapter", "forms no softmax", "does not depend on content"):
         assert kind in refusals, kind
     assert any(m.skipped for m in zoo.CATALOGUE)
+    # talking heads (a Linear(h, h) and (h, h) parameters) are set, not refused
+    assert {m.package for m in zoo.CATALOGUE if "talking heads" in m.what and not m.refused} >= {"timm", "vit-pytorch"}
 
 
 def test_impulse_hits_on_the_models_own_maps_or_refuses_clearly(built):
@@ -70,7 +71,9 @@ def test_impulse_hits_on_the_models_own_maps_or_refuses_clearly(built):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         structinit.init_(model, "impulse", seed=0)
-    assert [n for n, _ in structinit.get_record(model, "init")["skipped"]] == list(entry.skipped)
+    record = structinit.get_record(model, "init")
+    assert [n for n, _ in record["skipped"]] == list(entry.skipped)
+    assert bool(record["head_mixers"]) == ("talking heads" in entry.what)
     for name, state in skipped_before.items():
         assert all(torch.equal(v, model.get_submodule(name).state_dict()[k]) for k, v in state.items()), name
     images, _ = zoo.real_images(N_IMAGES, entry.image_size)
