@@ -81,6 +81,14 @@ def test_two_candidates_are_ambiguous_and_the_error_asks_for_hints():
         structinit.infer_layout(Two())
 
 
+def test_a_model_without_a_position_embedding_is_told_so_and_what_to_pass():
+    # Twins-like: position comes from convolutions, and no patch embedding states a grid
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    with pytest.raises(ValueError, match=r"Sequential: it has no position embedding structinit can find .*pass "
+                                         r"grid=\(h, w\), and to impulse also pos_embed=.*or use 'mimetic'"):
+        structinit.infer_layout(model)
+
+
 def test_user_finder_is_tried_first_and_can_be_removed():
     model = SepViT()
     seen = []

@@ -81,6 +81,13 @@ def infer_layout(
                 grid = (side, side)
                 break
     if grid is None:
+        if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
+            raise ValueError(
+                f"cannot infer the token grid of {type(model).__name__}: it has no position embedding structinit "
+                "can find (a tensor of the model's width added to the tokens before the first attention layer) "
+                "and no patch embedding with a known image size; pass grid=(h, w), and to impulse also "
+                "pos_embed= (its maps need position in q and k), or use 'mimetic', which needs neither"
+            )
         raise ValueError(
             f"cannot infer the token grid of {type(model).__name__}: no patch embedding with a known image "
             "size and no square position embedding; pass grid=(h, w)"
