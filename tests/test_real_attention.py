@@ -127,6 +127,22 @@ def test_impulse_fidelity_reads_the_models_own_maps():
     assert swapped[0].max() < 0.5 < same[0].min()
 
 
+def test_attention_metrics_read_the_models_own_maps():
+    """The same for where heads look: with the talking-heads mixing made the identity the
+    metrics are the plain model's; with the heads' logits swapped, each head shows the other's."""
+    model = micro_vit_with("talking_heads")
+    with pytest.warns(UserWarning, match="talking-heads mixers"):
+        structinit.init_(model, "impulse", seed=0, target_mass=0.99, pe_scale=4.0)
+    images = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    plain = structinit.attention_metrics(model, images)["distance"]
+    swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    for block in model.blocks:  # swap the heads' logits, then their maps back: the layers' outputs are
+        block.attn.proj_l.weight.data.copy_(swap)  # unchanged, while each softmax map, what the metrics
+        block.attn.proj_w.weight.data.copy_(swap)  # read, is the other head's
+    swapped = structinit.attention_metrics(model, images)["distance"]
+    torch.testing.assert_close(swapped, plain.flip(-1))
+
+
 def test_the_probe_sees_every_way_torch_computes_attention():
     """softmax as a function, a method and torch.softmax; scaled_dot_product_attention; and
     nn.MultiheadAttention, whose fused fast path the probe keeps it off."""

@@ -165,7 +165,7 @@ def impulse_fidelity(
             x, terms = layer_position_input(model, name, ad, lay, pos_embed)
             reduce(i, ad.attention_probs(x.float(), terms), reachable(terms))
     else:
-        reorders = _reorders(model, chosen, layouts)
+        reorders = reorders_tokens(model, chosen, layouts)
         for start in range(0, images.shape[0], batch_size):
             batch = images[start : start + batch_size]
             order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
@@ -181,7 +181,7 @@ def impulse_fidelity(
     return {"mass": mass, "hit": hit}
 
 
-def _reorders(model: nn.Module, chosen, layouts) -> bool:
+def reorders_tokens(model: nn.Module, chosen, layouts) -> bool:
     """Whether the model puts its tokens out of grid order before the first chosen layer, read on
     the probe with two seeds (a random order shows in one of them at least)."""
     inputs = probe_inputs(model, chosen, count=1)

@@ -24,8 +24,10 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, select_layers
-from structinit.analysis.capture import check_all_called, run_with_hooks
-from structinit.analysis.fidelity import layer_layouts
+from structinit.adapters.token_order import canonical, out_of_order
+from structinit.adapters.verify import real_maps
+from structinit.analysis.capture import check_all_called
+from structinit.analysis.fidelity import layer_layouts, reorders_tokens
 from structinit.utils import check_int, is_int
 from structinit.utils.checks import show
 
@@ -255,12 +257,14 @@ def attention_metrics(
     - ``'local_mass'``: :func:`local_attention_mass` with ``kernel_size``.
 
     The model runs in eval mode once per batch of ``batch_size`` images, and each layer's
-    maps are recomputed from its captured input by its adapter and reduced at once (never
-    all held). The token layout is the one the impulse init recorded on the layers, else
-    :func:`structinit.infer_layout` (``grid`` / ``num_prefix_tokens`` where it cannot read
-    them); every layer's token count is checked against prefix + grid. A layer with a
-    relative position bias (Swin, BEiT) is measured on its window, with the mask of its call;
-    its ``distance_px`` counts the pixels its tokens span at that stage (after patch merging).
+    maps are the ones the model itself computes (its own softmax, whatever it does to q and k
+    on the way: :func:`structinit.adapters.verify.real_maps`), read in grid order when the
+    model reorders its tokens, and reduced at once (never all held). The token layout is the
+    one the impulse init recorded on the layers, else :func:`structinit.infer_layout` (``grid``
+    / ``num_prefix_tokens`` where it cannot read them); every layer's token count is checked
+    against prefix + grid. A layer with a relative position bias (Swin, BEiT) is measured on
+    its window, with the mask of its call; its ``distance_px`` counts the pixels its tokens
+    span at that stage (after patch merging).
 
     Examples:
         >>> model = structinit.create_model("vit_micro_patch2_16")
@@ -283,13 +287,13 @@ def attention_metrics(
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     called = [False] * len(chosen)
 
-    def reduce(i: int, x: torch.Tensor, terms: torch.Tensor | None) -> None:
+    def reduce(i: int, probs: torch.Tensor) -> None:
         (name, ad), layout = chosen[i], layouts[i]
-        layout.check_tokens(x.shape[-2], f"attention layer {name!r}")
-        p, valid = _grid_rows(ad.attention_probs(x.float(), terms), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
+        layout.check_tokens(probs.shape[-1], f"attention layer {name!r}")
+        p, valid = _grid_rows(probs.float(), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
         # A window layer's token spans more pixels after patch merging: read its size off the
         # token count per image (windows per image × window area).
-        size = patch if ad.relative is None else _token_side(images, x.shape[0] * layout.num_patches / len(batch),
+        size = patch if ad.relative is None else _token_side(images, probs.shape[0] * layout.num_patches / len(batch),
                                                              patch)
         rows = {"distance": lambda: _row_distance(p, layout.grid),
                 "distance_px": lambda: _row_distance(p, layout.grid, size),
@@ -300,14 +304,15 @@ def attention_metrics(
         counts[i, : ad.num_heads] += valid.double().sum((0, 2))
         called[i] = True
 
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, images.shape[0], batch_size):
-            batch = images[start : start + batch_size]
-            run_with_hooks(model, batch, chosen, reduce, with_terms=True)
-    finally:
-        model.train(was_training)
+    reorders = reorders_tokens(model, chosen, layouts)
+    for start in range(0, images.shape[0], batch_size):
+        batch = images[start : start + batch_size]
+        order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
+        for i, real in enumerate(real_maps(model, batch, chosen)):
+            probs = real.probs
+            if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
+                probs = canonical(probs, order)  # the maps back in grid order
+            reduce(i, probs)
     check_all_called(chosen, called)
     # Every image has the same grid queries, so the mean over all rows is the mean of per-image means.
     means = (sums / counts[..., None]).float()
