@@ -6,8 +6,8 @@
 #
 #   call 1      the device and the tests that need CUDA (scripts/gpu_check.sh's first two steps)
 #   call 2      the throughput table (bench/gpu_throughput.py: the harness's step on a fixed batch, and
-#               with its own batches, augmented on the device or on the CPU ahead of the step) and what
-#               2 and 4 concurrent processes give in all, against one
+#               with its own batches, augmented on the device or on the CPU ahead of the step); with
+#               GPU_DRAW_CONCURRENCY=1 also what 2 and 4 concurrent processes give in all, against one
 #   call N      joins the parts and checks their md5 sums, unpacks CIFAR-10 into .gpu_data (and the run
 #               to resume, if the payload has one), starts the run in its own session so that it trains
 #               on between calls, and watches it
@@ -132,34 +132,36 @@ elif [ "$K" = 2 ]; then
     timeout 120 "$PY" bench/gpu_throughput.py "${BENCH[@]}" --pipeline-only --cpu-prefetch 4 \
         --out "$OUT/throughput-cpu-prefetch.md" >>"$WORK/throughput.log" 2>&1 \
         || { say "FAILED: the cpu_prefetch row (log: $WORK/throughput.log)"; FAILED=1; }
-    # What concurrent runs give in all: each process warms up (compiling), then all time the same
-    # window; the sum of their images/s against one process's (the table's '+ pipeline' row, timed
-    # the same way).
-    one=$("$PY" -c 'import json, sys; print(next((r["images_per_s"] for r in json.load(open(sys.argv[1]))["rows"]
-        if "+ pipeline" in r["mode"] and "images_per_s" in r), ""))' "$OUT/throughput.json" 2>/dev/null)
-    {
-        echo
-        echo "Concurrent processes, each timing the harness's step with its own batches (the '+ pipeline' row):"
-        echo
-        echo "| processes | images/s each | images/s in all | against one |"
-        echo "|---:|---|---:|---:|"
-        [ -n "$one" ] && printf '| 1 | %.0f (the table) | %.0f | 1.00× |\n' "$one" "$one"
-    } >"$OUT/concurrency.md"
-    for procs in 2 4; do
-        dir=$(mktemp -d)
-        for i in $(seq "$procs"); do
-            timeout 200 "$PY" bench/gpu_throughput.py "${BENCH[@]}" --pipeline-only --start-file "$dir/go" \
-                --json "$dir/rows$i.json" >"$dir/log$i" 2>&1 &
-        done
-        for _ in $(seq 1800); do  # all warm (or exited), then the window opens
-            ready=$(find "$dir" -name 'go.ready.*' | wc -l)
-            [ "$ready" -ge "$procs" ] || [ -z "$(jobs -pr)" ] && break
-            sleep 0.1
-        done
-        touch "$dir/go"
-        wait
-        # one row of the table; prints the total images/s (nothing when a process measured nothing)
-        total=$("$PY" - "$dir" "$procs" "${one:-0}" "$OUT/concurrency.md" <<'EOF'
+    # Measured once (docs/results/data/gpu/h100-concurrency.md: 1.13× for two): GPU_DRAW_CONCURRENCY=1 again.
+    if [ -n "${GPU_DRAW_CONCURRENCY:-}" ]; then
+        # What concurrent runs give in all: each process warms up (compiling), then all time the same
+        # window; the sum of their images/s against one process's (the table's '+ pipeline' row, timed
+        # the same way).
+        one=$("$PY" -c 'import json, sys; print(next((r["images_per_s"] for r in json.load(open(sys.argv[1]))["rows"]
+            if "+ pipeline" in r["mode"] and "images_per_s" in r), ""))' "$OUT/throughput.json" 2>/dev/null)
+        {
+            echo
+            echo "Concurrent processes, each timing the harness's step with its own batches (the '+ pipeline' row):"
+            echo
+            echo "| processes | images/s each | images/s in all | against one |"
+            echo "|---:|---|---:|---:|"
+            [ -n "$one" ] && printf '| 1 | %.0f (the table) | %.0f | 1.00× |\n' "$one" "$one"
+        } >"$OUT/concurrency.md"
+        for procs in 2 4; do
+            dir=$(mktemp -d)
+            for i in $(seq "$procs"); do
+                timeout 200 "$PY" bench/gpu_throughput.py "${BENCH[@]}" --pipeline-only --start-file "$dir/go" \
+                    --json "$dir/rows$i.json" >"$dir/log$i" 2>&1 &
+            done
+            for _ in $(seq 1800); do  # all warm (or exited), then the window opens
+                ready=$(find "$dir" -name 'go.ready.*' | wc -l)
+                [ "$ready" -ge "$procs" ] || [ -z "$(jobs -pr)" ] && break
+                sleep 0.1
+            done
+            touch "$dir/go"
+            wait
+            # one row of the table; prints the total images/s (nothing when a process measured nothing)
+            total=$("$PY" - "$dir" "$procs" "${one:-0}" "$OUT/concurrency.md" <<'EOF'
 import json
 import sys
 from pathlib import Path
@@ -177,9 +179,10 @@ with table.open("a") as f:
         f.write(f"| {procs} | {', '.join(f'{r:,.0f}' for r in rates)} | {total:,.0f} | {ratio} |\n")
         print(total)
 EOF
-)
-        rm -rf "$dir"
-    done
+    )
+            rm -rf "$dir"
+        done
+    fi
     cat "$OUT/throughput.md" "$OUT/throughput-cpu-prefetch.md" "$OUT/concurrency.md" >>"$REPORT" 2>/dev/null
 fi
 

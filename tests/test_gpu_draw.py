@@ -72,8 +72,9 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     one = call(1, n, "out1")
     assert one.returncode == 0, one.stdout + one.stderr
     assert "| cuda-tests | skipped |" in (tmp_path / "out1" / "draw.md").read_text()
-    two = call(2, n, "out2")
+    two = call(2, n, "out2", GPU_DRAW_CONCURRENCY="1")
     assert two.returncode == 0, two.stdout + two.stderr
+    assert "CPU 4 ahead" in (tmp_path / "out2" / "throughput-cpu-prefetch.md").read_text()
     table = (tmp_path / "out2" / "concurrency.md").read_text()
     assert all(f"\n| {p} |" in table for p in (1, 2, 4)) and "measured" not in table
     assert "+ pipeline" in (tmp_path / "out2" / "throughput.md").read_text()
