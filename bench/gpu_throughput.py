@@ -49,10 +49,8 @@ from structinit.augment import Augment
 from structinit.data.datasets import ArrayDataset
 from structinit.harness.config import TrainConfig
 from structinit.harness.recipes import recipe
-from structinit.harness.run.device import Placement, resolve_precision
-from structinit.harness.run.lifecycle import construct_and_plan
-from structinit.harness.run.step import TrainStep
-from structinit.harness.tasks.image import ImageTask
+from structinit.harness.run.device import Placement
+from structinit.harness.tasks.image import image_step
 
 
 @dataclass(frozen=True)
@@ -165,20 +163,6 @@ def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetc
                   data_dir=None, test_prefix=None, test_every=1, cpu_prefetch=cpu_prefetch)
 
 
-def harness_step(cfg: TrainConfig, data: ArrayDataset, device: torch.device) -> tuple[ImageTask, TrainStep]:
-    """(the task, the step) of the run ``cfg`` on the training images ``data``, built as
-    ``structinit train`` builds them, so that a timed step is the harness's own
-    (:class:`~structinit.harness.run.step.TrainStep`) and its batches are
-    :meth:`ImageTask.batches` (permutation, augmentation on the device, normalisation)."""
-    task = ImageTask(cfg)
-    dtype = resolve_precision(task.check(), device)
-    where = Placement(1, 0, device)
-    model, plan = construct_and_plan(cfg, task.place(data, {}, where))
-    plan.commit()
-    _, total, warmup = task.schedule()
-    return task, TrainStep(model.to(device).train(), task, where, dtype, total, warmup)
-
-
 def wait_at(start_file: Path, timeout_s: float = 600.0) -> None:
     """Say this process is warm (``<start_file>.ready.<pid>``), then wait until ``start_file``
     exists: concurrent processes time the same window (the caller creates it once all are warm)."""
@@ -207,7 +191,7 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
     data = ArrayDataset(images, labels, [str(k) for k in range(classes)], "random", (0.5,) * shape[0],
                         (0.25,) * shape[0])
     cfg = bench_config(spec, compile, init, pipeline or "none", cpu_prefetch if pipeline else 0)
-    task, train_step = harness_step(cfg, data, device)
+    task, train_step = image_step(cfg, data, device)
     if pipeline is None:
         fixed = next(task.batches(task.schedule()[0][0], Placement(1, 0, device)))
         batches = iter([fixed] * (warmup + steps))

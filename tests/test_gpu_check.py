@@ -159,7 +159,7 @@ def test_pipeline_with_a_bad_augmentation_stops_before_measuring(tmp_path, bench
 
 
 def test_the_benchmark_times_the_training_loops_own_batches_and_step(tmp_path, bench):
-    # One epoch through `structinit train`'s loop, then the benchmark's harness_step on the same
+    # One epoch through `structinit train`'s loop, then the benchmark's image_step on the same
     # config and images: the same batches (permutation, RandAugment, flips) and the same step
     # give the same mean loss and bit-identical weights.
     from safetensors.torch import load_file
@@ -167,12 +167,12 @@ def test_the_benchmark_times_the_training_loops_own_batches_and_step(tmp_path, b
     from structinit.harness.recipes import recipe
     from structinit.harness.run.device import Placement
     from structinit.harness.run.lifecycle import run_task
-    from structinit.harness.tasks.image import ImageTask, load_data
+    from structinit.harness.tasks.image import ImageTask, image_step, load_data
 
     cfg = recipe("digits", epochs=1, augment="flip,ra2-9-0.5", seed=3, out_dir=str(tmp_path / "run"))
     result = run_task(ImageTask(cfg), progress=False)
     train_ds, _ = load_data(cfg)
-    task, step = bench.harness_step(cfg, train_ds, torch.device("cpu"))
+    task, step = image_step(cfg, train_ds, torch.device("cpu"))  # what the benchmark times
     cpu = Placement(1, 0, torch.device("cpu"))
     losses = [float(step(i, x, y)[0]) for i, (x, y) in enumerate(task.batches(task.schedule()[0][0], cpu))]
     assert len(losses) == task.steps == 300 // 64

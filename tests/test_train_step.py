@@ -10,9 +10,7 @@ import torch
 from structinit.data.datasets import ArrayDataset
 from structinit.harness.recipes import recipe
 from structinit.harness.run.device import Placement
-from structinit.harness.run.lifecycle import construct_and_plan
-from structinit.harness.run.step import TrainStep
-from structinit.harness.tasks.image import ImageTask
+from structinit.harness.tasks.image import ImageTask, image_step
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -21,18 +19,12 @@ def _step(device: torch.device, augment: str, images: int = 96, batch: int = 32,
     """(task, step, placement) of a paper-cifar-like run of a micro ViT on random uint8 images."""
     cfg = recipe("paper-cifar", model="vit_micro_patch2_16", batch_size=batch, augment=augment, epochs=2,
                  warmup_epochs=1, data_dir=None, test_prefix=None, test_every=1, **overrides)
-    task = ImageTask(cfg)
-    dtype = None if device.type == "cpu" else torch.bfloat16
-    task.check()
     g = torch.Generator().manual_seed(0)
     data = ArrayDataset(torch.randint(0, 256, (images, 3, 16, 16), dtype=torch.uint8, generator=g),
                         torch.randint(0, 10, (images,), generator=g), [str(k) for k in range(10)], "random",
                         (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    where = Placement(1, 0, device)
-    model, plan = construct_and_plan(cfg, task.place(data, {}, where))
-    plan.commit()
-    _, total, warmup = task.schedule()
-    return task, TrainStep(model.to(device), task, where, dtype, total, warmup), where
+    task, step = image_step(cfg, data, device)
+    return task, step, Placement(1, 0, device)
 
 
 def test_the_step_follows_the_schedule_and_changes_the_weights():

@@ -29,12 +29,14 @@ from structinit.analysis.certify import (
 )
 from structinit.harness.config import TrainConfig
 from structinit.harness.errors import user_input
-from structinit.harness.run.device import Placement
+from structinit.harness.run.device import Placement, resolve_precision
 from structinit.harness.run.lifecycle import Chunk, construct_and_plan
+from structinit.harness.run.step import TrainStep
 from structinit.utils import derived_generator, to_device
 from structinit.utils.background import ahead
 
 __all__ = ["PAPER_HINGE_MARGIN", "ImageTask", "check_data", "eval_images", "evaluate", "hinge_margin", "image_sizes",
+           "image_step",
            "load_data", "load_train_split", "pgd_accuracy", "plan_model", "test_images"]
 
 
@@ -89,6 +91,20 @@ def load_data(cfg: TrainConfig):
         with user_input("train_size"):
             train_ds = stratified_subset(train_ds, cfg.train_size, seed=cfg.seed)
     return train_ds, evals
+
+
+def image_step(cfg: TrainConfig, data, device: torch.device) -> tuple[ImageTask, TrainStep]:
+    """(the task, the step) of the run ``cfg`` on the training images ``data`` (an
+    :class:`~structinit.data.ArrayDataset`) on one ``device``, built as ``structinit train``
+    builds them: the model initialised, :class:`ImageTask.batches` to draw batches from and the
+    run's :class:`~structinit.harness.run.step.TrainStep`. The throughput benchmark times these."""
+    task = ImageTask(cfg)
+    dtype = resolve_precision(task.check(), device)
+    where = Placement(1, 0, device)
+    model, plan = construct_and_plan(cfg, task.place(data, {}, where))
+    plan.commit()
+    _, total, warmup = task.schedule()
+    return task, TrainStep(model.to(device).train(), task, where, dtype, total, warmup)
 
 
 def image_sizes(image_shape: tuple[int, int, int], num_classes: int) -> dict[str, int]:
