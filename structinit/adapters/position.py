@@ -104,9 +104,10 @@ def _prefix_in_layers(model: nn.Module, found: Discovery) -> Discovery:
     the layout describes (CaiT's class-attention blocks), so it is no prefix of theirs."""
     if _TRACED is None or found.pos_embed is None or not found.num_prefix_tokens:
         return found
+    _, _, first_layer_tokens = _TRACED
     rows = found.pos_embed.shape[-2]
     n = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else None
-    if rows != n or _TRACED[2](model) != n:
+    if rows != n or first_layer_tokens(model) != n:
         return found
     return dataclasses.replace(found, num_prefix_tokens=0, prefix_tokens=())
 

@@ -61,7 +61,7 @@ def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
     """Plan the identity into the talking-heads mixers of every chosen layer that the probe
     found plain self-attention once they are (:class:`~structinit.adapters.verify.Verdict`'s
     ``mixers``): each head then keeps its own map, the one the scheme designs. Returns their
-    full names, which :func:`note_layers` records and the caller is warned of."""
+    full names, which :func:`finish_plan` records and the caller is warned of."""
     survey = attention_survey(model)
     names, layers, mixers = [], [], []
     for name, ad in chosen:
@@ -82,11 +82,12 @@ def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
     return names
 
 
-def note_layers(plan, model: nn.Module, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
-    """Record on the model which attention layers ``scheme`` wrote, which it left alone and why,
-    and which talking-heads mixers it set to the identity (:func:`plain_heads`, planned here)
-    (``structinit.get_record(model, 'init')``); the skipped ones and the mixers are also warned
-    about."""
+def finish_plan(plan, model: nn.Module, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
+    """What every attention plan ends with: the talking-heads mixers of the chosen layers set
+    to the identity (:func:`plain_heads`), and the record on the model of the layers ``scheme``
+    wrote, those it left alone and why, and the mixers it set
+    (``structinit.get_record(model, 'init')``); the caller warns of the skipped ones and the
+    mixers."""
     plan.skipped = list(skipped)
     mixers = plain_heads(plan, model, chosen)
     plan.records.append((model, "init", {"scheme": scheme, "layers": [n for n, _ in chosen],

@@ -23,7 +23,7 @@ from structinit.functional.targets import (
     enumerated_offsets,
     random_offsets,
 )
-from structinit.schemes.checks import check_settable, impulse_check, note_layers
+from structinit.schemes.checks import check_settable, finish_plan, impulse_check
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
@@ -152,7 +152,7 @@ def plan_impulse(
         plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         _add_check(plan, model, chosen, per_layer, [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases])
-        note_layers(plan, model, "impulse", chosen, skipped)
+        finish_plan(plan, model, "impulse", chosen, skipped)
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
@@ -184,7 +184,7 @@ def plan_impulse(
     if reservation is not None:
         reservation.plan(plan)
     _add_check(plan, model, chosen, written, [layout] * len(chosen))
-    note_layers(plan, model, "impulse", chosen, skipped)
+    finish_plan(plan, model, "impulse", chosen, skipped)
     return plan
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.registry import attention_survey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
-from structinit.schemes.checks import TRANSFORMS, check_settable, mimetic_check, note_layers
+from structinit.schemes.checks import TRANSFORMS, check_settable, finish_plan, mimetic_check
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import checked_planner, register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
@@ -90,7 +90,7 @@ def plan_mimetic(
     check = mimetic_check(model, chosen)
     if check is not None:
         plan.checks.append(check)
-    note_layers(plan, model, "mimetic", chosen, attention_survey(model).skipped() if layers is None else [])
+    finish_plan(plan, model, "mimetic", chosen, attention_survey(model).skipped() if layers is None else [])
     return plan
 
 
