@@ -5,6 +5,7 @@ Table 2. The whole test set's accuracy is beside it: images 1017–9999 of the s
 ``test_batch`` are JPEG re-encodings, so it is a degraded test, not the paper's.
 
     .venv/bin/python bench/paper_column.py            # the markdown table
+    .venv/bin/python bench/paper_column.py --epoch 32 # every run as it stood at epoch 32
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ def standard_error(accuracy: float, n: int) -> float:
     return math.sqrt(accuracy * (1 - accuracy) / n)
 
 
-def column_row(init: str, entry: dict, folder: Path) -> str:
+def column_row(init: str, entry: dict, folder: Path, epoch: int | None = None) -> str:
+    """One run's row; with ``epoch``, as the run stood at the end of that epoch (inits compared at
+    the same point while the column fills), or None if it has not reached it."""
     rows = [json.loads(line) for line in (folder / entry["metrics"]).read_text().splitlines()]
+    if epoch is not None:
+        rows = [r for r in rows if r["epoch"] <= epoch]
+        if not rows or rows[-1]["epoch"] != epoch:
+            return None
     last = rows[-1]
     exact_key = next(k for k in last if k.startswith("test_first") and k.endswith("_acc"))
     n = int(exact_key.removeprefix("test_first").removesuffix("_acc"))
@@ -43,18 +50,25 @@ def column_row(init: str, entry: dict, folder: Path) -> str:
             f"{last['wall_s'] / 60:.1f} | {entry['card']} |")
 
 
-def column(folder: Path) -> str:
+def column(folder: Path, epoch: int | None = None) -> str:
     manifest = json.loads((folder / "runs.json").read_text())["runs"]
+    found = {init: column_row(init, entry, folder, epoch) for init, entry in manifest.items()}
+    missing = [init for init, row in found.items() if row is None]
     lines = ["| init | epochs done | test images 0–1016 % (± s.e.) | whole test set % | paper % (200 epochs) | "
              "training images/s (median epoch) | minutes | card |", "|---|---:|---:|---:|---:|---:|---:|---|"]
-    return "\n".join([*lines, *(column_row(init, entry, folder) for init, entry in manifest.items())]) + "\n"
+    note = f"\nNot at epoch {epoch} yet: {', '.join(missing)}\n" if missing else ""
+    return "\n".join([*lines, *(row for row in found.values() if row is not None)]) + "\n" + note
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the folder with runs.json and the metrics")
+    p.add_argument("--epoch", type=int, default=None,
+                   help="each run as it stood at the end of this epoch (runs short of it are listed apart)")
     args = p.parse_args(argv)
-    print(column(args.data), end="")
+    if args.epoch is not None and not 1 <= args.epoch <= EPOCHS:
+        p.error(f"--epoch: {args.epoch} is not an epoch of a paper-cifar run; pass 1 … {EPOCHS}")
+    print(column(args.data, args.epoch), end="")
     return 0
 
 

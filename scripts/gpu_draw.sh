@@ -24,7 +24,8 @@
 # Environment (all optional):
 #   OUT                 what comes back (default runs/gpu_draw/out)
 #   GPU_DRAW_PYTHON     the interpreter with torch (default python3: a GPU image's own)
-#   GPU_DRAW_INIT       the init of the run (default impulse)
+#   GPU_DRAW_INIT       the init of the run (default: the resumed run's where the payload holds one,
+#                       else impulse); past N it may name another, to start the next run
 #   GPU_DRAW_SECONDS    how long a call watches the run before it returns (default 540)
 #   GPU_DRAW_POLL       seconds between copies of metrics.jsonl (default 10)
 #   GPU_DRAW_KEEP=1     send the checkpoint of an unfinished run back (the last call of a draw)
@@ -48,14 +49,12 @@ K=$1 N=$2
 OUT=${OUT:-$ROOT/runs/gpu_draw/out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 PY=${GPU_DRAW_PYTHON:-python3}
-INIT=${GPU_DRAW_INIT:-impulse}
 SECONDS_LIMIT=${GPU_DRAW_SECONDS:-540}
 POLL=${GPU_DRAW_POLL:-10}
 QUICK=${GPU_DRAW_QUICK:-0}
 PARTS=${GPU_DRAW_PARTS:-.gpu_parts}  # where the carried parts land
 WORK=${GPU_DRAW_WORK:-runs/gpu_draw} # kept on a warm machine between calls (ignored by git)
-RUN=$WORK/paper-cifar-$INIT          # relative, as in the checkpoint's config: the same in every draw
-DATA_DIR=${GPU_DRAW_DATA:-.gpu_data} # likewise
+DATA_DIR=${GPU_DRAW_DATA:-.gpu_data} # relative, as in the checkpoint's config: the same in every draw
 PIECE_BYTES=$((15 * 1024 * 1024))    # files that come back are at most 16 MiB each
 mkdir -p "$WORK"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -63,6 +62,19 @@ if ! command -v "$PY" >/dev/null; then
     echo "error: GPU_DRAW_PYTHON=$PY: no such interpreter; name the python that holds torch" >&2
     exit 2
 fi
+# The run a payload resumes decides the init: its checkpoint only resumes under its own config.
+RESUME_JSON=$(find "$PARTS" -maxdepth 2 -name resume.json 2>/dev/null | sort | head -n 1)
+RESUMED_INIT=
+if [ -n "$RESUME_JSON" ]; then
+    RESUMED_INIT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["init"])' "$RESUME_JSON")
+fi
+INIT=${GPU_DRAW_INIT:-${RESUMED_INIT:-impulse}}
+if [ -n "$RESUMED_INIT" ] && [ "$INIT" != "$RESUMED_INIT" ] && [ "$K" -le "$N" ]; then
+    echo "error: GPU_DRAW_INIT=$INIT, but the payload resumes a run of init $RESUMED_INIT: unset GPU_DRAW_INIT" \
+        "(or name $RESUMED_INIT); another init can start past call $N, once that run is finished" >&2
+    exit 2
+fi
+RUN=$WORK/paper-cifar-$INIT          # relative, as in the checkpoint's config: the same in every draw
 REPORT=$OUT/draw.md
 {
     echo "# GPU draw, call $K of $N ($(date -u +%Y-%m-%dT%H:%M:%SZ))"

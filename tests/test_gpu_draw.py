@@ -111,6 +111,10 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     other = call(1, n, "out5", GPU_DRAW_CARRY_ONLY="1")
     assert other.returncode == 1 and "FAILED resume check: this machine makes other initial weights" in other.stdout
     resume.write_text(json.dumps(saved))
+    # the payload's run decides the init: naming another before the run is done is refused, unchanged
+    wrong = call(n, n, "out5", GPU_DRAW_INIT="mimetic", GPU_DRAW_TRAIN_ARGS="--epochs 12")
+    assert wrong.returncode == 2 and "resumes a run of init impulse: unset GPU_DRAW_INIT" in wrong.stderr
+    assert not (tmp_path / "work" / "paper-cifar-mimetic").exists() and not (tmp_path / "data").exists()
     last = call(n, n, "out5", GPU_DRAW_TRAIN_ARGS="--epochs 12")
     assert last.returncode == 0, last.stdout + last.stderr
     assert "resuming the run from the checkpoint in the payload" in last.stdout

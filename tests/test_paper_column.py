@@ -31,6 +31,20 @@ def test_a_row_reads_the_exact_images_with_their_error_and_the_last_whole_test(t
     assert f"| `mimetic` | 3 of 200 | 90.00 ± {se:.2f} | 70.00 (epoch 2) | 91.16 | 400 | 3.0 | X |" in table
 
 
+def test_at_an_epoch_each_run_reads_that_epochs_row_and_runs_short_of_it_are_named(tmp_path, paper_column):
+    rows = [{"epoch": e, "images_per_s": 100.0 * e, "test_first1017_acc": e / 10, "wall_s": 60.0 * e}
+            for e in (1, 2, 3)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:1]))
+    (tmp_path / "runs.json").write_text(json.dumps({"runs": {"impulse": {"metrics": "a.jsonl", "card": "X"},
+                                                             "mimetic": {"metrics": "b.jsonl", "card": "X"}}}))
+    table = paper_column.column(tmp_path, epoch=2)
+    assert "| `impulse` | 2 of 200 | 20.00 ±" in table and "| 200 | 2.0 | X |" in table
+    assert "`mimetic`" not in table and "Not at epoch 2 yet: mimetic" in table
+    with pytest.raises(SystemExit):
+        paper_column.main(["--data", str(tmp_path), "--epoch", "201"])
+
+
 def test_the_committed_runs_make_a_column(paper_column):
     table = paper_column.column(paper_column.DEFAULT_DATA)
     assert "| `impulse` |" in table and "91.62" in table
