@@ -222,3 +222,90 @@ def micro_vit_with_sibling_output(seed: int = 0) -> nn.Module:
     for block in model.blocks:
         block.attn = SiblingAttention(model.embed_dim, 2)
     return model
+
+
+class SelfMaskedAttention(nn.Module):
+    """vit-pytorch's LSA, written out: a fused ``to_qkv`` and ``to_out`` (no name-based adapter
+    claims them), a learned temperature as the softmax scale, and each token's logit on itself
+    masked."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.temperature = nn.Parameter(torch.log(torch.tensor((dim // heads) ** -0.5)) + 0.3)
+        self.norm = nn.LayerNorm(dim)
+        self.to_qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim))
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.to_qkv(x).chunk(3, dim=-1))
+        dots = q @ k.transpose(-1, -2) * self.temperature.exp()
+        eye = torch.eye(dots.shape[-1], dtype=torch.bool, device=dots.device)
+        attn = dots.masked_fill(eye, -torch.finfo(dots.dtype).max).softmax(-1)
+        return self.to_out((attn @ v).transpose(1, 2).flatten(2))
+
+
+class PublishedGPSA(nn.Module):
+    """ConViT's gated positional self-attention as its published code (and timm) writes it:
+    ``rel_indices`` of shape (1, N, N, 3) built in the forward, the two softmaxes mixed by a
+    sigmoid gate, under a class name structinit does not know."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.num_heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qk = nn.Linear(dim, 2 * dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
+        self.pos_proj = nn.Linear(3, heads)
+        self.gating_param = nn.Parameter(torch.ones(heads))
+        self.register_buffer("rel_indices", torch.zeros(1, 1, 1, 3), persistent=False)
+
+    def rel(self, n: int) -> torch.Tensor:
+        side = int(n**0.5)
+        ind = torch.arange(side).view(1, -1) - torch.arange(side).view(-1, 1)
+        indx = ind.repeat(side, side)
+        indy = ind.repeat_interleave(side, dim=0).repeat_interleave(side, dim=1)
+        return torch.stack([indx, indy, indx**2 + indy**2], -1).float().unsqueeze(0)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        if self.rel_indices.shape[1] != n:
+            self.rel_indices = self.rel(n)
+        q, k = self.qk(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        pos = self.pos_proj(self.rel_indices.expand(b, -1, -1, -1)).permute(0, 3, 1, 2).softmax(-1)
+        content = (q @ k.transpose(-2, -1) * self.scale).softmax(-1)
+        gate = torch.sigmoid(self.gating_param).view(1, -1, 1, 1)
+        attn = (1.0 - gate) * content + gate * pos
+        attn = attn / attn.sum(-1, keepdim=True)
+        v = self.v(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+def micro_vit_with_module(make, seed: int = 0) -> nn.Module:
+    """structinit's micro ViT (8×8 grid, no class token) with every attention ``make(dim, heads)``."""
+    torch.manual_seed(seed)
+    model = structinit.create_model("vit_micro_patch2_16")
+    for block in model.blocks:
+        block.attn = make(model.embed_dim, block.attn.num_heads)
+    return model
+
+
+class LateClassViT(nn.Module):
+    """A ViT laid out as timm's ConViT (``patch_embed``, ``pos_embed`` of grid rows, ``cls_token``,
+    ``blocks``), whose class token joins in front of the grid after its first block; ``joins``
+    copies of it join (one is the model's; two make a count no token explains)."""
+
+    def __init__(self, joins: int = 1):
+        super().__init__()
+        torch.manual_seed(0)
+        vit = structinit.create_model("vit_micro_patch2_16", depth=3)
+        self.patch_embed, self.pos_embed, self.blocks = vit.patch_embed, vit.pos_embed, vit.blocks
+        self.norm, self.head = vit.norm, vit.head
+        self.cls_token = nn.Parameter(torch.randn(1, 1, vit.embed_dim) * 0.02)
+        self.joins = joins
+
+    def forward(self, img):
+        x = self.blocks[0](self.patch_embed(img) + self.pos_embed)
+        x = torch.cat([self.cls_token.expand(len(x), self.joins, -1), x], 1)
+        return self.head(self.norm(self.blocks[1:](x))[:, 0])

@@ -9,6 +9,7 @@ from torch import nn
 
 import structinit
 from attention_modules import SepAttention, SepViT
+from rejection import check_rejected
 
 
 class PytorchStyleViT(nn.Module):
@@ -120,9 +121,14 @@ def test_register_position_finder_checks_its_arguments(bad):
         structinit.register_position_finder(*bad)
 
 
-def test_fidelity_checks_every_token_count_against_the_recorded_layout():
+def test_a_token_the_layout_does_not_know_is_refused_at_init_and_by_fidelity_after_it():
     model = PytorchStyleViT(extra_token=True)  # the forward prepends a token the layout does not know
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", reserve="none", seed=0), ValueError,
+                   r"attention layer 'attn.0' \(SepAttention\) receives 26 tokens, but the model's layout is 1 prefix "
+                   r"\+ 24 grid \(4×6\) tokens")
+    model = PytorchStyleViT()
     structinit.init_(model, "impulse", reserve="none", seed=0)
+    model.extra_token = True  # a forward that changed after the init
     with pytest.raises(ValueError, match=r"'attn.0' received 26 tokens, but the layout has 1 prefix \+ 24 grid"):
         structinit.impulse_fidelity(model, torch.randn(2, 3, 16, 24))
 

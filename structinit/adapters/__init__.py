@@ -12,6 +12,7 @@ from structinit.adapters.attention import (
 )
 from structinit.adapters.conv import find_depthwise_convs, is_depthwise
 from structinit.adapters.fused import FusedLinearAdapter
+from structinit.adapters.gated import GatedPositionalAdapter
 from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout, position_embedding_name
 from structinit.adapters.position import (
     POSITION_FINDERS,
@@ -49,7 +50,7 @@ __all__ = [
     "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
     "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
-    "SeparateQKVAdapter", "FusedLinearAdapter", "traced_discovery",
+    "SeparateQKVAdapter", "FusedLinearAdapter", "GatedPositionalAdapter", "traced_discovery",
     "TokenLayout", "adapter_for", "attention_survey", "find_attention_layers", "grid_pos_embed", "layer_relative_bias",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise", "find_token_mixing_layers",
     "is_token_mixing", "token_grid",

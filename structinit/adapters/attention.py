@@ -38,6 +38,9 @@ class AttentionAdapter:
     head_dim: int
     dim: int
     scale: float
+    # Each token's logit on itself masked out (vit-pytorch's LSA): a logit term that does not
+    # depend on content, which the maps include and impulse, whose centre offset it hides, refuses.
+    masks_self: bool = False
 
     def linear_views(self) -> Views:
         raise NotImplementedError
@@ -138,7 +141,16 @@ class AttentionAdapter:
         bias = None if self.relative is None else self.relative.bias().to(q.dtype)
         if terms is not None:
             bias = terms.to(q.dtype) if bias is None else bias + terms.to(q.dtype)
+        if self.masks_self:
+            bias = self_mask(q.shape[-2], q.dtype, q.device) if bias is None else bias + self_mask(
+                q.shape[-2], q.dtype, q.device)
         return attention_probs(q, k, self.scale, causal=self.causal, bias=bias)
+
+    def positional_writes(self, offsets: list, grid: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(destination, value) pairs that point the module's own positional scores at each
+        head's offset (dy, dx) on ``grid``, for attention whose map mixes in a part that depends
+        on position alone (ConViT's gated positional attention); none for plain attention."""
+        return []
 
     def observed_probs(self, maps: list[torch.Tensor], shape: torch.Size) -> torch.Tensor | None:
         """The module's own attention probabilities among the square ``maps`` captured inside
@@ -162,6 +174,13 @@ class AttentionAdapter:
         """Whether the module masks future keys: a ``causal`` or ``is_causal`` attribute that is
         True (structinit's causal :class:`~structinit.models.vit.Attention`, Hugging Face decoders)."""
         return any(getattr(self.module, attr, None) is True for attr in ("causal", "is_causal"))
+
+
+def self_mask(tokens: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """(T, T): −∞ on the diagonal, 0 elsewhere: the logit term of attention that masks each
+    token's attention to itself."""
+    out = torch.zeros(tokens, tokens, dtype=dtype, device=device)
+    return out.fill_diagonal_(float("-inf"))
 
 
 def module_scale(module: nn.Module, head_dim: int) -> float:

@@ -12,10 +12,11 @@ where x̂ is what the fused Linear really receives (the module may normalise x f
 vit-pytorch's ``Attention.norm`` does). The head count comes from an attribute (``heads``,
 ``num_heads``, …) when there is one, else from the softmax scale (r = scale⁻²), else from the
 first divisor of heads · r that the verification accepts; the scale is the one the module
-states, else r^−½, else none at all (1: q/k-normed attention often leaves it out). A module
-whose output differs
-(masked diagonal, learned temperature, RoPE …) is not adapted, so the caller's
-"no adapter understands" error names it.
+states, else r^−½, else none at all (1: q/k-normed attention often leaves it out), else
+exp(``temperature``) for a module with a learned scalar temperature (vit-pytorch's LSA, whose
+logit on each token's own key is also masked: verified with and without that mask). A module
+whose output differs still (RoPE, head mixing, …) is not adapted, so the caller's "no adapter
+understands" error names it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, module_scale
-from structinit.functional.attention import attention_probs
 from structinit.utils import is_int
 
 _ATOL = 1e-5  # float32 recomputation of a small attention: differences are ~1e-7
@@ -68,6 +68,14 @@ def _head_counts(module: nn.Module, inner: int) -> list[int]:
     return from_scale + [h for h in range(1, inner + 1) if inner % h == 0 and h not in from_scale]
 
 
+def _scales(module: nn.Module) -> list[float | str | None]:
+    """Softmax scales to verify: the stated or r^−½ one, none at all (q/k-normed attention),
+    and exp(``temperature``) when the module holds a learned scalar temperature."""
+    temperature = getattr(module, "temperature", None)
+    learned = isinstance(temperature, torch.Tensor) and temperature.numel() == 1
+    return [None, 1.0] + (["temperature"] if learned else [])
+
+
 class FusedLinearAdapter(AttentionAdapter):
     """An attention module recognised by structure (module doc). ``input_module`` is the fused
     Linear: its input is what q and k are computed from, after any norm inside the module."""
@@ -82,19 +90,24 @@ class FusedLinearAdapter(AttentionAdapter):
         if num_heads is None and known is not None and known[0] == (self.qkv, self.out):
             self._set_heads(*known[1:])  # verified before: the class's code, not its weights, decides
             return
-        for heads in [num_heads] if num_heads else _head_counts(module, inner):
-            for scale in (None, 1.0):  # the stated or r^−½ scale, else none at all (q/k-normed attention)
-                self._set_heads(heads, scale)
-                if verify(self):
-                    _VERIFIED[module] = ((self.qkv, self.out), heads, scale)
-                    return
+        for masks_self in (False, True):
+            for heads in [num_heads] if num_heads else _head_counts(module, inner):
+                for scale in _scales(module):
+                    self._set_heads(heads, scale, masks_self)
+                    if verify(self):
+                        _VERIFIED[module] = ((self.qkv, self.out), heads, scale, masks_self)
+                        return
         raise ValueError(f"{type(module).__name__}'s forward is not softmax(q kᵀ·scale)·v of its fused Linear "
                          "for any head count; register an adapter for it")
 
-    def _set_heads(self, heads: int, scale: float | None = None) -> None:
+    def _set_heads(self, heads: int, scale: float | str | None = None, masks_self: bool = False) -> None:
         self.num_heads, self.dim = int(heads), self.qkv.in_features
         self.head_dim = self.qkv.out_features // 3 // self.num_heads
-        self.scale = module_scale(self.module, self.head_dim) if scale is None else scale
+        self.masks_self = masks_self
+        if scale == "temperature":  # read now: a learned temperature is a weight, not the class's code
+            self.scale = float(self.module.temperature.detach().float().exp())
+        else:
+            self.scale = module_scale(self.module, self.head_dim) if scale is None else scale
 
     @property
     def input_module(self) -> nn.Module:
@@ -143,7 +156,7 @@ def verify(adapter: FusedLinearAdapter, tokens: int = 6) -> bool:
 def recompute(adapter: AttentionAdapter, x: torch.Tensor) -> torch.Tensor:
     """The attention output from the adapter's views for q/k input tokens ``x`` (B, T, D):
     concat_h P_h (x W_v[h] + b_v[h]) then the output Linear, P_h = softmax(q kᵀ · scale)."""
-    probs = attention_probs(*adapter.qk_features(x), adapter.scale)  # (B, H, T, T)
+    probs = adapter.attention_probs(x)  # (B, H, T, T)
     (wv, bv), (wo, bo) = adapter.linear_views()["v"], adapter.linear_views()["o"]
     v = nn.functional.linear(x, wv, bv).unflatten(-1, (adapter.num_heads, adapter.head_dim)).transpose(1, 2)
     y = (probs @ v).transpose(1, 2).flatten(2)

@@ -69,7 +69,6 @@ def infer_layout(
                 f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
             )
     prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
-    _check_channels_last(found)
     rows = _pe_rows(found)
     if grid is None:
         grid = found.grid
@@ -98,18 +97,6 @@ def infer_layout(
     if rows is not None:
         _check_rows(found, rows, layout, explicit_prefix=num_prefix_tokens is not None and declared is None)
     return layout
-
-
-def _check_channels_last(found: Discovery) -> None:
-    """A position embedding stored channels first, (1, D, h, w) as PiT's, would be read as D·h
-    rows of width w: refuse it by name instead."""
-    pos = found.pos_embed
-    if pos is not None and pos.ndim == 4 and pos.shape[-1] == pos.shape[-2] != pos.shape[1] > 1:
-        raise ValueError(
-            f"the position embedding `{found.pos_embed_name}` has shape {tuple(pos.shape)}: channels first "
-            f"(1, D, h, w), a {pos.shape[-2]}×{pos.shape[-1]} map of width {pos.shape[1]}. structinit reads a position "
-            "embedding as (…, rows, D); pass grid=(h, w) and pos_embed=<its (h·w, D) rows> with pe_scale=None, or "
-            "use a scheme that needs no position ('mimetic')")
 
 
 def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefix: bool) -> None:

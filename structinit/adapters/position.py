@@ -43,7 +43,10 @@ class Discovery:
     asks for them); ``pos_embed`` is the parameter itself, shape (…, R, D), R = N or N + P.
 
     ``num_prefix_tokens`` is the number of tokens in front of the grid, ``prefix_tokens`` the
-    learned vectors they come from, and ``source`` the finder's name (for messages)."""
+    learned vectors they come from, and ``source`` the finder's name (for messages).
+    ``joining_prefix_tokens`` counts the model's class tokens that join in front of the grid
+    only after the first attention layers (ConViT), and so are prefix tokens of the later ones;
+    ``joining_tokens`` are their learned vectors."""
 
     pos_embed: torch.Tensor | None = None
     pos_embed_name: str = "pos_embed"
@@ -51,6 +54,8 @@ class Discovery:
     num_prefix_tokens: int | None = None
     prefix_tokens: tuple[Token, ...] = field(default_factory=tuple)
     source: str = "?"
+    joining_prefix_tokens: int = 0
+    joining_tokens: tuple[Token, ...] = field(default_factory=tuple)
 
 
 NOT_FOUND = ("structinit found no position embedding in the model (it looks for timm's `pos_embed`, Hugging Face's "
@@ -94,14 +99,29 @@ def find_position_embedding(model: nn.Module) -> Discovery:
         if found is not None:
             if not isinstance(found, Discovery):
                 raise TypeError(f"position-embedding finder {name!r} returned {type(found).__name__}, not a Discovery")
-            return _prefix_in_layers(model, found)
+            return _prefix_in_layers(model, _channels_last(found))
     return Discovery(source="none")
+
+
+def _channels_last(found: Discovery) -> Discovery:
+    """A position embedding stored channels first, (1, D, h, w) as PiT's, as the (1, h·w, D)
+    view of its rows that every reader expects (writes through the view land in the parameter),
+    with its grid (h, w). Only a square map whose width differs from its side is taken so: a
+    (1, N, h, w) tensor could be either."""
+    pos = found.pos_embed
+    if pos is None or pos.ndim != 4 or not pos.shape[-1] == pos.shape[-2] != pos.shape[1] > 1 or pos.shape[0] != 1:
+        return found
+    h, w = pos.shape[-2:]
+    if found.grid is not None and tuple(found.grid) != (h, w):
+        return found
+    return dataclasses.replace(found, pos_embed=pos.flatten(2).transpose(1, 2), grid=(int(h), int(w)))
 
 
 def _prefix_in_layers(model: nn.Module, found: Discovery) -> Discovery:
     """``found`` without prefix tokens when its PE has rows for the grid alone and the first
-    attention layer receives the grid alone: the class token comes in after the layers that
-    the layout describes (CaiT's class-attention blocks), so it is no prefix of theirs."""
+    attention layer receives the grid alone: the class token comes in after the first layers
+    (CaiT's class-attention blocks, ConViT's later blocks), so it is no prefix of the first;
+    ``joining_prefix_tokens`` keeps its count for the later ones."""
     if _TRACED is None or found.pos_embed is None or not found.num_prefix_tokens:
         return found
     _, _, first_layer_tokens = _TRACED
@@ -109,7 +129,8 @@ def _prefix_in_layers(model: nn.Module, found: Discovery) -> Discovery:
     n = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else None
     if rows != n or first_layer_tokens(model) != n:
         return found
-    return dataclasses.replace(found, num_prefix_tokens=0, prefix_tokens=())
+    return dataclasses.replace(found, num_prefix_tokens=0, prefix_tokens=(),
+                               joining_prefix_tokens=found.num_prefix_tokens, joining_tokens=found.prefix_tokens)
 
 
 # -- helpers shared by the finders ---------------------------------------------------------------

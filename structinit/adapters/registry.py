@@ -17,6 +17,7 @@ from structinit.adapters.attention import (
     sibling_output,
 )
 from structinit.adapters.fused import FusedLinearAdapter
+from structinit.adapters.gated import GatedPositionalAdapter
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.verify import AttentionSurvey, survey_attention
@@ -34,7 +35,8 @@ class AdapterEntry:
 ATTENTION_ADAPTERS: Registry[AdapterEntry] = Registry("attention adapter")
 # Built-ins, in the order they are tried after any user adapter.
 # Names are the fast path; FusedLinearAdapter recognises the rest by shapes and a traced forward.
-for _cls in (MultiheadAttentionAdapter, FusedQKVAdapter, SeparateQKVAdapter, FusedLinearAdapter):
+for _cls in (MultiheadAttentionAdapter, GatedPositionalAdapter, FusedQKVAdapter, SeparateQKVAdapter,
+             FusedLinearAdapter):
     ATTENTION_ADAPTERS.register(f"structinit.{_cls.__name__}", AdapterEntry(_cls.matches, _cls))
 
 

@@ -144,10 +144,12 @@ def _next_block_mlp(model: nn.Module, block_path: str, adapter: AttentionAdapter
 def prefix_tokens(model: nn.Module, layout: TokenLayout) -> list[Token]:
     """The learned vectors that make up the prefix tokens: class / distillation / register
     token parameters and the prefix rows of the position embedding (when it has them), as
-    (name, view (…, D)). Empty without prefix tokens."""
+    (name, view (…, D)), and the class tokens that join in front of the grid after the first
+    layers (ConViT, CaiT). Empty without any."""
+    found = find_position_embedding(model)
     if layout.num_prefix_tokens == 0:
-        return []
-    out: list[Token] = list(find_position_embedding(model).prefix_tokens)
+        return list(found.joining_tokens)
+    out: list[Token] = [*found.prefix_tokens, *found.joining_tokens]
     rows = prefix_pos_rows(model, layout)
     if rows is not None:
         out.append(rows)

@@ -24,21 +24,23 @@ is judged by names and shapes only; :attr:`AttentionSurvey.probed` says which ha
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter, head_mixers
+from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
 from structinit.utils.memo import kept
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
 # one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
 HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
+SELF_MASK = "self-mask"
 LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
-TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING})
+TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, SELF_MASK})
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Verdict:
     # Talking-heads mixers (names inside the module) that make it plain self-attention when set to
     # the identity: a scheme that writes the layer sets them so (structinit.schemes.checks.plain_heads).
     mixers: tuple[str, ...] = ()
+    tokens: int | None = None  # how many tokens the layer received in the probe, when it took (B, T, D)
 
 
 @dataclass
@@ -91,6 +94,8 @@ def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tens
         logits = logits + adapter.relative.bias().to(logits.dtype)
     if terms is not None:
         logits = logits + terms.to(logits.dtype)
+    if adapter.masks_self:
+        logits = logits + self_mask(logits.shape[-1], logits.dtype, logits.device)
     return logits
 
 
@@ -243,6 +248,10 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
         return Verdict(name, adapter, "refused", VALUE_PATH,
                        "its output is not its attention map applied to v through its output projection (heads "
                        "mixed after the softmax, a second map mixed in, or a projection structinit does not see)")
+    if adapter.masks_self:  # plain attention otherwise: what the mask hides is impulse's centre offset
+        return Verdict(name, adapter, "refused", SELF_MASK,
+                       "it masks each token's logit on itself (a masked diagonal, as in LSA), a logit term that does "
+                       "not depend on content: a head cannot attend to its own token, impulse's centre offset")
     return Verdict(name, adapter, "self")
 
 
@@ -268,7 +277,8 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
     except Exception:  # a probe the model does not take: judged by names and shapes alone
         return unchecked
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    verdicts = [judge(n, ad, calls[ad.module], dtype) for n, ad in candidates]
+    verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=_token_count(calls[ad.module]))
+                for n, ad in candidates]
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     covered = [ad.module for _, ad in candidates]
     names = {m: n for n, m in model.named_modules()}
@@ -285,6 +295,11 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
         else:
             unknown.append((name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map"))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True)
+
+
+def _token_count(call: ModuleCall) -> int | None:
+    x = call.x
+    return int(x.shape[-2]) if call.done and x is not None and x.ndim == 3 else None
 
 
 def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdict]:
@@ -314,7 +329,8 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
         name, ad = candidates[i]
         plain = judge(name, ad, calls[ad.module], dtype)
         if plain.kind == "self":
-            verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=tuple(n for n, _, _ in mixers))
+            verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=tuple(n for n, _, _ in mixers),
+                                  tokens=verdicts[i].tokens)
     return verdicts
 
 

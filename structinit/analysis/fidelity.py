@@ -68,15 +68,24 @@ def _check_agrees(layout: TokenLayout, grid, num_prefix_tokens, source: str) -> 
 
 def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> list[TokenLayout]:
     """The token layout of each chosen layer: its window for a layer with a relative position
-    bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the model's layout
+    bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the layout the
+    impulse init recorded on it when every such layer has a record, else the model's layout
     (:func:`recorded_layout`)."""
     biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
     plain = [layer for layer, b in zip(chosen, biases) if b is None]
-    model_layout = recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
+    records = [get_record(ad.module, "impulse") for _, ad in plain]
+    if plain and all(r is not None for r in records):  # each layer's own: a class token may join later (ConViT)
+        own = iter([TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"])) for r in records])
+        model_layout = None
+    else:
+        own, model_layout = None, recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
     out = []
     for rb in biases:
         if rb is None:
-            out.append(model_layout)
+            layout = model_layout if own is None else next(own)
+            if own is not None:
+                _check_agrees(layout, grid, num_prefix_tokens, "the impulse init recorded")
+            out.append(layout)
             continue
         window = TokenLayout(rb.grid, rb.num_prefix_tokens)
         _check_agrees(window, grid, num_prefix_tokens, "the relative position bias fixes")

@@ -23,21 +23,10 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters import AttentionAdapter, register_adapter
+from structinit.adapters.gated import relative_positions
 from structinit.models.registry import register_model
 from structinit.models.vit import VisionTransformer, head_shape
 from structinit.utils import check_int, check_number
-
-
-def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
-    """(N, N, 3) float32: for query i and key j of the row-major h×w grid,
-    (x_j − x_i, y_j − y_i, (x_j − x_i)² + (y_j − y_i)²)."""
-    h, w = grid
-    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    y, x = y.reshape(-1), x.reshape(-1)
-    dx = (x[None, :] - x[:, None]).float()
-    dy = (y[None, :] - y[:, None]).float()
-    return torch.stack([dx, dy, dx**2 + dy**2], dim=-1)
 
 
 def head_centres(num_heads: int) -> list[tuple[float, float] | None]:
@@ -110,36 +99,6 @@ class GPSA(nn.Module):
         v = self.v(x).reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
         out = (attn @ v).transpose(1, 2).reshape(x.shape)
         return self.proj(out)
-
-
-class GPSAAdapter(AttentionAdapter):
-    """structinit's view of a GPSA layer: q/k are the two halves of ``qk``; the attention
-    probabilities are the gated mixture, so maps and fidelity show what the layer computes."""
-
-    def __init__(self, module: GPSA):
-        self.module = module
-        self.num_heads = module.num_heads
-        self.head_dim = module.head_dim
-        self.dim = module.qk.in_features
-        self.scale = module.scale
-
-    def linear_views(self):
-        qk, n = self.module.qk, self.num_heads * self.head_dim
-        b = qk.bias
-        views = {name: (qk.weight[i * n:(i + 1) * n], None if b is None else b[i * n:(i + 1) * n])
-                 for i, name in enumerate("qk")}
-        return views | {"v": (self.module.v.weight, self.module.v.bias),
-                        "o": (self.module.proj.weight, self.module.proj.bias)}
-
-    def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
-        return self.module.mix(super().attention_probs(x, terms))
-
-    def observed_probs(self, maps, shape):
-        content = super().observed_probs(maps[:1], shape)  # the content softmax comes first, then the gated mix
-        return None if content is None else self.module.mix(content)
-
-
-register_adapter(GPSA, GPSAAdapter)
 
 
 class ConViT(VisionTransformer):

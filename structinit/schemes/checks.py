@@ -26,7 +26,7 @@ from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import attention_survey, layer_relative_bias
 from structinit.adapters.token_order import out_of_order
-from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps
+from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps, tolerance
 from structinit.functional.targets import target_index
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
@@ -35,6 +35,7 @@ _HINTS = {
     "qk-norm": "Use 'mimetic', or build the model without the q/k norm for the init",
     "head-mixing": "Build the model without head mixing, or use 'mimetic'",
     "position-bias": "Use 'mimetic', or register an adapter that models the bias (structinit.register_adapter)",
+    "self-mask": "Use 'mimetic', or build the model without the masked diagonal for the init",
     "layout": "Register an adapter that reads this layer's q, k, v and output (structinit.register_adapter)",
     "no-map": "Structinit's attention schemes need a softmax(q kᵀ) map; leave these layers to the model's own init",
     "value-path": "Register an adapter that models this layer's output (structinit.register_adapter)",
@@ -202,6 +203,9 @@ def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
             if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1]:
                 continue  # a windowed layer that cuts its own windows: its tokens are not the map's
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
+            if ad.masks_self:  # no diagonal to see: the maps must be the ones the written q kᵀ give
+                _check_same_maps(name, ad, real, x, terms)
+                continue
             with torch.no_grad():
                 wrote = diagonal_strength(adapter_logits(ad, x.float(), terms))
             got = diagonal_strength(real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log())
@@ -215,6 +219,19 @@ def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
                     f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone. The layer mixes or transforms "
                     "q kᵀ in a way that hides the structure (register an adapter that models it)")
     return check
+
+
+def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
+    """A layer whose diagonal is masked hides mimetic's q kᵀ diagonal from its maps; what the
+    model computes must then be the map of the q kᵀ written, off the diagonal."""
+    with torch.no_grad():
+        ours = ad.attention_probs(x.float(), terms)
+    real_probs = real.probs.reshape(ours.shape) if real.probs.numel() == ours.numel() else None
+    if real_probs is None or float((real_probs.float() - ours).abs().max()) > tolerance(x.dtype):
+        raise ValueError(
+            f"mimetic: after the write, the attention maps of layer {name!r} ({type(ad.module).__name__}) are not "
+            "those of the q kᵀ written; the write was undone. The layer computes its attention in a way the "
+            "adapter does not model (register an adapter that models it)")
 
 
 __all__ = ["TRANSFORMS", "check_settable", "impulse_check", "mimetic_check", "diagonal_strength"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
-from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.position import NOT_FOUND, find_position_embedding
 from structinit.adapters.registry import attention_survey, layer_relative_bias
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
@@ -156,6 +156,7 @@ def plan_impulse(
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)
     check_kernel_size(kernel_size, layout.grid)
+    layouts = _layer_layouts(model, chosen, layout)
     dims = sorted({ad.dim for _, ad in chosen})
     if len(dims) > 1:
         raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately (layers=)")
@@ -175,17 +176,51 @@ def plan_impulse(
     x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
     specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, per_layer)]
     written = []
-    for (_, ad), solved in zip(chosen, solver_obj.solve(x, layout.grid, specs, gen)):
-        record = {"offsets": list(solved.offsets), "grid": layout.grid,
-                  "num_prefix_tokens": layout.num_prefix_tokens, "solver": solver}
+    for (_, ad), lay, solved in zip(chosen, layouts, solver_obj.solve(x, layout.grid, specs, gen)):
+        record = {"offsets": list(solved.offsets), "grid": lay.grid,
+                  "num_prefix_tokens": lay.num_prefix_tokens, "solver": solver}
         plan.add_qk(ad, solved.wq, solved.wk, record=record)
+        plan.add(ad.positional_writes(list(solved.offsets), layout.grid))  # a map's position-only part, if any
         written.append(list(solved.offsets))
     _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
     if reservation is not None:
         reservation.plan(plan)
-    _add_check(plan, model, chosen, written, [layout] * len(chosen))
+    _add_check(plan, model, chosen, written, layouts)
     finish_plan(plan, model, "impulse", chosen, skipped)
     return plan
+
+
+def _layer_layouts(model: nn.Module, chosen, layout: TokenLayout) -> list[TokenLayout]:
+    """Per chosen layer, ``layout`` with the prefix tokens the layer really receives (the
+    probe's count): a class token that joins in front of the grid after the first layers
+    (ConViT) is a prefix of the later ones. A layer that receives any other count is refused
+    before anything is written."""
+    joining = find_position_embedding(model).joining_prefix_tokens
+    survey = attention_survey(model)
+    out, odd = [], []
+    for name, ad in chosen:
+        verdict = survey.verdict(name)
+        tokens = None if verdict is None else verdict.tokens
+        if tokens is None or tokens == layout.num_tokens:
+            out.append(layout)
+        elif joining and tokens == layout.num_tokens + joining:
+            out.append(TokenLayout(layout.grid, layout.num_prefix_tokens + joining))
+        else:
+            out.append(None)
+            odd.append((name, ad, tokens))
+    if odd:
+        name, ad, tokens = odd[0]
+        index = {n: i for i, (n, _) in enumerate(find_attention_layers(model))}
+        fit = [index[n] for (n, _), lay in zip(chosen, out) if lay is not None and n in index]
+        raise ValueError(
+            f"impulse: attention layer {name!r} ({type(ad.module).__name__}) receives {tokens} tokens, but the "
+            f"model's layout is {layout.num_prefix_tokens} prefix + {layout.num_patches} grid "
+            f"({layout.grid[0]}×{layout.grid[1]}) tokens, and no class token of the model joins later to make up "
+            f"the difference ({len(odd)} layer(s) so: a later stage on another grid, or tokens the model adds); "
+            "nothing was written. "
+            + (f"Initialise the layers that take the grid as laid out, layers={fit}, or pass" if fit else "Pass")
+            + " the grid=/num_prefix_tokens= the layers really use")
+    return out
 
 
 def _plan_values(plan: Plan, chosen, value_init: str, gamma: float, delta: float, gen) -> None:

@@ -53,10 +53,24 @@ def test_vit_pytorch_attention_is_adapted_without_register_adapter(name):
     assert {(ad.num_heads, ad.head_dim, ad.dim) for _, ad in layers} == {(3, 32, 96)}
 
 
-def test_a_module_whose_forward_is_not_plain_attention_is_not_adapted():
-    from vit_pytorch.vit_for_small_dataset import LSA  # masks the diagonal: no fused-attention match
+def test_lsa_is_read_with_its_learned_temperature_and_masked_diagonal_and_a_variant_that_differs_is_not():
+    from vit_pytorch.vit_for_small_dataset import LSA
 
-    assert not FusedLinearAdapter.matches(LSA(96, heads=3, dim_head=32))
+    lsa = LSA(96, heads=3, dim_head=32)
+    with torch.no_grad():
+        lsa.temperature.fill_(0.7)  # not the r^−½ it starts at: the scale must be read from it
+    ad = FusedLinearAdapter(lsa)
+    assert ad.masks_self and (ad.num_heads, ad.head_dim) == (3, 32)
+    assert ad.scale == pytest.approx(float(torch.tensor(0.7).exp()))
+
+    class LSAWithAReLU(LSA):  # the same weights, but a ReLU on the logits: a different forward
+        def forward(self, x):
+            x = self.norm(x)
+            q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.to_qkv(x).chunk(3, dim=-1))
+            attn = (q @ k.transpose(-1, -2) * self.temperature.exp()).relu().softmax(-1)
+            return self.to_out((attn @ v).transpose(1, 2).flatten(2))
+
+    assert not FusedLinearAdapter.matches(LSAWithAReLU(96, heads=3, dim_head=32))
 
 
 @pytest.mark.parametrize("name", ["vitpytorch_ViT", "vitpytorch_SimpleViT"])
@@ -137,3 +151,17 @@ def test_eva02_rope_is_refused_by_impulse_with_a_clear_error():
     x = position_only_input(model, layout)
     assert real_hit(model, [ad.attention_probs(x)]) == 1.0  # the adapter's own view: a perfect, false, score
     structinit.init_(zoo.build(entry), "mimetic", seed=0)
+
+
+def test_pit_channels_first_position_embedding_is_read_and_its_first_stage_takes_impulse():
+    entry = zoo.BY_NAME["timm_pit_ti_224"]
+    model = zoo.build(entry)
+    found = structinit.find_position_embedding(model)
+    assert found.grid == (27, 27) and tuple(found.pos_embed.shape) == (1, 729, 64)
+    assert found.pos_embed.data_ptr() == model.pos_embed.data_ptr()  # a view of the (1, D, h, w) parameter
+    before = model.pos_embed.detach().clone()
+    structinit.init_(model, "impulse", layers=[0, 1], seed=0)  # the stage on the 27×27 grid
+    assert model.pos_embed.shape == (1, 64, 27, 27) and not torch.equal(model.pos_embed, before)
+    images, _ = zoo.real_images(4, entry.image_size)
+    hits = structinit.impulse_fidelity(model, images, layers=[0, 1], batch_size=2)["hit"]
+    assert (hits >= 0.95).all(), hits

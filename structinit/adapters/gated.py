@@ -1,0 +1,130 @@
+r"""Gated positional self-attention (GPSA; ConViT, d'Ascoli et al., 2021), recognised by its
+parts under any class: a ``qk`` Linear D → 2·inner (q then k), a ``v`` Linear D → inner, a
+``proj`` Linear inner → D, a ``pos_proj`` Linear 3 → H and a ``gating_param`` of H gates. A
+head's map mixes a content softmax with a positional one,
+
+    A = (1 − σ(g_h)) · softmax(q kᵀ · scale) + σ(g_h) · softmax(pos_proj(r_ij)),  A ← A / Σ_j A,
+
+where r_ij = (δx, δy, δx² + δy²) is the offset of key j from query i on the token grid (the
+published ``rel_indices``). The probe checks this recomputation against the module's own maps,
+so a module that only looks like GPSA is refused by what it computes.
+
+Impulse writes both halves of a GPSA head, so that the map the model computes points at the
+head's offset: the content q/k as for any attention, and the positional scores as ConViT's own
+local init does for its lattice of centres, a Gaussian −α‖r − δ_h‖² around the head's offset
+δ_h (weights (2α δx, 2α δy, −α), zero bias; α the module's ``locality_strength``, else 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from structinit.adapters.attention import AttentionAdapter, Views, module_scale
+from structinit.functional.targets import Offset
+
+_PARTS = ("qk", "v", "proj", "pos_proj")
+
+
+def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
+    """(N, N, 3) float32: for query i and key j of the row-major h×w grid,
+    (x_j − x_i, y_j − y_i, (x_j − x_i)² + (y_j − y_i)²)."""
+    h, w = grid
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    y, x = y.reshape(-1), x.reshape(-1)
+    dx = (x[None, :] - x[:, None]).float()
+    dy = (y[None, :] - y[:, None]).float()
+    return torch.stack([dx, dy, dx**2 + dy**2], dim=-1)
+
+
+def is_gated_positional(module: nn.Module) -> bool:
+    """Whether ``module`` has GPSA's parts with matching shapes (module doc)."""
+    parts = [getattr(module, n, None) for n in _PARTS]
+    gate = getattr(module, "gating_param", None)
+    if not all(isinstance(p, nn.Linear) for p in parts) or not isinstance(gate, torch.Tensor) or gate.ndim != 1:
+        return False
+    qk, v, proj, pos = parts
+    inner = v.out_features
+    return (qk.out_features == 2 * inner and qk.in_features == v.in_features == proj.out_features
+            and proj.in_features == inner and pos.in_features == 3 and pos.out_features == gate.numel()
+            and inner % gate.numel() == 0)
+
+
+class GatedPositionalAdapter(AttentionAdapter):
+    """structinit's view of a GPSA layer (module doc): q/k are the halves of ``qk``, and the
+    attention probabilities are the gated mixture, so maps, checks and fidelity read what the
+    layer computes."""
+
+    def __init__(self, module: nn.Module):
+        if not is_gated_positional(module):
+            raise ValueError(f"{type(module).__name__} lacks GPSA's qk, v, proj, pos_proj and gating_param")
+        self.module = module
+        self.num_heads = module.gating_param.numel()
+        self.head_dim = module.v.out_features // self.num_heads
+        self.dim = module.qk.in_features
+        self.scale = module_scale(module, self.head_dim)
+
+    matches = staticmethod(is_gated_positional)
+
+    def linear_views(self) -> Views:
+        qk, n = self.module.qk, self.num_heads * self.head_dim
+        b = qk.bias
+        views = {name: (qk.weight[i * n:(i + 1) * n], None if b is None else b[i * n:(i + 1) * n])
+                 for i, name in enumerate("qk")}
+        return views | {"v": (self.module.v.weight, self.module.v.bias),
+                        "o": (self.module.proj.weight, self.module.proj.bias)}
+
+    def relative_positions(self, tokens: int) -> torch.Tensor:
+        """(T, T, 3): the module's own ``rel_indices`` when they fit ``tokens``, else those of a
+        square grid of that many tokens (as the published code builds them)."""
+        rel = getattr(self.module, "rel_indices", None)
+        if isinstance(rel, torch.Tensor) and rel.shape[-1] == 3 and rel.shape[-2] == rel.shape[-3] == tokens:
+            return rel.reshape(tokens, tokens, 3)
+        side = math.isqrt(tokens)
+        if side * side != tokens:
+            raise ValueError(f"{type(self.module).__name__} got {tokens} tokens, not a square grid: GPSA's "
+                             "positional scores need the grid")
+        return relative_positions((side, side)).to(self.module.pos_proj.weight.device)
+
+    def positional_probs(self, tokens: int) -> torch.Tensor:
+        """(heads, T, T): the softmax of the positional scores."""
+        rel = self.relative_positions(tokens).to(self.module.pos_proj.weight.dtype)
+        return self.module.pos_proj(rel).permute(2, 0, 1).softmax(dim=-1)
+
+    def mix(self, content: torch.Tensor) -> torch.Tensor:
+        """The gated mixture of content probabilities (…, heads, T, T) with the positional ones,
+        each row renormalised to sum to one."""
+        gate = torch.sigmoid(self.module.gating_param).view(-1, 1, 1).to(content.dtype)
+        attn = (1.0 - gate) * content + gate * self.positional_probs(content.shape[-1]).to(content.dtype)
+        return attn / attn.sum(dim=-1, keepdim=True)
+
+    def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
+        return self.mix(super().attention_probs(x, terms))
+
+    def observed_probs(self, maps, shape):
+        """The gated mixture of the module's own content softmax, the map among ``maps`` that is
+        not its positional softmax (a code may compute either first)."""
+        positional = self.positional_probs(shape[-1]) if len(shape) == 4 else None
+        for probs in maps:
+            if probs.numel() != shape.numel():
+                continue
+            probs = probs.reshape(shape)
+            if positional is not None and torch.allclose(probs, positional.to(probs.dtype).expand(shape), atol=1e-6):
+                continue
+            return self.mix(probs)
+        return None
+
+    def positional_writes(self, offsets: list[Offset], grid: tuple[int, int]) -> list[tuple[torch.Tensor,
+                                                                                           torch.Tensor]]:
+        """``pos_proj`` set so that head h's positional scores are −α‖r − δ_h‖² + const, a
+        Gaussian around its offset δ_h = (δy, δx) (module doc)."""
+        pos = self.module.pos_proj
+        alpha = float(getattr(self.module, "locality_strength", 1.0))
+        weight = torch.tensor([[2 * alpha * dx, 2 * alpha * dy, -alpha] for dy, dx in offsets],
+                              dtype=pos.weight.dtype, device=pos.weight.device)
+        out = [(pos.weight, weight)]
+        if pos.bias is not None:
+            out.append((pos.bias, torch.zeros_like(pos.bias)))
+        return out
