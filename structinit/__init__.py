@@ -8,7 +8,7 @@
 
 Importing structinit loads the init API only (torch, numpy, scipy). The training harness,
 datasets and augmentation (``TrainConfig``, ``train``, ``compare``, ``load_dataset``, …) are
-imported on first use and need the ``harness`` extra: ``pip install "structinit[harness]"``.
+imported on first use and need the ``harness`` extra: ``pip install -e ".[harness]"`` in a clone.
 """
 
 import importlib

@@ -20,10 +20,10 @@ def test_require_names_the_package_and_the_extra(monkeypatch):
     for module in ("sklearn", "sklearn.datasets"):  # importing them now fails as if they were absent
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ImportError, match=r"the digits dataset needs the scikit-learn package.*"
-                                          r'pip install "structinit\[harness\]"'):
+                                          r'pip install -e "\.\[harness\]" in a clone of structinit'):
         require("sklearn.datasets", "the digits dataset")
     assert require("json", "anything").dumps(1) == "1"
-    assert HARNESS_INSTALL == 'pip install "structinit[harness]"'
+    assert HARNESS_INSTALL == 'pip install -e ".[harness]" in a clone of structinit (the package torch-structinit)'
 
 
 def test_without_the_extra_only_its_features_fail():

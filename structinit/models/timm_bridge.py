@@ -1,7 +1,7 @@
 """timm's models by name, for the harness: ``create_model("timm/<name>")`` builds timm's
 ``<name>`` from code (no pretrained weights), sized for the data, so ``structinit train`` and
 ``compare`` take any timm model with ``--model timm/<name>``. timm is an optional extra
-(``pip install "structinit[timm]"``); nothing here imports it until a ``timm/`` name is asked for."""
+(``pip install -e ".[timm]"`` in a clone); nothing here imports it until a ``timm/`` name is asked for."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def create_timm_model(name: str, **overrides: Any) -> nn.Module:
         import timm
     except ImportError as err:
         raise ImportError(
-            f"model={name!r} needs timm, which is not installed: pip install \"structinit[timm]\" (timm needs "
-            "torchvision built for the same torch)") from err
+            f"model={name!r} needs timm, which is not installed: pip install -e \".[timm]\" in a clone of structinit "
+            "(timm needs torchvision built for the same torch)") from err
     arch = name[len(PREFIX):]
     if not timm.is_model(arch):
         close = difflib.get_close_matches(arch, timm.list_models(), n=5, cutoff=0.6)

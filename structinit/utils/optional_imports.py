@@ -11,7 +11,7 @@ from types import ModuleType
 
 __all__ = ["HARNESS_INSTALL", "require"]
 
-HARNESS_INSTALL = 'pip install "structinit[harness]"'
+HARNESS_INSTALL = 'pip install -e ".[harness]" in a clone of structinit (the package torch-structinit)'
 # import name → the name pip knows it by
 _PACKAGES = {"PIL": "pillow", "sklearn": "scikit-learn"}
 

@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 
+import structinit
 from structinit.harness.cli import ablate, attention, cka
 from structinit.harness.cli.flags import add_training_flags, config_from_args, run_name
 from structinit.harness.cli.messages import exit_code, format_error
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="structinit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_debug_flag(parser, False)
+    parser.add_argument("--version", action="version", version=f"structinit {structinit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser("train", help="train one model")
