@@ -47,3 +47,15 @@ def test_the_package_is_torch_structinit_under_the_mit_licence_and_installed_so(
     assert project["license"] == {"text": "MIT"}
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     assert importlib.metadata.version("torch-structinit") == VERSION  # the environment's install, as set up
+
+
+def test_it_installs_from_a_git_url(tmp_path):
+    """The README's git-URL install, from a clone of this checkout's HEAD, into a folder:
+    the package that lands there is this version of structinit, as torch-structinit."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(tmp_path / "clone")], check=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                           "--target", str(tmp_path / "site"), f"git+file://{tmp_path / 'clone'}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / f"torch_structinit-{VERSION}.dist-info").is_dir()
+    assert f'__version__ = "{VERSION}"' in (tmp_path / "site" / "structinit" / "__init__.py").read_text()

@@ -10,7 +10,8 @@ import structinit
 
 @pytest.mark.skipif(importlib.util.find_spec("timm") is not None, reason="timm is installed here (tests/zoo covers it)")
 def test_timm_name_without_timm_names_the_extra():
-    with pytest.raises(ImportError, match=r"model='timm/vit_tiny_patch16_224' needs timm.*structinit\[timm\]"):
+    with pytest.raises(ImportError,
+                       match=r"model='timm/vit_tiny_patch16_224' needs timm.*pip install -e \"\.\[timm\]\" in a clone"):
         structinit.create_model("timm/vit_tiny_patch16_224", num_classes=10)
 
 

@@ -166,16 +166,22 @@ def test_cosine_schedule_shape():
     assert cosine_lr(100, 100, 10, cfg) == pytest.approx(0.1)
 
 
-def test_compare_resumes_without_redoing_finished_runs(tmp_path):
+def test_compare_resumes_without_redoing_finished_runs(tmp_path, capsys):
     base = recipe("digits", epochs=2, train_size=None)
     out = tmp_path / "cmp"
     first = compare(base, ["pytorch", "impulse:target_mass=0.3"], [0, 1], out, progress=False)
+    said = capsys.readouterr().out
+    assert "== 4 runs (2 inits × 2 seeds), 0 already finished" in said
+    assert "== 3 runs left, about" in said and "== 1 run left, about" in said  # the estimate, after each run
     assert set(first) == {"pytorch", "impulse:target_mass=0.3"}
     assert len(first["pytorch"]["accs"]) == 2 and (out / "accuracy.png").stat().st_size > 1000
     finished = out / "pytorch/seed0/result.json"
     stamp = finished.stat().st_mtime_ns
     (out / "pytorch/seed1/result.json").unlink()  # as if killed after its last checkpoint
+    capsys.readouterr()
     again = compare(base, ["pytorch", "impulse:target_mass=0.3"], [0, 1], out, progress=False)
+    said = capsys.readouterr().out
+    assert "== 4 runs (2 inits × 2 seeds), 3 already finished" in said and "left, about" not in said
     assert finished.stat().st_mtime_ns == stamp
     assert again["pytorch"]["accs"] == first["pytorch"]["accs"]
     assert "± " in (out / "summary.md").read_text()

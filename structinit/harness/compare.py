@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +81,21 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
     check_run(make_task(dataclasses.replace(base, out_dir=str(out))), placement())
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
-    for seed in seeds:  # seed-major: a complete table for the first seed comes first
-        for spec in inits:
-            name, options = parsed[spec]
-            cfg = run_config(base, spec, name, options, seed, out)
-            print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
-            runs[spec].append(train(cfg, resume=True, progress=progress, wait=wait))
+    plan = [(seed, spec) for seed in seeds for spec in inits]  # seed-major: the first seed's table comes first
+    cfgs = [run_config(base, spec, *parsed[spec], seed, out) for seed, spec in plan]
+    finished = [Path(cfg.out_dir, "result.json").exists() for cfg in cfgs]
+    print(f"== {len(plan)} runs ({len(inits)} inits × {len(seeds)} seeds), {sum(finished)} already finished",
+          flush=True)
+    trained: list[float] = []  # seconds of each run trained in this call, for the estimate of the rest
+    for k, ((seed, spec), cfg) in enumerate(zip(plan, cfgs)):
+        print(f"== {spec} seed {seed} → {cfg.out_dir}", flush=True)
+        start = time.perf_counter()
+        runs[spec].append(train(cfg, resume=True, progress=progress, wait=wait))
+        if not finished[k]:
+            trained.append(time.perf_counter() - start)
+            left = sum(not f for f in finished[k + 1:])
+            if left:
+                print(f"== {pace_estimate(trained, left)}", flush=True)
     summary = summarise(runs)
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
@@ -97,6 +107,13 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
         print(f"warning: {out / report_page.REPORT} not written ({type(err).__name__}: {first})", file=sys.stderr,
               flush=True)
     return summary
+
+
+def pace_estimate(seconds: list[float], left: int) -> str:
+    """How long the ``left`` runs still to train will take at the pace of those just trained."""
+    minutes = left * sum(seconds) / len(seconds) / 60
+    return (f"{left} run{'s' if left > 1 else ''} left, about {minutes:.0f} minutes at the pace of the "
+            f"{len(seconds)} just trained ({sum(seconds) / len(seconds) / 60:.1f} minutes a run)")
 
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
