@@ -62,3 +62,10 @@ def test_mimetic_token_maps_equal_their_formula(tokens_ratio):
         assert structinit.get_record(block.mlp_tokens) is None
     with pytest.raises(ValueError, match="alpha"):
         structinit.init_(model, "mimetic", alpha=float("nan"))
+
+
+def test_impulse_fidelity_on_a_mixer_points_to_the_token_mixing_measure():
+    mixer = MlpMixer(img_size=16, patch_size=4, num_blocks=2, embed_dim=16)
+    with pytest.raises(ValueError, match=r"MlpMixer has no attention layer: it mixes its tokens with MLPs .*"
+                                         r"token_mixing_fidelity\(model, images\)"):
+        structinit.impulse_fidelity(mixer, torch.randn(2, 3, 16, 16))

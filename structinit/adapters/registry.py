@@ -156,7 +156,8 @@ def find_attention_layers(model: nn.Module, *, pooling: bool = False) -> list[tu
             "found attention that no adapter understands: "
             + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
             + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
-            "projections with an output Linear and a head count; nn.MultiheadAttention; any module "
+            "projections with an output Linear and a head count; nn.MultiheadAttention; ConViT's gated "
+            "positional attention (qk, v, proj, pos_proj, gating_param); any module "
             "whose forward is softmax(q kᵀ·scale)·v of one fused q/k/v Linear, then an output Linear. "
             "Register your class with structinit.register_adapter(YourAttention, factory)."
         )

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, select_layers
+from structinit.adapters import (
+    TokenLayout,
+    find_attention_layers,
+    find_token_mixing_layers,
+    infer_layout,
+    select_layers,
+)
 from structinit.adapters.position_input import layer_position_input
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
@@ -64,6 +70,19 @@ def _check_agrees(layout: TokenLayout, grid, num_prefix_tokens, source: str) -> 
         if value is not None and (tuple(value) if arg == "grid" else value) != known:
             raise ValueError(f"{arg}={value!r}, but {source} {arg}={known!r} on these layers; "
                              f"omit {arg}= to use it")
+
+
+def _attention_layers(model: nn.Module) -> list:
+    """The model's attention layers; a model that mixes its tokens with MLPs instead (an
+    MLP-Mixer) is pointed to the measure made for it."""
+    try:
+        return find_attention_layers(model)
+    except ValueError as err:
+        if not find_token_mixing_layers(model) or not str(err).startswith("no attention layer found"):
+            raise
+        raise ValueError(f"{type(model).__name__} has no attention layer: it mixes its tokens with MLPs (an "
+                         "MLP-Mixer), whose impulse maps are measured by "
+                         "structinit.analysis.token_mixing.token_mixing_fidelity(model, images)") from None
 
 
 def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> list[TokenLayout]:
@@ -156,7 +175,7 @@ def impulse_fidelity(
     a record and must agree with one. Every layer's token count is checked against prefix +
     grid: a mismatch is an error that names both numbers, never a silently wrong score.
     """
-    chosen = select_layers(find_attention_layers(model), layers)
+    chosen = select_layers(_attention_layers(model), layers)
     layouts = layer_layouts(model, chosen, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
     heads = max(ad.num_heads for _, ad in chosen)
