@@ -13,8 +13,8 @@ from torch import nn
 from structinit.adapters import (
     TokenLayout,
     find_attention_layers,
-    find_token_mixing_layers,
     infer_layout,
+    is_token_mixing,
     select_layers,
 )
 from structinit.adapters.position_input import layer_position_input
@@ -78,7 +78,8 @@ def _attention_layers(model: nn.Module) -> list:
     try:
         return find_attention_layers(model)
     except ValueError as err:
-        if not find_token_mixing_layers(model) or not str(err).startswith("no attention layer found"):
+        mixes = any(is_token_mixing(m) for m in model.modules())
+        if not mixes or not str(err).startswith("no attention layer found"):
             raise
         raise ValueError(f"{type(model).__name__} has no attention layer: it mixes its tokens with MLPs (an "
                          "MLP-Mixer), whose impulse maps are measured by "
