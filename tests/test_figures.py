@@ -97,6 +97,8 @@ def test_curves_figure_draws_accuracy_and_loss_with_bands(tmp_path):
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["impulse (n=2)", "pytorch (n=1)"]  # below the panels
     assert acc.lines[0].get_ydata().tolist() == pytest.approx([15.0, 35.0])
     assert len(acc.collections) == 1  # a band for the init with two seeds only
+    ticks = [t for t in acc.get_xticks() if acc.get_xlim()[0] <= t <= acc.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)  # two epochs: ticks at whole epochs, never 1.2
     assert decoded_size(tmp_path / "curves.png") > 0
     with pytest.raises(ValueError, match=r"runs is empty"):
         structinit.curves_figure({})

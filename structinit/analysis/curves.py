@@ -55,6 +55,7 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
         raise ValueError("runs is empty: give at least one init label → a non-empty list of run results")
     require("matplotlib", "training curves").use("Agg")
     plt = require("matplotlib.pyplot", "training curves")
+    ticker = require("matplotlib.ticker", "training curves")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
     for ax, (kind, label, percent) in zip(axes, PANELS):
         scale = 100.0 if percent else 1.0
@@ -70,6 +71,7 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
                 ax.fill_between(epochs, [scale * (m - s) for m, s in zip(mean, std)],
                                 [scale * (m + s) for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
         ax.set_xlabel(x_key(next(iter(runs.values()))[0]["history"]))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # epochs and steps are whole: no 1.2, 1.4
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     fig.suptitle(title or "mean over seeds, band ±1 std", fontsize=9)
