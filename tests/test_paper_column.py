@@ -50,6 +50,17 @@ def test_the_committed_runs_make_a_column(paper_column):
     assert "| `impulse` |" in table and "91.62" in table
 
 
+def test_every_column_row_on_the_paper_page_is_what_the_script_prints_from_the_committed_runs(paper_column):
+    """The paper page's rows are the script's output, at the run's end or at the epoch the row names."""
+    page = (ROOT / "docs" / "paper.md").read_text().splitlines()
+    rows = [line for line in page if line.startswith("| `") and " of 200 |" in line]
+    assert rows, "the paper page shows no column rows"
+    for row in rows:
+        epoch = int(row.split("|")[2].split()[0])
+        printed = paper_column.column(paper_column.DEFAULT_DATA) + paper_column.column(paper_column.DEFAULT_DATA, epoch)
+        assert row in printed.splitlines(), f"docs/paper.md shows a row the committed runs do not give: {row}"
+
+
 def test_the_saved_throughput_table_prints_without_measuring(capsys):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
