@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import structinit
-from structinit.models.convit import GPSA, relative_positions
+from structinit.functional.gated import relative_positions
+from structinit.models.convit import GPSA
 
 
 def published_rel_indices(side):

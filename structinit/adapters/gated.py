@@ -1,13 +1,10 @@
 r"""Gated positional self-attention (GPSA; ConViT, d'Ascoli et al., 2021), recognised by its
 parts under any class: a ``qk`` Linear D → 2·inner (q then k), a ``v`` Linear D → inner, a
 ``proj`` Linear inner → D, a ``pos_proj`` Linear 3 → H and a ``gating_param`` of H gates. A
-head's map mixes a content softmax with a positional one,
-
-    A = (1 − σ(g_h)) · softmax(q kᵀ · scale) + σ(g_h) · softmax(pos_proj(r_ij)),  A ← A / Σ_j A,
-
-where r_ij = (δx, δy, δx² + δy²) is the offset of key j from query i on the token grid (the
-published ``rel_indices``). The probe checks this recomputation against the module's own maps,
-so a module that only looks like GPSA is refused by what it computes.
+head's map mixes a content softmax with a positional one, by the formula of
+:mod:`structinit.functional.gated`, which this adapter and structinit's ConViT both call. The
+probe checks this recomputation against the module's own maps, so a module that only looks
+like GPSA is refused by what it computes.
 
 Impulse writes both halves of a GPSA head, so that the map the model computes points at the
 head's offset: the content q/k as for any attention, and the positional scores as ConViT's own
@@ -23,20 +20,10 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, Views, module_scale
+from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
 from structinit.functional.targets import Offset
 
 _PARTS = ("qk", "v", "proj", "pos_proj")
-
-
-def relative_positions(grid: tuple[int, int]) -> torch.Tensor:
-    """(N, N, 3) float32: for query i and key j of the row-major h×w grid,
-    (x_j − x_i, y_j − y_i, (x_j − x_i)² + (y_j − y_i)²)."""
-    h, w = grid
-    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    y, x = y.reshape(-1), x.reshape(-1)
-    dx = (x[None, :] - x[:, None]).float()
-    dy = (y[None, :] - y[:, None]).float()
-    return torch.stack([dx, dy, dx**2 + dy**2], dim=-1)
 
 
 def is_gated_positional(module: nn.Module) -> bool:
@@ -96,9 +83,8 @@ class GatedPositionalAdapter(AttentionAdapter):
     def mix(self, content: torch.Tensor) -> torch.Tensor:
         """The gated mixture of content probabilities (…, heads, T, T) with the positional ones,
         each row renormalised to sum to one."""
-        gate = torch.sigmoid(self.module.gating_param).view(-1, 1, 1).to(content.dtype)
-        attn = (1.0 - gate) * content + gate * self.positional_probs(content.shape[-1]).to(content.dtype)
-        return attn / attn.sum(dim=-1, keepdim=True)
+        positional = self.positional_probs(content.shape[-1]).to(content.dtype)
+        return gated_mixture(content, positional, self.module.gating_param.to(content.dtype))
 
     def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
         return self.mix(super().attention_probs(x, terms))
@@ -122,8 +108,8 @@ class GatedPositionalAdapter(AttentionAdapter):
         Gaussian around its offset δ_h = (δy, δx) (module doc)."""
         pos = self.module.pos_proj
         alpha = float(getattr(self.module, "locality_strength", 1.0))
-        weight = torch.tensor([[2 * alpha * dx, 2 * alpha * dy, -alpha] for dy, dx in offsets],
-                              dtype=pos.weight.dtype, device=pos.weight.device)
+        weight = gaussian_positional_weight([(dx, dy) for dy, dx in offsets], alpha, dtype=pos.weight.dtype,
+                                            device=pos.weight.device)
         out = [(pos.weight, weight)]
         if pos.bias is not None:
             out.append((pos.bias, torch.zeros_like(pos.bias)))

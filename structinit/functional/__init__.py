@@ -27,6 +27,7 @@ from structinit.functional.conv_filters import (
     resize_covariance,
     sample_filters,
 )
+from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
 from structinit.functional.impulse_analytic import (
     analytic_qk,
     axis_kernel,
@@ -77,7 +78,8 @@ __all__ = [
     "mimetic_factors", "mimetic_noise", "mimetic_qk", "mimetic_vo", "pinv_projector", "pseudo_input",
     "random_offsets", "ridge_readout", "sincos_2d", "sincos_frequencies", "target_index",
     "box_filters", "depth_sigma", "estimate_covariance", "fit_depth_schedule", "fit_kronecker_sigma",
-    "gaussian_filters", "gaussian_kronecker_covariance",
+    "gaussian_filters", "gaussian_kronecker_covariance", "gated_mixture", "gaussian_positional_weight",
+    "relative_positions",
     "impulse_filters", "random_filters", "relative_depth_map", "resize_covariance", "sample_filters",
     "cayley", "cayley_conv_matrices", "cayley_kernel", "centre_tap", "conv_weight_from_fft", "delta_orthogonal_kernel",
     "fft_circular_conv", "fft_conv_weight", "orthogonal_matrix", "orthogonality_error", "semi_orthogonal_cayley",

@@ -1,13 +1,10 @@
 r"""ConViT's gated positional self-attention (GPSA; d'Ascoli et al., 2021): the architectural
 peer that an init-only locality bias should approach.
 
-A GPSA head mixes a content softmax with a purely positional one,
-
-    A = (1 − σ(g_h)) · softmax(q kᵀ · r^−½) + σ(g_h) · softmax(pos_proj(r_ij)),  A ← A / Σ_j A,
-
-where r_ij = (δx, δy, δx² + δy²) is the offset of key j from query i on the token grid.
-The local init (its ``reset_parameters``) sets, for head h at lattice point c_h of a √H×√H
-grid of centres, the positional weights (2α c_x, 2α c_y, −α): the score
+A GPSA head mixes a content softmax with a purely positional one
+(:mod:`structinit.functional.gated` has the formula and computes it). The local init (its
+``reset_parameters``) sets, for head h at lattice point c_h of a √H×√H grid of centres, the
+positional weights (2α c_x, 2α c_y, −α): the score
 −α‖δ − c_h‖² + const is a Gaussian around the head's own offset. The gate starts at
 g = 1 (σ(1) ≈ 0.73 of the weight on position) and the value projection at the identity.
 With H not a square only ⌊√H⌋² heads get a centre, as in the published code.
@@ -23,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.gated import relative_positions
+from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
 from structinit.models.registry import register_model
 from structinit.models.vit import VisionTransformer, head_shape
 from structinit.utils import check_int, check_number
@@ -68,10 +65,11 @@ class GPSA(nn.Module):
         if self.v.bias is not None:
             self.v.bias.zero_()
         self.pos_proj.bias.zero_()
-        for h, centre in enumerate(head_centres(self.num_heads)):
-            if centre is not None:
-                self.pos_proj.weight[h] = torch.tensor([2 * centre[0], 2 * centre[1], -1.0])
-        self.pos_proj.weight.mul_(self.locality_strength)
+        centres = head_centres(self.num_heads)
+        centred = [h for h, centre in enumerate(centres) if centre is not None]
+        self.pos_proj.weight[centred] = gaussian_positional_weight([centres[h] for h in centred],
+                                                                   device=self.pos_proj.weight.device)
+        self.pos_proj.weight.mul_(self.locality_strength)  # heads without a centre too, as published
         self.gating_param.fill_(1.0)
 
     def _qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,9 +84,7 @@ class GPSA(nn.Module):
     def mix(self, content: torch.Tensor) -> torch.Tensor:
         """The gated mixture of content probabilities (…, heads, N, N) with the positional
         ones, each row renormalised to sum to one."""
-        gate = torch.sigmoid(self.gating_param).view(-1, 1, 1)
-        attn = (1.0 - gate) * content + gate * self.positional_probs().to(content.dtype)
-        return attn / attn.sum(dim=-1, keepdim=True)
+        return gated_mixture(content, self.positional_probs().to(content.dtype), self.gating_param)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != self.rel_indices.shape[0]:
