@@ -117,3 +117,31 @@ def test_a_class_token_that_joins_later_is_a_prefix_of_the_later_layers_only():
 def test_a_later_token_count_nothing_explains_is_refused_before_writing():
     check_rejected(LateClassViT(joins=2), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                    r"attention layer 'blocks\.1\.attn' \(Attention\) receives 66 tokens.*nothing was written")
+
+
+def test_figures_and_metrics_read_each_layer_with_its_own_layout(tmp_path):
+    """A class token joining after layer 0: every layer is drawn and measured on its own grid
+    block, and one layout for all layers is refused with the fix."""
+    model = LateClassViT()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        structinit.init_(model, "impulse", seed=0)
+    layouts = structinit.analysis.attention_layouts(model)
+    assert [lay.num_prefix_tokens for lay in layouts] == [0, 1, 1]
+    assert {lay.grid for lay in layouts} == {(8, 8)}
+    maps = [m[0] for m in structinit.analysis.attention_maps(model, _images(1))]
+    assert [m.shape[-1] for m in maps] == [64, 65, 65]  # what the model itself computed
+    fig = structinit.analysis.attention_figure(maps, layouts, layer_names=["0", "1", "2"], path=tmp_path / "m.png")
+    # each row's full panel is that layer's grid block: the class token's row and column are dropped
+    shown = [ax.images[0].get_array() for ax in fig.axes if ax.images and ax.get_title().endswith("(all N×N)")]
+    heads = maps[0].shape[0]
+    for layer, lay in enumerate(layouts):
+        p = lay.num_prefix_tokens
+        torch.testing.assert_close(torch.as_tensor(shown[layer * heads].data), maps[layer][0, p:, p:].float())
+    assert (tmp_path / "m.png").stat().st_size > 0
+    with pytest.raises(ValueError, match=r"65 tokens, but the layout has 0 prefix \+ 64 grid"):
+        structinit.analysis.attention_figure(maps, layouts[0], layer_names=["0", "1", "2"])
+    with pytest.raises(ValueError, match=r"layout: expected one TokenLayout or a list of 3"):
+        structinit.analysis.attention_figure(maps, layouts[:2], layer_names=["0", "1", "2"])
+    metrics = structinit.analysis.attention_metrics(model, _images())
+    assert metrics["distance"].shape == (3, heads) and torch.isfinite(metrics["distance"]).all()

@@ -113,6 +113,22 @@ def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -
     return out
 
 
+def attention_layouts(model: nn.Module, layers: Sequence[int] | int | None = None, grid=None,
+                      num_prefix_tokens=None) -> list[TokenLayout]:
+    """The token layout each attention layer of ``model`` sees, for the chosen ``layers``
+    (indices into the attention layers; default all): what
+    :func:`~structinit.analysis.attention_figure` needs where layers differ, as in ConViT,
+    whose class token joins after its gated positional layers.
+
+    Examples:
+        >>> import structinit
+        >>> model = structinit.create_model("vit_cpu_patch4_32")
+        >>> attention_layouts(model, layers=[0])
+        [TokenLayout(grid=(8, 8), num_prefix_tokens=0)]
+    """
+    return layer_layouts(model, select_layers(_attention_layers(model), layers), grid, num_prefix_tokens)
+
+
 def add_scores(sums: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, open_pairs: torch.Tensor | None,
                targets: list[torch.Tensor], num_patches: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``sums`` (heads, 2: mass, hits) and ``counts`` (heads,) plus one layer's maps ``probs``

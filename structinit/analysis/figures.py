@@ -39,6 +39,19 @@ def grid_block(probs: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     return probs[..., p:, p:]
 
 
+def _per_map(layout, count: int, name: str = "layout") -> list[TokenLayout]:
+    """One layout per map: ``layout`` itself for every map, or its entries (a model whose layers
+    see different tokens, such as ConViT's class token joining after its GPSA layers)."""
+    if isinstance(layout, TokenLayout):
+        return [layout] * count
+    layouts = list(layout) if isinstance(layout, (list, tuple)) else None
+    if layouts is None or len(layouts) != count or not all(isinstance(x, TokenLayout) for x in layouts):
+        got = f"a {type(layout).__name__}" + ("" if layouts is None else f" of {len(layouts)}")
+        raise ValueError(f"{name}: expected one TokenLayout or a list of {count} (one per map), got {got}; "
+                         "structinit.analysis.attention_layouts(model, layers) gives each layer's")
+    return layouts
+
+
 def _norm(top: float):
     """Square-root colour scale from 0 to ``top``: a sharp impulse (≈ 0.5) and the diffuse
     rest (≈ 1/N) both stay visible on one scale."""
@@ -62,7 +75,8 @@ def _outline_diagonal_blocks(ax, size: int, width: int) -> None:
                                        edgecolor="white", linewidth=0.6))
 
 
-def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer_names: Sequence[str],
+def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout | Sequence[TokenLayout], *,
+                     layer_names: Sequence[str],
                      zoom: int = 48, title: str = "", vmax: float | None = None, path=None,
                      label: str = COLORBAR_LABEL):
     """One row per layer: for every head its full N×N grid map and a zoom on the top-left
@@ -70,7 +84,8 @@ def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer
 
     Args:
         maps: per layer, (heads, T, T) attention (batch already averaged or one image).
-        layout: the token layout (prefix tokens are dropped from the picture).
+        layout: the token layout (prefix tokens are dropped from the picture), or one per layer
+            where layers see different tokens (``structinit.analysis.layer_layouts`` reads them).
         layer_names: one label per layer.
         zoom: side of the zoomed block (clipped to N).
         vmax: top of the shared colour scale (default: the largest value shown).
@@ -81,47 +96,50 @@ def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout, *, layer
     """
     if len(maps) != len(layer_names):
         raise ValueError(f"layer_names has {len(layer_names)} entries for {len(maps)} layers")
-    blocks = [grid_block(m.detach().float().cpu(), layout) for m in maps]
+    layouts = _per_map(layout, len(maps))
+    blocks = [grid_block(m.detach().float().cpu(), lay) for m, lay in zip(maps, layouts)]
     heads = max(b.shape[0] for b in blocks)
-    z = min(zoom, layout.num_patches)
     top = vmax if vmax is not None else max(float(b.max()) for b in blocks)
     rows = []
-    for block, name in zip(blocks, layer_names):
+    for block, name, lay in zip(blocks, layer_names, layouts):
+        z = min(zoom, lay.num_patches)
         panels = []
         for head in range(heads):
             present = head < block.shape[0]
             panels.append((f"head {head} (all N×N)", block[head] if present else None, False))
             panels.append((f"head {head} (top-left {z}×{z})", block[head, :z, :z] if present else None, True))
-        rows.append((name, panels))
-    return _panel_figure(rows, layout, top, title, path, width=2.0, label=label)
+        rows.append((name, panels, lay.grid[1]))
+    return _panel_figure(rows, top, title, path, width=2.0, label=label)
 
 
-def comparison_figure(maps_by_init: dict[str, torch.Tensor], layout: TokenLayout, *, zoom: int = 48,
-                      title: str = "", path=None, label: str = COLORBAR_LABEL):
+def comparison_figure(maps_by_init: dict[str, torch.Tensor], layout: TokenLayout | Sequence[TokenLayout], *,
+                      zoom: int = 48, title: str = "", path=None, label: str = COLORBAR_LABEL):
     """Several inits side by side at one layer: one row per init, one column per head, each
     panel the top-left ``zoom``×``zoom`` block of the grid map with diagonal blocks outlined,
     on one colour scale (the paper's Figures 3–5 compare impulse, mimetic and random so).
 
-    ``maps_by_init``: init label → (heads, T, T). Returns the Figure (saved to ``path``)."""
+    ``maps_by_init``: init label → (heads, T, T); ``layout``: one for every row, or one per
+    row. Returns the Figure (saved to ``path``)."""
     if not maps_by_init:
         raise ValueError("maps_by_init is empty: give at least one init label → (heads, T, T) map")
-    blocks = {k: grid_block(v.detach().float().cpu(), layout) for k, v in maps_by_init.items()}
-    heads = max(b.shape[0] for b in blocks.values())
-    z = min(zoom, layout.num_patches)
-    top = max(float(b[:, :z, :z].max()) for b in blocks.values())
-    rows = [(label, [(f"head {h}", block[h, :z, :z] if h < block.shape[0] else None, True) for h in range(heads)])
-            for label, block in blocks.items()]
-    return _panel_figure(rows, layout, top, title, path, width=2.3, label=label)
+    layouts = _per_map(layout, len(maps_by_init))
+    blocks = [grid_block(v.detach().float().cpu(), lay) for v, lay in zip(maps_by_init.values(), layouts)]
+    heads = max(b.shape[0] for b in blocks)
+    zooms = [min(zoom, lay.num_patches) for lay in layouts]
+    top = max(float(b[:, :z, :z].max()) for b, z in zip(blocks, zooms))
+    rows = [(row, [(f"head {h}", block[h, :z, :z] if h < block.shape[0] else None, True) for h in range(heads)],
+             lay.grid[1]) for row, block, z, lay in zip(maps_by_init, blocks, zooms, layouts)]
+    return _panel_figure(rows, top, title, path, width=2.3, label=label)
 
 
-def _panel_figure(rows, layout: TokenLayout, top: float, title: str, path, width: float, label: str):
-    """Draw ``rows`` = [(row label, [(panel title, (n, n) map or None, outline diagonal blocks?)])]
-    as one grid of panels on one square-root colour scale up to ``top``."""
+def _panel_figure(rows, top: float, title: str, path, width: float, label: str):
+    """Draw ``rows`` = [(row label, [(panel title, (n, n) map or None, outline diagonal blocks?)],
+    grid width)] as one grid of panels on one square-root colour scale up to ``top``."""
     plt = _pyplot()
-    cols = max(len(panels) for _, panels in rows)
+    cols = max(len(panels) for _, panels, _ in rows)
     fig, axes = plt.subplots(len(rows), cols, figsize=(width * cols, 2.3 * len(rows) + 0.6), squeeze=False, dpi=110)
     image = None
-    for r, (row_label, panels) in enumerate(rows):
+    for r, (row_label, panels, grid_width) in enumerate(rows):
         for c in range(cols):
             ax = axes[r][c]
             panel = panels[c] if c < len(panels) else (None, None, False)
@@ -131,7 +149,7 @@ def _panel_figure(rows, layout: TokenLayout, top: float, title: str, path, width
             name, shown, outline = panel
             image = ax.imshow(shown.numpy(), cmap="viridis", norm=_norm(top), interpolation="nearest")
             if outline:
-                _outline_diagonal_blocks(ax, shown.shape[-1], layout.grid[1])
+                _outline_diagonal_blocks(ax, shown.shape[-1], grid_width)
             ax.set_title(name, fontsize=7)
             ax.set_xticks([])
             ax.set_yticks([])

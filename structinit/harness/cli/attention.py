@@ -70,33 +70,32 @@ def _is_mixer(model) -> bool:
 
 def _maps(model, layers, images):
     """Per chosen layer: the (heads, T, T) maps of the first image (its first window for a
-    windowed layer) or of position only; the layout they are drawn in; and whether one map
-    covers the whole image (so it can be laid over it); and the colour bar's label. A Mixer's
-    maps are signed Jacobians, drawn by magnitude."""
+    windowed layer) or of position only; the layout each is drawn in (layers may differ: a
+    class token that joins later, another window); whether one map covers the whole image (so
+    it can be laid over it); and the colour bar's label. A Mixer's maps are signed Jacobians,
+    drawn by magnitude."""
     from structinit.adapters import TokenLayout, find_attention_layers, select_layers, token_grid
     from structinit.analysis import attention_maps
     from structinit.analysis.fidelity import layer_layouts, layer_position_input
     from structinit.analysis.figures import COLORBAR_LABEL, MIXING_LABEL
     from structinit.analysis.token_mixing import token_mixing_maps
-    from structinit.harness.cli.flags import UsageError
     from structinit.harness.errors import user_input
 
     if _is_mixer(model):  # one map per layer, shown as one head
         maps = token_mixing_maps(model, None if images is None else images[:1], layers)
-        return [m.abs()[None] for m in maps], TokenLayout(token_grid(model, maps[0].shape[-1])), True, MIXING_LABEL
+        layout = TokenLayout(token_grid(model, maps[0].shape[-1]))
+        return [m.abs()[None] for m in maps], [layout] * len(maps), True, MIXING_LABEL
     with user_input("layers"):
         chosen = select_layers(find_attention_layers(model), layers)
         layouts = layer_layouts(model, chosen)
-    if len(set(layouts)) > 1:
-        raise UsageError(f"--layers: the chosen layers attend over different windows "
-                         f"({', '.join(sorted({f'{t.grid[0]}×{t.grid[1]}' for t in layouts}))}); choose layers of one")
     if images is None:
         maps = [ad.attention_probs(*layer_position_input(model, name, ad, lay))[0]
                 for (name, ad), lay in zip(chosen, layouts)]
-        tokens = maps[0].shape[-1]  # the position-only input of a plain layer has no prefix tokens
-        return maps, TokenLayout(layouts[0].grid, tokens - layouts[0].num_patches), True, COLORBAR_LABEL
+        # the position-only input of a plain layer has no prefix tokens
+        shown = [TokenLayout(lay.grid, m.shape[-1] - lay.num_patches) for m, lay in zip(maps, layouts)]
+        return maps, shown, True, COLORBAR_LABEL
     full = attention_maps(model, images[:1], layers=layers)
-    return [m[0] for m in full], layouts[0], all(m.shape[0] == 1 for m in full), COLORBAR_LABEL
+    return [m[0] for m in full], layouts, all(m.shape[0] == 1 for m in full), COLORBAR_LABEL
 
 
 def _resolve_layers(model, layers: list[int] | None) -> list[int]:
@@ -176,13 +175,13 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
         attention_figure(maps, shown, layer_names=[f"layer {i}" for i in layers_here], path=out / f"maps_{tag}.png",
                          title=f"{args.model}, init {spec}, {source}", label=label)
         if raw is not None and whole:  # a window's map does not cover the image: no overlay
-            overlay_figure(raw[0], maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
+            overlay_figure(raw[0], maps[0], shown[0], _queries(args, shown[0]), path=out / f"overlay_{tag}.png",
                            title=f"{args.model}, init {spec}, layer {layers_here[0]}", label=label)
         firsts[spec] = maps[0]
         metrics = _metrics(model, images, layers_here)
         lines += [_summary_line(spec, layer, metrics, r) for r, layer in enumerate(layers_here)]
     if len(firsts) > 1:
-        comparison_figure(firsts, shown, path=out / "comparison.png",
+        comparison_figure(firsts, shown[0], path=out / "comparison.png",
                           title=f"{args.model} at init, layer {layers_here[0]}, {source}", label=label)
     return lines
 
@@ -222,15 +221,16 @@ def _run_figures(args, out: Path, layers) -> list[str]:
         if _is_mixer(model) and model is trained:  # the trained copy has no record: lend it the init's
             _copy_mixer_records(initial, trained)
         model_maps, shown, whole, label = _maps(model, layers, images)
-        for layer, m in zip(layers, model_maps):
-            maps[f"{when}, layer {layer}"] = m
+        for layer, m, lay in zip(layers, model_maps, shown):
+            maps[f"{when}, layer {layer}"] = m, lay
         metrics = _metrics(model, images, layers, offsets=offsets)
         lines += [_summary_line(when, layer, metrics, r) for r, layer in enumerate(layers)]
         if whole:
-            overlay_figure(raw[0], model_maps[0], shown, _queries(args, shown), path=out / f"overlay_{tag}.png",
+            overlay_figure(raw[0], model_maps[0], shown[0], _queries(args, shown[0]), path=out / f"overlay_{tag}.png",
                            title=f"{run.label}, {when}, layer {layers[0]}", label=label)
     ordered = {k: maps[k] for layer in layers for k in (f"at init, layer {layer}", f"trained, layer {layer}")}
-    comparison_figure(ordered, shown, path=out / "before_after.png",
+    comparison_figure({k: m for k, (m, _) in ordered.items()}, [lay for _, lay in ordered.values()],
+                      path=out / "before_after.png",
                       title=f"{run.label} ({cfg.model}): attention at init and after training, first test image",
                       label=label)
     return lines
