@@ -77,7 +77,10 @@ def test_swin_windows_position_only(tmp_path):
     assert main(["attention", "--model", "swin_cpu_patch2_32", "--init", "impulse,mimetic", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.glob("*.png")) == ["comparison.png", "maps_impulse.png", "maps_mimetic.png"]
     rows = [r for r in (out / "attention.md").read_text().splitlines() if r.startswith("| impulse")]
-    assert [r.split("|")[2].strip() for r in rows] == ["0", "3", "5"] and all("| 1.000 | 0.500 |" in r for r in rows)
+    assert [r.split("|")[2].strip() for r in rows] == ["0", "3", "5"]
+    hit, mass = zip(*[(float(r.split("|")[3]), float(r.split("|")[4])) for r in rows])
+    # the model's own maps: block 3's shifted windows mask keys, so its target holds more than 0.5
+    assert hit == (1.0, 1.0, 1.0) and mass[0] == mass[2] == 0.5 and mass[1] > 0.55
 
 
 def test_swin_windows_on_images(tmp_path, capsys):

@@ -100,6 +100,9 @@ def test_compare_bad_spec_names_the_spec(tmp_path, capsys):
     ("grad_clip=True", "--set 'grad_clip=True': grad_clip takes float | None, got True"),
     ("betas=(0.9,)", "--set 'betas=(0.9,)': betas takes tuple[float, float], got (0.9,)"),
     ("seed=3", "--set 'seed=3': seed is set by --seed here; use that flag"),
+    # a field's own rule, said about what the user typed, not about the field's flag (--epochs)
+    ("epochs=-1", "--set 'epochs=-1': expected a positive whole number"),
+    ("loss=foo", "--set 'loss=foo': expected 'ce' (cross-entropy) or 'hinge'"),
 ])
 def test_bad_set(tmp_path, capsys, item, message):
     line = train_fails(capsys, *FAST, "--set", item, "--out", str(tmp_path / "run"))

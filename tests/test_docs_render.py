@@ -85,3 +85,16 @@ def test_the_check_sees_a_table_swallowed_by_a_list_item():
             "- <strong>The gain does not shrink.</strong></p></li></ul>")
     assert {what for what, _ in raw_markdown(html)} >= {"a table row", "a table rule", "a list marker"}
     assert raw_markdown("<p>A <strong>rendered</strong> page with <code>| a | b |</code> in code.</p>") == []
+
+
+def test_the_api_reference_documents_each_object_once(site):
+    """An object mkdocstrings renders has a heading whose id is its dotted path; the API pages
+    must not render one object under several paths (``structinit.init_`` and
+    ``structinit.schemes.registry.init_``), which reads as three functions."""
+    ids = [i for p in sorted((site / "api").rglob("*.html")) for i in re.findall(r'id="(structinit\.[\w.]+)"',
+                                                                                    p.read_text())]
+    by_name: dict[str, list[str]] = {}
+    for dotted in dict.fromkeys(ids):
+        by_name.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
+    for name in ("init_", "plan_init", "Plan", "register_scheme", "get_record", "set_record"):
+        assert len(by_name.get(name, [])) == 1, f"{name} is rendered as {by_name.get(name)}"

@@ -218,3 +218,65 @@ def test_an_output_projection_in_a_sibling_module_is_found_and_checked():
     dense = model.blocks[0].attn.output.dense.weight.detach().clone()
     structinit.init_(model, "mimetic", seed=0)
     assert not torch.equal(dense, model.blocks[0].attn.output.dense.weight)
+
+
+def test_position_only_fidelity_reads_the_maps_the_model_computes_not_the_adapters():
+    """Impulse written and checked, then layer 0's forward changed behind the adapter's back (it
+    negates its logits): the position-only score follows the model's own softmax and drops,
+    while the adapter's recomputation of the same input still says every head hits."""
+    torch.manual_seed(0)
+    model = structinit.create_model("vit_micro_patch2_16", depth=2)
+    structinit.init_(model, "impulse", seed=0)
+    assert (structinit.impulse_fidelity(model)["hit"] == 1).all()
+    attn = model.blocks[0].attn
+
+    def negated(x):
+        q, k, v = attn._qkv(x)
+        probs = (-(q @ k.transpose(-2, -1)) * attn.scale).softmax(-1)
+        return attn.proj((probs @ v).transpose(1, 2).reshape(x.shape[0], -1, q.shape[1] * q.shape[3]))
+
+    attn.forward = negated
+    hit = structinit.impulse_fidelity(model)["hit"]
+    assert (hit[0] < 0.1).all() and (hit[1] == 1).all()
+    from structinit.adapters.position_input import layer_position_input
+    from structinit.functional import target_index
+
+    name, ad = structinit.find_attention_layers(model)[0]
+    layout = structinit.analysis.attention_layouts(model, [0])[0]
+    designed = ad.attention_probs(*layer_position_input(model, name, ad, layout))[0]  # what the adapter believes
+    for h, offset in enumerate(structinit.get_record(attn, "impulse")["offsets"]):
+        target = target_index(layout.grid, tuple(offset))
+        rows = target >= 0
+        assert torch.equal(designed[h].argmax(-1)[rows], target[rows])
+
+
+def test_position_only_fidelity_on_a_model_no_probe_fits_says_it_recomputes():
+    """A forward that needs more than tokens (here a mask) cannot be probed with images or with
+    tokens: fidelity falls back to the adapters' recomputation of the position-only input, and
+    says so in a warning instead of passing it off as the model's own maps."""
+    from torch import nn
+
+    class NeedsMask(nn.Module):
+        def __init__(self):
+            super().__init__()
+            vit = structinit.create_model("vit_micro_patch2_16", depth=2)
+            self.table, self.blocks = nn.Parameter(vit.pos_embed.detach().clone()[0]), vit.blocks
+
+        def forward(self, x, mask):
+            return self.blocks((x + self.table) * mask)
+
+    finder = "test-needs-mask"
+    structinit.register_position_finder(finder, lambda m: structinit.Discovery(m.table, "table", grid=(8, 8),
+                                                                                 num_prefix_tokens=0)
+                                        if isinstance(m, NeedsMask) else None)
+    try:
+        torch.manual_seed(0)
+        model = NeedsMask()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nothing to reserve on a model without a patch embedding
+            structinit.init_(model, "impulse", reserve="none", seed=0)
+        with pytest.warns(UserWarning, match="cannot run NeedsMask's own forward.*the adapters' recomputation"):
+            fid = structinit.impulse_fidelity(model)
+        assert (fid["hit"] == 1).all()
+    finally:
+        structinit.unregister_position_finder(finder)

@@ -1,16 +1,23 @@
 """What an attention layer attends with position alone: the papers' pseudo input
 LayerNorm(PE) for a layer that reads position from the tokens, content-free zero tokens for a
-layer with a relative position bias. Impulse designs its maps for this input; fidelity scores
-them on it; the check after an impulse write feeds it to the model's own layers."""
+layer with a relative position bias. Impulse designs its maps for this input; the check after an
+impulse write, fidelity without images and the position-only figures feed it to the model's
+own layers inside one real forward (:func:`position_only_maps`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from structinit.adapters.layout import TokenLayout, grid_pos_embed
+from structinit.adapters.observe import ModuleCall, observe
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
+from structinit.adapters.token_order import out_of_order
+from structinit.adapters.verify import RealMap, real_maps
 from structinit.functional.attention import layer_norm_tokens
 from structinit.utils import check_finite
 
@@ -40,3 +47,53 @@ def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayo
         return position_only_input(model, layout, pos_embed), None
     terms = rb.bias().detach().float()[None] if rb.received else None
     return torch.zeros(1, layout.num_tokens, adapter.dim), terms
+
+
+def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout, order: torch.Tensor | None,
+                      pos_embed: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn(x) -> x'`` that puts a layer's position-only input (:func:`layer_position_input`)
+    in place of the tokens it receives: the grid rows replaced by LayerNorm(PE), each token
+    getting its own position's row where the model reorders them (``order``, (B, T)), prefix
+    tokens kept; everything zero for a layer with a relative position bias."""
+    x_design, _ = layer_position_input(model, name, adapter, layout, pos_embed)
+    relative = layer_relative_bias(model, name, adapter) is not None
+
+    def swap(x: torch.Tensor) -> torch.Tensor:
+        if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
+            return torch.zeros_like(x)
+        out = x.clone()
+        design = x_design.to(x.dtype)[0]
+        if order is not None and order.shape == x.shape[:2]:
+            on_grid = order >= 0
+            out[on_grid] = design[order[on_grid]]
+        else:
+            out[:, x.shape[-2] - layout.num_patches:] = design
+        return out
+    return swap
+
+
+def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout],
+                       pos_embed: torch.Tensor | None = None,
+                       ) -> tuple[list[RealMap], dict[nn.Module, ModuleCall], torch.Tensor | None] | None:
+    """What each chosen layer (name, adapter) computes on its position-only input, in the
+    model's own forward: one probe image runs through the model with every chosen layer's
+    tokens swapped for :func:`design_token_swap`'s, and each layer's own softmax maps are read
+    (:func:`~structinit.adapters.verify.real_maps`). A model whose input size cannot be told is
+    probed with zero tokens of the first layer's layout and width, as a model that takes tokens
+    would be called. Returns (maps, calls, token order, None when the model keeps grid order),
+    or None when neither probe runs through the model."""
+    inputs = probe_inputs(model, chosen, count=1)
+    order = None if inputs is None else out_of_order(model, chosen[0], layouts[0].num_patches, inputs)
+    if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
+        inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
+    swaps = {ad.module: design_token_swap(model, name, ad, lay, order, pos_embed)
+             for (name, ad), lay in zip(chosen, layouts)}
+    watched = [(ad.module, ad.input_module, ad) for _, ad in chosen]
+    with torch.no_grad():
+        try:
+            calls, _ = observe(model, inputs, watched, substitute=swaps)
+            return real_maps(model, inputs, chosen, calls), calls, order
+        except Exception:  # the token probe is a guess: a model it does not fit cannot be probed
+            if inputs.ndim == 4:
+                raise
+            return None

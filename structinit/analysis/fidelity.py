@@ -4,6 +4,7 @@ argmax hit rate, with the position-only pseudo input or with real images."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,12 +18,12 @@ from structinit.adapters import (
     is_token_mixing,
     select_layers,
 )
-from structinit.adapters.position_input import layer_position_input
+from structinit.adapters.position_input import layer_position_input, position_only_maps
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
 from structinit.adapters.token_order import canonical, out_of_order
-from structinit.adapters.verify import real_maps
+from structinit.adapters.verify import RealMap, real_maps
 from structinit.functional.targets import Offset, target_index
 from structinit.schemes.records import get_record
 
@@ -178,9 +179,12 @@ def impulse_fidelity(
     ``scaled_dot_product_attention``, or ``nn.MultiheadAttention``), whatever it does to q and k
     on the way (:func:`structinit.adapters.verify.real_maps`), in grid order even when the model
     shuffles its tokens (MAE's encoder; :mod:`structinit.adapters.token_order`). With
-    ``images=None`` every layer is fed the position-only pseudo input LayerNorm(PE) (the
-    grid rows of the model's position embedding, or ``pos_embed``), as in the papers; a layer
-    with a relative position bias gets content-free zero tokens instead.
+    ``images=None`` every chosen layer is fed the position-only pseudo input LayerNorm(PE) (the
+    grid rows of the model's position embedding, or ``pos_embed``), as in the papers, inside
+    one forward of a probe image, and scored on the maps its own softmax makes of it; a layer
+    with a relative position bias gets content-free zero tokens instead (so a shifted window's
+    mask counts, as the model applies it). A model that cannot be probed (it takes tokens, not
+    images) is scored on the adapters' recomputation of that input, with a warning.
 
     A layer with a relative position bias (Swin's window attention, BEiT) is scored on its own
     window: its grid is the window, its queries are every window of every image, and a pair the
@@ -206,9 +210,9 @@ def impulse_fidelity(
         sums[i], counts[i] = add_scores(sums[i], counts[i], probs, open_pairs, targets[i], layouts[i].num_patches)
 
     if images is None:
-        for i, ((name, ad), lay) in enumerate(zip(chosen, layouts)):
-            x, terms = layer_position_input(model, name, ad, lay, pos_embed)
-            reduce(i, ad.attention_probs(x.float(), terms), reachable(terms))
+        for i, (real, _) in enumerate(position_only_layers(model, chosen, layouts, pos_embed)):
+            layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
+            reduce(i, real.probs, real.open_pairs)
     else:
         reorders = reorders_tokens(model, chosen, layouts)
         for start in range(0, images.shape[0], batch_size):
@@ -224,6 +228,33 @@ def impulse_fidelity(
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
     return {"mass": mass, "hit": hit}
+
+
+def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> list[tuple]:
+    """(real map, token order) per chosen layer (name, adapter) on its position-only input, in
+    the model's own forward (:func:`~structinit.adapters.position_input.position_only_maps`),
+    with the maps put back in grid order where the model reorders its tokens. A model that
+    cannot be probed (it takes tokens, or its input size cannot be told) gets the adapters'
+    recomputation of the same input, with a warning that says so."""
+    found = position_only_maps(model, chosen, layouts, pos_embed)
+    if found is None:
+        warnings.warn(f"cannot run {type(model).__name__}'s own forward on a probe image (its input size cannot be "
+                      "told from the model), so its position-only maps are the adapters' recomputation of each "
+                      "layer, not maps the model computed; pass images to read the model's own", stacklevel=3)
+        out = []
+        for (name, ad), lay in zip(chosen, layouts):
+            x, terms = layer_position_input(model, name, ad, lay, pos_embed)
+            with torch.no_grad():
+                out.append((RealMap(ad.attention_probs(x.float(), terms), reachable(terms)), None))
+        return out
+    maps, _, order = found
+    out = []
+    for real in maps:
+        probs = real.probs
+        if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
+            real = dataclasses.replace(real, probs=canonical(probs, order))
+        out.append((real, order))
+    return out
 
 
 def reorders_tokens(model: nn.Module, chosen, layouts) -> bool:

@@ -59,6 +59,16 @@ def facts(config: type | object, name: str) -> Facts:
     raise KeyError(f"{kind.__name__} has no field {name!r}")
 
 
+def check_field(config: type | object, name: str, value: Any) -> None:
+    """ValueError ``name=value: expected …`` when ``value`` breaks the check field ``name`` of
+    ``config`` declares (None passes where the field's default is None)."""
+    kind = config if isinstance(config, type) else type(config)
+    field = kind.__dataclass_fields__[name]
+    if value is not None or field.default is not None:
+        fact = facts(kind, name)
+        _check(name, value, fact.check, fact.expected)
+
+
 def _check(name: str, value: Any, rule: str | tuple | None, expected: str | None) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     whole = number and isinstance(value, int)
@@ -78,11 +88,8 @@ def check_config(cfg: RunConfig) -> None:
     from structinit.harness.errors import user_input
 
     for field in dataclasses.fields(cfg):
-        fact = facts(cfg, field.name)
-        value = getattr(cfg, field.name)
-        if value is not None or field.default is not None:  # an optional field may be None
-            with user_input(field.name):
-                _check(field.name, value, fact.check, fact.expected)
+        with user_input(field.name):
+            check_field(cfg, field.name, getattr(cfg, field.name))
 
 
 def config_from_dict(kind: type, values: dict[str, Any]) -> RunConfig:

@@ -22,10 +22,9 @@ from torch import nn
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers
 from structinit.adapters.observe import observe
-from structinit.adapters.position_input import layer_position_input
+from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import probe_inputs
-from structinit.adapters.registry import attention_survey, layer_relative_bias
-from structinit.adapters.token_order import out_of_order
+from structinit.adapters.registry import attention_survey
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps, tolerance
 from structinit.functional.targets import target_index
 
@@ -99,39 +98,19 @@ def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]]
                   layouts: list[TokenLayout]) -> Callable[[], None] | None:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
-    rows by LayerNorm(PE), or zeros for a layer with a relative position bias), and each head's
-    own softmax map must put its argmax on its target as often as the written q/k say it does
-    (within :data:`HIT_SLACK`). None when the model cannot be probed (nothing was checked
-    before the write either)."""
-    inputs = probe_inputs(model, chosen, count=1)
-    if inputs is None or not attention_survey(model).probed:
+    rows by LayerNorm(PE), or zeros for a layer with a relative position bias;
+    :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
+    map must put its argmax on its target as often as the written q/k say it does (within
+    :data:`HIT_SLACK`). None when the model cannot be probed (nothing was checked before the
+    write either)."""
+    if probe_inputs(model, chosen, count=1) is None or not attention_survey(model).probed:
         return None
 
     def check() -> None:
-        order = out_of_order(model, chosen[0], layouts[0].num_patches, inputs)  # the seed of every probe
-        swaps = {ad.module: _design_tokens(model, name, ad, lay, order) for (name, ad), lay in zip(chosen, layouts)}
-        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
-        for (name, ad), real, lay, offs in zip(chosen, real_maps(model, inputs, chosen, calls), layouts, offsets):
+        maps, calls, _ = position_only_maps(model, chosen, layouts)
+        for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs)
     return check
-
-
-def _design_tokens(model, name, ad, layout: TokenLayout, order) -> Callable[[torch.Tensor], torch.Tensor]:
-    x_design, _ = layer_position_input(model, name, ad, layout)
-    relative = layer_relative_bias(model, name, ad) is not None
-
-    def swap(x: torch.Tensor) -> torch.Tensor:
-        if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
-            return torch.zeros_like(x)
-        out = x.clone()
-        design = x_design.to(x.dtype)[0]
-        if order is not None and order.shape == x.shape[:2]:  # each grid token gets its own position's row
-            on_grid = order >= 0
-            out[on_grid] = design[order[on_grid]]
-        else:
-            out[:, x.shape[-2] - layout.num_patches:] = design
-        return out
-    return swap
 
 
 def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) -> list[float]:

@@ -76,7 +76,7 @@ def _maps(model, layers, images):
     drawn by magnitude."""
     from structinit.adapters import TokenLayout, find_attention_layers, select_layers, token_grid
     from structinit.analysis import attention_maps
-    from structinit.analysis.fidelity import layer_layouts, layer_position_input
+    from structinit.analysis.fidelity import layer_layouts, position_only_layers
     from structinit.analysis.figures import COLORBAR_LABEL, MIXING_LABEL
     from structinit.analysis.token_mixing import token_mixing_maps
     from structinit.harness.errors import user_input
@@ -88,13 +88,11 @@ def _maps(model, layers, images):
     with user_input("layers"):
         chosen = select_layers(find_attention_layers(model), layers)
         layouts = layer_layouts(model, chosen)
-    if images is None:
-        maps = [ad.attention_probs(*layer_position_input(model, name, ad, lay))[0]
-                for (name, ad), lay in zip(chosen, layouts)]
-        # the position-only input of a plain layer has no prefix tokens
-        shown = [TokenLayout(lay.grid, m.shape[-1] - lay.num_patches) for m, lay in zip(maps, layouts)]
-        return maps, shown, True, COLORBAR_LABEL
-    full = attention_maps(model, images[:1], layers=layers)
+    if images is None:  # the model's own maps, each chosen layer fed its position-only input
+        with user_input("dataset"):
+            full = [real.probs for real, _ in position_only_layers(model, chosen, layouts)]
+    else:
+        full = attention_maps(model, images[:1], layers=layers)
     return [m[0] for m in full], layouts, all(m.shape[0] == 1 for m in full), COLORBAR_LABEL
 
 

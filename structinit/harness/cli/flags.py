@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any
 
-from structinit.harness.config import TrainConfig, facts
+from structinit.harness.config import TrainConfig, check_field, facts
 from structinit.harness.errors import user_input
 from structinit.harness.recipes import preset
 from structinit.harness.specs import parse_init_spec, parse_literal, spec_label
@@ -146,6 +146,10 @@ def check_set_item(item: str, owned: dict[str, str], config: type = TrainConfig)
         value = text.strip()  # a text field given digits: --set data_dir=2024 is the folder "2024"
     if not _fits(value, hints[key]):
         raise UsageError(f"--set {item!r}: {key} takes {_describe(hints[key])}, got {value!r}")
+    try:  # the field's own rule, said about --set: the field may have a flag the user did not type
+        check_field(config, key, value)
+    except ValueError as err:
+        raise UsageError(f"--set {item!r}: {str(err).partition(': ')[2]}") from None
     return key, value
 
 
