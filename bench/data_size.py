@@ -24,6 +24,7 @@ stopped (rerun the same command) and a complete table for seed 0 comes first.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/data_size.py --data-dir ../shared/datasets
     .venv/bin/python bench/data_size.py --report-only        # table and figures from finished runs
+    .venv/bin/python bench/data_size.py --from docs/results/data/data-size.json   # the tables, from a clone
 
 On 2 cores, two one-thread processes over disjoint seeds (``OMP_NUM_THREADS=1`` with
 ``--seeds 0,1`` and ``--seeds 2``) train about 10 % more images a second than one two-thread
@@ -284,6 +285,26 @@ def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
     return text
 
 
+def load_report_data(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The accuracy table {dataset: {size: {init: {seed: acc}}}} and the final training loss of a
+    study saved as JSON (``docs/results/data/data-size.json``: ``accuracy`` per seed, and
+    ``train_loss_mean``, the mean over seeds that the report prints)."""
+    doc = json.loads(path.read_text())
+    table = {key: {int(size): {init: {int(seed): acc for seed, acc in seeds.items()} for init, seeds in by_init.items()}
+                   for size, by_init in by_size.items()} for key, by_size in doc["accuracy"].items()}
+    loss = {key: {int(size): {init: {"mean": value} for init, value in by_init.items()}
+                  for size, by_init in by_size.items()} for key, by_size in doc.get("train_loss_mean", {}).items()}
+    return table, loss
+
+
+def report_from(studies: dict[str, Study], inits, path: Path) -> str:
+    """The report's tables (not its cost line or figures, which need the runs) from a study saved
+    as JSON (:func:`load_report_data`)."""
+    table, train_loss = load_report_data(path)
+    return (format_by_size(studies, inits, table) + "\n" + format_table(studies, inits, table, train_loss) + "\n"
+            + format_trends(studies, inits, table))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="../shared/datasets", help="where CIFAR-10 and MNIST are")
@@ -294,12 +315,20 @@ def main() -> None:
     ap.add_argument("--out", default="runs/data-size", help="where the runs go (resumable)")
     ap.add_argument("--figures", default="docs/figures", help="where the three figures go")
     ap.add_argument("--report-only", action="store_true", help="no training: table and figures of finished runs")
+    ap.add_argument("--from", dest="from_json", type=Path, default=None,
+                    help="no training, no runs: the tables from a saved study, e.g. docs/results/data/data-size.json")
     args = ap.parse_args()
     unknown = set(args.datasets.split(",")) - set(STUDIES)
     if unknown:
         sys.exit(f"error: --datasets: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STUDIES)}")
     studies = {k: STUDIES[k] for k in args.datasets.split(",")}
     inits, out = args.inits.split(","), Path(args.out)
+    if args.from_json is not None:
+        if not args.from_json.is_file():
+            sys.exit(f"error: --from {args.from_json}: no such file; the study's data is "
+                     "docs/results/data/data-size.json")
+        print(report_from(studies, inits, args.from_json))
+        return
     if not args.report_only:
         run_study(studies, inits, [int(s) for s in args.seeds.split(",")], args.steps, out, args.data_dir)
     print(report(studies, inits, out, Path(args.figures)))

@@ -161,3 +161,21 @@ def test_data_efficiency_names_bad_model_kwargs_before_training(tmp_path, kwargs
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and message in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))
+
+
+def test_the_pages_tables_are_rebuilt_from_the_committed_per_seed_data():
+    """docs/results/architectures.md's accuracy and gain tables are what the command printed
+    beside them makes of the per-seed JSON in docs/results/data, row for row."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = root / "docs" / "results" / "data"
+    swin, rest = data / "cpu-cifar-swin.json", data / "cpu-cifar-swin-pytorch-rest.json"
+    folders = parse_runs([f"vit={data / 'cpu-cifar-vit.json'}", f"swin={swin}", f"swin, PyTorch rest={rest}+{swin}",
+                          f"mixer={data / 'cpu-cifar-mixer.json'}"])
+    inits = ("mimetic", "impulse", "pytorch", "timm")
+    table = collect(folders, inits)
+    page = (root / "docs" / "results" / "architectures.md").read_text().splitlines()
+    for printed in (format_accuracy(table, inits), format_gains(table, inits)):
+        rows = [r for r in printed.splitlines() if r.startswith("| ")]
+        assert len(rows) > 3 and all(r in page for r in rows), [r for r in rows if r not in page]

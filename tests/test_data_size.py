@@ -103,3 +103,21 @@ def test_by_size_table_has_a_column_per_init():
     assert text.splitlines()[0] == "| dataset | images | pytorch | impulse |"
     assert "| digits | 50 | 55.00 ± 7.07 | 58.00 |" in text  # mean of 0.50, 0.60; std 0.0707
     assert "| digits | 100 | – | – |" in text  # nothing finished at that size yet
+
+
+def test_the_pages_tables_are_rebuilt_from_the_committed_study():
+    """docs/results/data-size.md's tables are what --from makes of docs/results/data/data-size.json,
+    row for row: 144 runs, per seed."""
+    from pathlib import Path
+
+    from data_size import STUDIES, load_report_data, report_from
+
+    root = Path(__file__).resolve().parents[1]
+    saved = root / "docs" / "results" / "data" / "data-size.json"
+    table, _ = load_report_data(saved)
+    assert sum(len(seeds) for by_size in table.values() for by_init in by_size.values()
+               for seeds in by_init.values()) == 144
+    rows = [r for r in report_from(STUDIES, ["pytorch", "timm", "mimetic", "impulse"], saved).splitlines()
+            if r.startswith("| ")]
+    page = (root / "docs" / "results" / "data-size.md").read_text().splitlines()
+    assert len(rows) > 70 and [r for r in rows if r not in page] == []
