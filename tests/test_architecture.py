@@ -25,20 +25,52 @@ LAYERS = ["utils", "functional", "adapters", "schemes", "models", "analysis", "h
 BESIDE = {"data", "augment"}  # beside the stack: they may import utils only; the harness uses them
 
 
+def module_name(path: Path) -> str:
+    """``structinit/adapters/gated.py`` → ``structinit.adapters.gated`` (a package: its folder's)."""
+    parts = ("structinit", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_from(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module a ``from … import`` names, relative ones (``from ..harness import x``
+    in ``structinit.utils.checks``) resolved against the importing module."""
+    if node.level == 0:
+        return node.module
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def imports_of(path: Path):
+    """(kind, absolute module, names) for every import in the module at ``path``, wherever it
+    sits: ``("from", "structinit.harness", ["config"])`` or ``("import", "structinit.data", [])``."""
+    importer, is_package = module_name(path), path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            yield "from", imported_from(node, importer, is_package), [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield "import", alias.name, []
+
+
 def package_imports(path: Path) -> set[str]:
     """Top-level structinit sub-packages imported by the module at ``path``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "structinit" and len(parts) > 1:
-                found.add(parts[1])
+    for _, module, _ in imports_of(path):
+        parts = module.split(".")
+        if parts[0] == "structinit" and len(parts) > 1:
+            found.add(parts[1])
     return found
+
+
+def test_relative_imports_are_read_as_the_modules_they_name():
+    """Written relatively, an upward import and a circle must still be seen."""
+    upward = ast.parse("from ..harness import config").body[0]
+    assert imported_from(upward, "structinit.utils.checks", is_package=False) == "structinit.harness"
+    sibling = ast.parse("from .main import _parser").body[0]
+    assert imported_from(sibling, "structinit.harness.cli.flags", is_package=False) == "structinit.harness.cli.main"
+    own = ast.parse("from . import gated").body[0]
+    assert imported_from(own, "structinit.adapters", is_package=True) == "structinit.adapters"
 
 
 def test_no_module_at_the_package_root_but_init_and_main():
@@ -69,22 +101,19 @@ def module_graph() -> dict[str, set[str]]:
     (top level, inside functions, under TYPE_CHECKING). ``from pkg import sub`` counts as an
     import of the module ``pkg.sub``. The root facade ``structinit`` (it re-exports the API,
     so everything reaches it) is left out."""
-    names = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = ("structinit", *path.relative_to(PACKAGE).with_suffix("").parts)
-        names[path] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    names = {path: module_name(path) for path in PACKAGE.rglob("*.py")}
     modules = set(names.values())
     graph = {}
     for path, name in names.items():
         targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                submodules = {f"{node.module}.{a.name}" for a in node.names} & modules
+        for kind, module, imported in imports_of(path):
+            if kind == "from":
+                submodules = {f"{module}.{a}" for a in imported} & modules
                 targets |= submodules
-                if len(submodules) < len(node.names):  # names defined by the module itself
-                    targets.add(node.module)
-            elif isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
+                if len(submodules) < len(imported):  # names defined by the module itself
+                    targets.add(module)
+            else:
+                targets.add(module)
         graph[name] = {t for t in targets if t in modules and t != "structinit"} - {name}
     graph.pop("structinit")
     return graph
