@@ -103,6 +103,13 @@ def test_compare_bad_spec_names_the_spec(tmp_path, capsys):
     # a field's own rule, said about what the user typed, not about the field's flag (--epochs)
     ("epochs=-1", "--set 'epochs=-1': expected a positive whole number"),
     ("loss=foo", "--set 'loss=foo': expected 'ce' (cross-entropy) or 'hinge'"),
+    # values that ran to exit 0 with a wrong result: clipping flipped the gradient, an EMA of NaN
+    ("grad_clip=-1", "--set 'grad_clip=-1': expected a gradient norm > 0, or None for no clipping"),
+    ("ema_decay=2", "--set 'ema_decay=2': expected a number in (0, 1)"),
+    ("ema_decay=float('nan')", "--set \"ema_decay=float('nan')\": ema_decay takes float | None"),
+    ("label_smoothing=1.5", "--set 'label_smoothing=1.5': expected a number in [0, 1)"),
+    ("betas=(2, 0.9)", "--set 'betas=(2, 0.9)': expected two numbers in [0, 1)"),
+    ("weight_decay=-0.1", "--set 'weight_decay=-0.1': expected a finite number ≥ 0"),
 ])
 def test_bad_set(tmp_path, capsys, item, message):
     line = train_fails(capsys, *FAST, "--set", item, "--out", str(tmp_path / "run"))
@@ -336,3 +343,24 @@ def test_library_phrases_become_flags():
         "--batch-size 100 is not divisible; lower --batch-size")
     assert to_flags("warmup_lr=-1: expected") == "--set warmup_lr=-1: expected"
     assert to_flags("lr=-1: expected a number", "init") == "lr=-1: expected a number"  # a scheme's own option
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--ema-decay", "nan", "--ema-decay nan: expected a number in (0, 1)"),
+    ("--ema-decay", "1", "--ema-decay 1.0: expected a number in (0, 1)"),
+])
+def test_bad_flag_values_that_used_to_train(tmp_path, capsys, flag, value, message):
+    line = train_fails(capsys, *FAST, flag, value, "--out", str(tmp_path / "run"))
+    assert line.startswith(f"structinit train: error: {message}")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("field,value", [("grad_clip", -1.0), ("grad_clip", float("inf")), ("ema_decay", float("nan")),
+                                         ("ema_decay", 0.0), ("label_smoothing", -0.1), ("betas", (0.9, 1.0)),
+                                         ("eps", 0.0), ("min_lr", float("nan")), ("warmup_epochs", -1.0)])
+def test_the_config_refuses_values_that_train_wrong(field, value):
+    from structinit.harness.config import TrainConfig, check_config
+
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        check_config(TrainConfig(**{field: value}))
+    check_config(TrainConfig(grad_clip=None, ema_decay=None))  # None: off, as documented

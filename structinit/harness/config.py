@@ -32,7 +32,7 @@ class Facts:
     flag: str | None = None                 # its own flag, e.g. "--lr"; None: --set only
     parse: Callable[[str], Any] | None = None  # the flag's argparse type (default: from the annotation)
     metavar: str | None = None
-    check: str | tuple | None = None        # "count" (int ≥ 1), "positive" (finite > 0), "natural" (int ≥ 0),
+    check: str | tuple | None = None        # a rule of RULES ("count": int ≥ 1, "positive": finite > 0, …),
     #                                         or the tuple of the values allowed
     expected: str | None = None             # what a failed check says is expected (default: from the check)
     spec_of: str | None = None              # the flag reads "name:key=value,…": the options go to this field
@@ -59,26 +59,47 @@ def facts(config: type | object, name: str) -> Facts:
     raise KeyError(f"{kind.__name__} has no field {name!r}")
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return _number(value) and isinstance(value, int)
+
+
+# A field's value rule: what it accepts, and what its error says is expected.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda v: _whole(v) and v >= 1, "a positive whole number"),
+    "natural": (lambda v: _whole(v) and v >= 0, "a whole number ≥ 0"),
+    "positive": (lambda v: _number(v) and v > 0, "a positive finite number"),
+    "nonnegative": (lambda v: _number(v) and v >= 0, "a finite number ≥ 0"),
+    "fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "decay": (lambda v: _number(v) and 0 < v < 1, "a number in (0, 1), such as 0.999"),
+    "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
+              "two numbers in [0, 1), such as (0.9, 0.999)"),
+}
+
+
 def check_field(config: type | object, name: str, value: Any) -> None:
     """ValueError ``name=value: expected …`` when ``value`` breaks the check field ``name`` of
-    ``config`` declares (None passes where the field's default is None)."""
+    ``config`` declares (None passes where the field may be None: its default is, or its type
+    allows it)."""
     kind = config if isinstance(config, type) else type(config)
     field = kind.__dataclass_fields__[name]
-    if value is not None or field.default is not None:
-        fact = facts(kind, name)
-        _check(name, value, fact.check, fact.expected)
+    if value is None and (field.default is None or "None" in str(field.type)):
+        return
+    fact = facts(kind, name)
+    _check(name, value, fact.check, fact.expected)
 
 
 def _check(name: str, value: Any, rule: str | tuple | None, expected: str | None) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    whole = number and isinstance(value, int)
+    if rule is None:
+        return
     if isinstance(rule, tuple):
         ok, default = value in rule, " or ".join(map(repr, rule))
     else:
-        ok = {None: True, "count": whole and value >= 1, "natural": whole and value >= 0,
-              "positive": number and math.isfinite(value) and value > 0}[rule]
-        default = {"count": "a positive whole number", "natural": "a whole number ≥ 0",
-                   "positive": "a positive finite number"}.get(rule)
+        accepts, default = RULES[rule]
+        ok = accepts(value)
     if not ok:
         raise ValueError(f"{name}={value!r}: expected {expected or default}")
 
@@ -113,20 +134,21 @@ class RunConfig:
     init_options: dict[str, Any] = option(factory=dict, help="the scheme's options ({} = its defaults)")  # noqa: RUF009
     batch_size: int = option(128, flag=True, check="count", help="examples per optimisation step")
     lr: float = option(1e-3, flag=True, check="positive", help="peak learning rate (AdamW; warm-up, then cosine decay)")
-    min_lr: float = option(1e-5, help="learning rate at the end of the cosine decay")
-    warmup_lr: float = option(1e-5, help="learning rate at the start of warm-up")
-    weight_decay: float = option(0.05, help="AdamW weight decay, on weight matrices only (not on the model's "
-                                 "no_weight_decay() parameters, biases or norms)")
-    eps: float = option(1e-8, help="AdamW epsilon")
-    betas: tuple[float, float] = option((0.9, 0.999), help="AdamW betas")
-    grad_clip: float | None = option(1.0, help="gradient norm clipped to this (None = off)")
+    min_lr: float = option(1e-5, check="nonnegative", help="learning rate at the end of the cosine decay")
+    warmup_lr: float = option(1e-5, check="nonnegative", help="learning rate at the start of warm-up")
+    weight_decay: float = option(0.05, check="nonnegative", help="AdamW weight decay, on weight matrices only (not "
+                                 "on the model's no_weight_decay() parameters, biases or norms)")
+    eps: float = option(1e-8, check="positive", help="AdamW epsilon")
+    betas: tuple[float, float] = option((0.9, 0.999), check="betas", help="AdamW betas")
+    grad_clip: float | None = option(1.0, check="positive", help="gradient norm clipped to this (None = off)",
+                                     expected="a gradient norm > 0, or None for no clipping")
     precision: str = option("auto", flag=True, check=("auto", "fp32", "bf16", "fp16"),
                             expected="auto, fp32, bf16 or fp16",
                             help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware has it natively, "
                             "else fp32)")
     compile: bool = option(False, flag=True, help="torch.compile the model")
-    ema_decay: float | None = option(None, flag=True, help="decay of an exponential moving average of the weights, "
-                                     "also evaluated and exported (None = off)")
+    ema_decay: float | None = option(None, flag=True, check="decay", help="decay of an exponential moving average "
+                                     "of the weights, also evaluated and exported (None = off)")
     eval_every: int = option(1, flag=True, check="count",
                              help="evaluate every N epochs (sequence tasks: every N steps, and checkpoint then)")
     seed: int = option(0, help="seed of the data order and augmentation")
@@ -166,8 +188,8 @@ class TrainConfig(RunConfig):
     test_every: int = option(1, check="count", help="score the whole test split every N epochs and at the last "
                              "(needs test_prefix, the split scored at every evaluation in between)")
     epochs: int = option(30, flag=True, check="count", help="passes over the training images")
-    warmup_epochs: float = option(2.0, help="epochs of learning-rate warm-up")
-    label_smoothing: float = option(0.1, help="label smoothing of the cross-entropy loss")
+    warmup_epochs: float = option(2.0, check="nonnegative", help="epochs of learning-rate warm-up")
+    label_smoothing: float = option(0.1, check="fraction", help="label smoothing of the cross-entropy loss")
     loss: str = option("ce", flag=True, check=("ce", "hinge"), help="ce (cross-entropy) or hinge (the multi-class "
                        "hinge loss of certified training)", expected="'ce' (cross-entropy) or 'hinge' (the "
                        "multi-class hinge loss of certified training)")
