@@ -248,3 +248,35 @@ def test_spec_labels_are_single_folder_names():
     assert spec_label("impulse:pe_scale=2,layers=(0,1)") == "impulse_pe_scale-2_layers-(0_1)"
     label = spec_label("covariance_transfer:source=runs/cm/pytorch/seed0/model.safetensors")
     assert "/" not in label and label == "covariance_transfer_source-runs+cm+pytorch+seed0+model.safetensors"
+
+
+@pytest.mark.parametrize("damage", ["weights deleted", "ema weights deleted", "result not json", "result a list"])
+def test_a_finished_run_missing_its_files_writes_them_again_from_its_checkpoint(tmp_path, capsys, damage):
+    """A finished run whose exported weights or result.json are gone or unreadable is not
+    reported as done: resuming writes them again from the checkpoint, bit-identical, and trains
+    no step."""
+    from safetensors.torch import load_file
+
+    cfg = digits(tmp_path, epochs=1, train_size=128, ema_decay=0.9)
+    first = train(cfg, progress=False)
+    run = Path(cfg.out_dir)
+    weights, ema = load_file(run / "model.safetensors"), load_file(run / "model_ema.safetensors")
+    checkpoint = (run / "checkpoint.pt").stat().st_mtime_ns
+    if damage == "weights deleted":
+        (run / "model.safetensors").unlink()
+    elif damage == "ema weights deleted":
+        (run / "model_ema.safetensors").unlink()
+    else:
+        (run / "result.json").write_text('{"config": {' if damage == "result not json" else "[]")
+    capsys.readouterr()
+    again = train(cfg, resume=True, progress=False)
+    assert "writing them again from" in capsys.readouterr().err
+    assert again["final"] == first["final"] and again["history"] == first["history"]
+    assert (run / "checkpoint.pt").stat().st_mtime_ns == checkpoint  # nothing trained
+    assert json.loads((run / "result.json").read_text())["final"] == first["final"]
+    for name, saved in (("model.safetensors", weights), ("model_ema.safetensors", ema)):
+        now = load_file(run / name)
+        assert all(torch.equal(now[k], saved[k]) for k in saved)
+    capsys.readouterr()
+    assert train(cfg, resume=True, progress=False)["final"] == first["final"]  # whole again: simply returned
+    assert "writing them again" not in capsys.readouterr().err

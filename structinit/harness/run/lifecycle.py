@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,8 +163,15 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     if state is not None:
         with user_input("resume"):
             check_same_init(state, fingerprint, ckpt_path)
-        if state.get("finished") and result_path.exists():
-            return json.loads(result_path.read_text())
+        if state.get("finished"):
+            saved = finished_result(result_path)
+            if saved is not None and (out / WEIGHTS).is_file() and (not cfg.ema_decay or (out / EMA_WEIGHTS).is_file()):
+                return saved
+            # The checkpoint holds the whole run: what is missing or unreadable is written again from it below,
+            # with no step trained (the result's device and versions are then this machine's).
+            if where.writes:
+                print(f"{out}: the run is finished, but its result.json or exported weights are missing or "
+                      f"unreadable; writing them again from {ckpt_path}", file=sys.stderr, flush=True)
     model = model.to(device)
     chunks, total, warmup = task.schedule()
     train_step = TrainStep(model, task, where, dtype, total, warmup)
@@ -236,6 +244,18 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     if where.writes:
         _export(out, model, ema, cfg, fingerprint)  # before result.json: a finished run always has them
         write_json(result_path, result)
+    return result
+
+
+def finished_result(path: Path) -> dict[str, Any] | None:
+    """The result a finished run wrote at ``path``, or None when it is missing or is not one (not
+    JSON, or lacking its config, final scores or history)."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(result, dict) or not all(k in result for k in ("config", "final", "history")):
+        return None
     return result
 
 
