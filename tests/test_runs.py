@@ -84,3 +84,18 @@ def test_a_swin_run_reads_its_classes_from_its_head_and_shows_its_windows(tmp_pa
     (tmp_path / "bare" / "result.json").write_text((out / "result.json").read_text())
     with pytest.raises(ValueError, match=r"none of head\.weight, head\.fc\.weight, .*number of classes is unknown"):
         _ = load_run(tmp_path / "bare").num_classes
+
+
+def test_weights_copied_in_from_another_run_are_refused(finished, tmp_path):
+    """A run folder whose model.safetensors came from another run (same architecture, another
+    init) is refused by the fingerprint in the file's header, not drawn beside the wrong init."""
+    import shutil
+
+    other = tmp_path / "pytorch" / "seed0"
+    train(recipe("digits", out_dir=str(other), epochs=1, train_size=128, init="pytorch"), progress=False)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(finished, mixed)
+    shutil.copy(other / WEIGHTS, mixed / WEIGHTS)
+    with pytest.raises(ValueError, match=r"trained from another init .* than the run's result.json records"):
+        models_of(load_run(mixed), (1, 8, 8), 10)
+    models_of(load_run(finished), (1, 8, 8), 10)  # its own weights still load

@@ -113,14 +113,22 @@ def models_of(run: FinishedRun, image_shape: tuple[int, int, int], num_classes: 
         raise ValueError(f"{run.path}: the init rebuilt from its config differs from the one it trained from (the "
                          "init's code or defaults changed since); its before/after comparison would be wrong")
     trained = copy.deepcopy(initial)  # the same architecture, without solving the init again
-    load_trained_weights(trained, run.path / WEIGHTS)
+    load_trained_weights(trained, run.path / WEIGHTS, init_fingerprint=recorded)
     return initial, trained
 
 
-def load_trained_weights(model: nn.Module, path: Path) -> None:
+def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | None = None) -> None:
     """Load ``path`` into ``model``; a ValueError naming the missing, unexpected or misshapen
-    keys if the file holds another architecture."""
-    tensors, _ = load_weights(path)
+    keys if the file holds another architecture, or, with ``init_fingerprint`` (the run's
+    result's), if the file's header says it was trained from another init (a file copied in
+    from another run)."""
+    tensors, metadata = load_weights(path)
+    theirs = (metadata or {}).get("init_fingerprint")
+    if init_fingerprint and theirs and theirs != init_fingerprint:
+        raise ValueError(f"{path}: these weights were trained from another init (fingerprint {theirs[:12]}…) than "
+                         f"the run's result.json records ({init_fingerprint[:12]}…): the file comes from another run; "
+                         "delete it and run `structinit train --resume --out <the run's folder>`, which exports the "
+                         "run's own weights again from its checkpoint")
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
