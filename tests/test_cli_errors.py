@@ -364,3 +364,22 @@ def test_the_config_refuses_values_that_train_wrong(field, value):
     with pytest.raises(ValueError, match=rf"^{field}="):
         check_config(TrainConfig(**{field: value}))
     check_config(TrainConfig(grad_clip=None, ema_decay=None))  # None: off, as documented
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--recipe", "digits", "--out", ""], "argument --out: '' is empty: name a folder"),
+    (["compare", "--recipe", "digits", "--out", " "], "argument --out: ' ' is empty: name a folder"),
+    (["train", "--recipe", "digits", "--init", "impulse:target_mass=0.3,target_mass=0.5"],
+     "--init: init spec 'impulse:target_mass=0.3,target_mass=0.5': option 'target_mass' is given twice"),
+])
+def test_no_silent_choice(tmp_path, monkeypatch, capsys, argv, message):
+    """An empty --out fell back to a default folder, and a repeated option let the last win."""
+    from structinit.harness.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own errors exit; the rest return the code
+        code = exit_.code
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

@@ -29,6 +29,8 @@ def parse_init_spec(spec: str) -> tuple[str, dict[str, Any]]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"init spec {spec!r}: expected name:key=value,key=value, got {item!r}")
+        if key.strip() in options:  # the last would silently win
+            raise ValueError(f"init spec {spec!r}: option {key.strip()!r} is given twice; give it once")
         options[key.strip()] = parse_literal(value.strip())
     return name.strip(), options
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 
+from structinit.harness.cli.flags import out_path
+
 COMMAND = "ablate"
 HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init, init time, optionally accuracy"
 
@@ -47,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-size", dest="train_size", type=int, default=None, help="with --train: training images")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other TrainConfig field, e.g. --set model_kwargs={'patch_size':1} (repeatable)")
-    p.add_argument("--out", default=None, help="output folder (default runs/ablate-<name>-<recipe>)")
+    p.add_argument("--out", default=None, type=out_path, help="output folder (default runs/ablate-<name>-<recipe>)")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="with --train: wait for a run another process is training")
 

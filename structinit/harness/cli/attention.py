@@ -24,6 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
+from structinit.harness.cli.flags import out_path
+
 COMMAND = "attention"
 HELP = "attention-map figures of inits (--model/--init) or of a run before and after training (--run)"
 
@@ -39,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--images", type=int, default=8, help="test images averaged in the metrics (default 8)")
     p.add_argument("--queries", default=None, help="grid tokens for the overlays (default: corner, centre, far corner)")
     p.add_argument("--seed", type=int, default=0, help="init seed for --model (default 0)")
-    p.add_argument("--out", default=None, help="output folder (default runs/attention-<model or run>)")
+    p.add_argument("--out", default=None, type=out_path, help="output folder (default runs/attention-<model or run>)")
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:

@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from structinit.harness.cli.flags import out_path
+
 COMMAND = "cka"
 HELP = "layer-by-layer linear CKA between two finished runs (after training, or --at-init)"
 
@@ -26,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64, help="minibatch, ≥ 4 (default 64)")
     p.add_argument("--at-init", action="store_true", help="compare the models at initialisation")
     p.add_argument("--data-dir", dest="data_dir", default=None, help="where run A's dataset is (default: its own)")
-    p.add_argument("--out", default=None, help="output folder (default runs/cka-<A>-vs-<B>)")
+    p.add_argument("--out", default=None, type=out_path, help="output folder (default runs/cka-<A>-vs-<B>)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,11 +23,20 @@ from structinit.harness.recipes import preset
 from structinit.harness.specs import parse_init_spec, parse_literal, spec_label
 from structinit.harness.tasks import KINDS, Kind
 
-__all__ = ["UsageError", "add_training_flags", "check_set_item", "config_from_args", "field_flags", "run_name"]
+__all__ = ["UsageError", "add_training_flags", "check_set_item", "config_from_args", "field_flags", "out_path",
+           "run_name"]
 
 
 class UsageError(ValueError):
     """A flag's value the command line itself rejects; the message names the flag."""
+
+
+def out_path(text: str) -> str:
+    """``--out``'s type: a path, never empty (an empty one would fall back to the default folder
+    without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty: name a folder, or leave --out out for the default")
+    return text
 
 
 def _fields() -> dict[str, tuple[Kind, dataclasses.Field]]:

@@ -25,7 +25,7 @@ import sys
 
 import structinit
 from structinit.harness.cli import ablate, attention, cka
-from structinit.harness.cli.flags import add_training_flags, config_from_args, run_name
+from structinit.harness.cli.flags import add_training_flags, config_from_args, out_path, run_name
 from structinit.harness.cli.messages import exit_code, format_error
 from structinit.harness.errors import user_input
 from structinit.harness.specs import parse_init_spec, parse_seeds, spec_label, split_init_specs
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     add_training_flags(p_train, OWNED["train"])
     p_train.add_argument("--init", default="impulse", help="scheme, with options: impulse:target_mass=0.3")
     p_train.add_argument("--seed", type=int, default=0, help="seed of the data order, the model and its init")
-    p_train.add_argument("--out", default=None, help="run folder (default runs/<recipe>-<init>-seed<k>)")
+    p_train.add_argument("--out", default=None, type=out_path, help="run folder (default runs/<recipe>-<init>-seed<k>)")
     p_train.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
 
     p_cmp = sub.add_parser("compare", help="train several inits × seeds and summarise")
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--init", action="append", default=[], metavar="SPEC",
                        help="an extra init with options, e.g. impulse:target_mass=0.3,pe_scale=2 (repeatable)")
     p_cmp.add_argument("--seeds", default="3", help="a count (3 → seeds 0,1,2) or a list (0,4,7)")
-    p_cmp.add_argument("--out", default=None, help="comparison folder (default runs/compare-<recipe>)")
+    p_cmp.add_argument("--out", default=None, type=out_path, help="comparison folder (default runs/compare-<recipe>)")
 
     p_demo = sub.add_parser("demo", help="initialise a ViT with every scheme and print impulse fidelity")
     p_demo.add_argument("--model", default="vit_tiny_patch4_32", choices=list_models(),
@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     p_report = sub.add_parser("report", help="write one self-contained HTML page (report.html) for a compare or "
                               "ablate folder")
     p_report.add_argument("folder", help="a folder written by structinit compare (or structinit ablate)")
-    p_report.add_argument("--out", default=None, metavar="FILE", help="the page to write (default FOLDER/report.html)")
+    p_report.add_argument("--out", default=None, type=out_path, metavar="FILE",
+                          help="the page to write (default FOLDER/report.html)")
     subs = [p_train, p_cmp, p_demo, p_report]
     for module in MODULE_COMMANDS:
         subs.append(sub.add_parser(module.COMMAND, help=module.HELP, description=module.__doc__,
