@@ -280,3 +280,39 @@ def test_a_finished_run_missing_its_files_writes_them_again_from_its_checkpoint(
     capsys.readouterr()
     assert train(cfg, resume=True, progress=False)["final"] == first["final"]  # whole again: simply returned
     assert "writing them again" not in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(monkeypatch, capsys):
+    from structinit.harness.cli import main as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_train", interrupted)
+    assert cli.main(["train", "--recipe", "digits"]) == 130
+    assert capsys.readouterr().err.strip() == ("structinit train: interrupted; the last finished epoch is kept: run "
+                                               "it again with --resume to continue")
+
+
+@pytest.mark.parametrize("sig,code,said", [(15, 143, "terminated (SIGTERM)")])
+def test_a_signal_stops_a_run_in_one_line_and_it_resumes(tmp_path, sig, code, said):
+    """SIGTERM (as Ctrl-C, whose path the test above takes) stops a training process with its own
+    exit status and one line that says what was kept, no traceback; --resume then finishes the run."""
+    import signal
+
+    from run_helpers import wait_for_rows
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_cli(out, 8), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    assert wait_for_rows(out / "metrics.jsonl", 1), "the run wrote no epoch"
+    proc.send_signal(signal.Signals(sig))
+    _, err = proc.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == code and "Traceback" not in err
+    assert last == f"structinit train: {said}; the last finished epoch is kept: run it again with --resume to continue"
+    kept = load_checkpoint(out / "checkpoint.pt")
+    assert 1 <= kept["epoch"] < 8
+    done = subprocess.run([*_cli(out, 8), "--resume"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and load_checkpoint(out / "checkpoint.pt")["starts"] == [0, kept["step"]]

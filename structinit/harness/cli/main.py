@@ -14,14 +14,16 @@ An error in what you typed (a flag's value, the data, --out, a checkpoint of ano
 one line on stderr, ``structinit <command>: error: …``, naming the flag and the fix, with exit
 status 2; --debug shows the traceback instead. A run whose loss diverged exits with 1.
 Another process training the same run folder is refused (exit 2) unless --wait is given,
-which waits for it. Ctrl-C exits with 130; the last finished epoch is kept for --resume.
+which waits for it. Ctrl-C exits with 130, SIGTERM with 143; the last finished epoch is kept for --resume.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 import structinit
 from structinit.harness.cli import ablate, attention, cka
@@ -139,26 +141,41 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, stopping a command as Ctrl-C does: checkpoints are written atomically, so the last
+    finished one is whole either way."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; returns the exit status (errors in the input: 2, see the module docstring)."""
     args = _parser().parse_args(argv)
     commands = {"train": _train, "compare": _compare, "demo": _demo, "report": _report,
                 **{m.COMMAND: m.run for m in MODULE_COMMANDS}}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         return commands[args.command](args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if args.debug:
             raise
         keep = {"train": "; the last finished epoch is kept: run it again with --resume to continue",
                 "compare": "; finished runs and epochs are kept: run it again to continue"}.get(args.command, "")
-        print(f"structinit {args.command}: interrupted{keep}", file=sys.stderr)
-        return 130
+        how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+        print(f"structinit {args.command}: {how}{keep}", file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
     except Exception as err:
         code = exit_code(err)
         if args.debug or code is None:  # a bug, or asked for: the whole traceback
             raise
         print(format_error(err, args.command), file=sys.stderr)
         return code
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":
