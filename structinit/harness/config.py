@@ -75,6 +75,10 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nonnegative": (lambda v: _number(v) and v >= 0, "a finite number ≥ 0"),
     "fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "decay": (lambda v: _number(v) and 0 < v < 1, "a number in (0, 1), such as 0.999"),
+    "seed": (lambda v: _whole(v) and 0 <= v < 2**63, "a whole number in [0, 2**63)"),
+    "flag": (lambda v: isinstance(v, bool), "True or False"),
+    "text": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+    "options": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), "a dict of named options"),
     "betas": (lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1), such as (0.9, 0.999)"),
 }
@@ -127,11 +131,13 @@ def config_from_dict(kind: type, values: dict[str, Any]) -> RunConfig:
 class RunConfig:
     """What every run depends on, whatever it trains on (saved in its checkpoint and result)."""
 
-    model: str = option("vit_cpu_patch4_32", flag=True,
+    model: str = option("vit_cpu_patch4_32", flag=True, check="text",
                         help="the model trained (structinit.list_models(), or timm/<name>)")
-    model_kwargs: dict[str, Any] = option(factory=dict, help="extra arguments of the model")  # noqa: RUF009
-    init: str = option("pytorch", help="the initialisation scheme")
-    init_options: dict[str, Any] = option(factory=dict, help="the scheme's options ({} = its defaults)")  # noqa: RUF009
+    model_kwargs: dict[str, Any] = option(  # noqa: RUF009
+        factory=dict, check="options", help="extra arguments of the model")
+    init: str = option("pytorch", check="text", help="the initialisation scheme")
+    init_options: dict[str, Any] = option(  # noqa: RUF009
+        factory=dict, check="options", help="the scheme's options ({} = its defaults)")
     batch_size: int = option(128, flag=True, check="count", help="examples per optimisation step")
     lr: float = option(1e-3, flag=True, check="positive", help="peak learning rate (AdamW; warm-up, then cosine decay)")
     min_lr: float = option(1e-5, check="nonnegative", help="learning rate at the end of the cosine decay")
@@ -146,14 +152,14 @@ class RunConfig:
                             expected="auto, fp32, bf16 or fp16",
                             help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware has it natively, "
                             "else fp32)")
-    compile: bool = option(False, flag=True, help="torch.compile the model")
+    compile: bool = option(False, flag=True, check="flag", help="torch.compile the model")
     ema_decay: float | None = option(None, flag=True, check="decay", help="decay of an exponential moving average "
                                      "of the weights, also evaluated and exported (None = off)")
     eval_every: int = option(1, flag=True, check="count",
                              help="evaluate every N epochs (sequence tasks: every N steps, and checkpoint then)")
-    seed: int = option(0, help="seed of the data order and augmentation")
-    init_seed: int | None = option(None, help="seed of the model and init (None = the run's seed)")
-    out_dir: str = option("runs/run", flag="--out", help="the run folder")
+    seed: int = option(0, check="seed", help="seed of the data order and augmentation")
+    init_seed: int | None = option(None, check="seed", help="seed of the model and init (None = the run's seed)")
+    out_dir: str = option("runs/run", flag="--out", check="text", help="the run folder")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,17 +180,17 @@ def _radius(text: str) -> float:
 class TrainConfig(RunConfig):
     """An image-classification run (:mod:`structinit.harness.tasks.image`)."""
 
-    dataset: str = option("digits", flag=True,
+    dataset: str = option("digits", flag=True, check="text",
                           help="the images and labels: digits, cifar10, mnist, … (structinit.data.DATASETS)")
-    data_dir: str | None = option(None, flag=True, help="where the dataset's files are read from")
-    download: bool = option(False, flag=True, help="fetch the dataset if missing")
+    data_dir: str | None = option(None, flag=True, check="text", help="where the dataset's files are read from")
+    download: bool = option(False, flag=True, check="flag", help="fetch the dataset if missing")
     train_size: int | None = option(None, flag=True, check="count",
                                     help="training images used, class-stratified (None = all)")
     holdout: int = option(0, check="natural", help="training images set aside to measure accuracy "
                           "(0 = use the test split)")
     holdout_mode: str = option("last", check=("last", "stratified"),
                                help="which images are set aside: 'last' in order, or 'stratified'")
-    test_prefix: int | None = option(None, help="also score the first N test images")
+    test_prefix: int | None = option(None, check="count", help="also score the first N test images")
     test_every: int = option(1, check="count", help="score the whole test split every N epochs and at the last "
                              "(needs test_prefix, the split scored at every evaluation in between)")
     epochs: int = option(30, flag=True, check="count", help="passes over the training images")
@@ -201,7 +207,7 @@ class TrainConfig(RunConfig):
                                        help="ℓ₂ radius in pixel space, e.g. 36/255: adds certified (and final PGD) "
                                        "accuracy", expected="an ℓ₂ radius > 0 in pixel space [0, 1], e.g. 36/255 ≈ "
                                        "0.1412, or None for no certification")
-    augment: str = option("crop4,flip", flag=True, help="data augmentation, applied to whole batches")
+    augment: str = option("crop4,flip", flag=True, check="text", help="data augmentation, applied to whole batches")
     cpu_prefetch: int = option(0, check="natural", help="augment on the CPU in a background thread, this many "
                                "batches ahead of the step (0: on the training device, in the step); the same draws "
                                "either way (on a GPU a blend may round a tie the other way), so a run may change it "
@@ -215,9 +221,10 @@ class SequenceConfig(RunConfig):
 
     model: str = "mamba_seq_2x64"
     init: str = "default"
-    task: str = option("copy", flag="--task", spec_of="task_options", metavar="SPEC",
+    task: str = option("copy", flag="--task", spec_of="task_options", metavar="SPEC", check="text",
                        help="a sequence task instead of images: copy:length=64,vocab=16 or mqar:pairs=8,length=64")
-    task_options: dict[str, Any] = option(factory=dict, help="the task's options ({} = its defaults)")  # noqa: RUF009
+    task_options: dict[str, Any] = option(  # noqa: RUF009
+        factory=dict, check="options", help="the task's options ({} = its defaults)")
     steps: int = option(2000, flag=True, check="count", help="optimiser steps of a --task run (a fresh batch each)")
     batch_size: int = option(64, flag=True, check="count", help="sequences per optimisation step")
     warmup_steps: int = option(100, check="natural", help="steps of learning-rate warm-up")
@@ -226,5 +233,5 @@ class SequenceConfig(RunConfig):
     precision: str = "fp32"
     eval_every: int = option(250, flag=True, check="count", help="evaluate (and checkpoint) every N steps")
     heldout_size: int = option(1000, check="count", help="held-out sequences, the same for every seed and init")
-    seed: int = option(0, help="seed of the training stream")
+    seed: int = option(0, check="seed", help="seed of the training stream")
     out_dir: str = "runs/seq"

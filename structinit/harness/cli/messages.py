@@ -20,9 +20,9 @@ from structinit.harness.errors import NonFiniteLossError, RunIOError, input_para
 __all__ = ["exit_code", "format_error", "to_flags"]
 
 # Other parameters an error can concern (errors.user_input marks), as the command line spells them.
-_PARAMETER_FLAGS = {"init": "--init", "resume": "--resume", "seeds": "--seeds", "set": "--set", "run": "--run",
-                    "layers": "--layers", "queries": "--queries"}
-_COMPARE_FLAGS = {"init": "--inits/--init"}  # compare reads specs from both
+_PARAMETER_FLAGS = {"init": "--init", "resume": "--resume", "seeds": "--seeds", "seed": "--seed", "set": "--set",
+                    "run": "--run", "layers": "--layers", "queries": "--queries"}
+_COMPARE_FLAGS = {"init": "--inits/--init", "seed": "--seeds"}  # compare reads specs from both, seeds from one
 # Parameters that are never spelt as flags inside a message (scheme options share their names).
 _NOT_TRANSLATED = {"seed", "init", "init_seed", "init_options", "model_kwargs"}
 

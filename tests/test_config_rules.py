@@ -1,0 +1,64 @@
+"""Every field of every run config declares its value rule, and the rules hold at the edges:
+a value that would train to a wrong result is refused before anything runs, in one ValueError
+that names the field, whatever the value is (a fuzz over all fields)."""
+
+import dataclasses
+import math
+import typing
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from structinit.harness.cli.flags import _fits
+from structinit.harness.config import RULES, check_config, facts
+from structinit.harness.tasks import KINDS
+
+FIELDS = [(kind.config, field) for kind in KINDS.values() for field in dataclasses.fields(kind.config)]
+
+
+@pytest.mark.parametrize("config,field", FIELDS, ids=[f"{c.__name__}.{f.name}" for c, f in FIELDS])
+def test_every_field_declares_a_rule_and_its_default_keeps_it(config, field):
+    rule = facts(config, field.name).check
+    assert rule is not None, f"{config.__name__}.{field.name} declares no check= rule"
+    assert isinstance(rule, tuple) or rule in RULES
+    check_config(config())
+
+
+EDGES = {  # field → values its rule must refuse (each trained wrong, or crashed, before it had one)
+    "grad_clip": [-1.0, 0.0, math.inf, math.nan], "ema_decay": [0.0, 1.0, 2.0, math.nan],
+    "label_smoothing": [-0.1, 1.0, 1.5], "betas": [(2.0, 0.9), (0.9,), (0.9, math.nan)],
+    "lr": [0.0, -1e-3, math.inf], "seed": [-1, 2**63, 10**23], "batch_size": [0, 1.5, True],
+    "epochs": [0, -1], "weight_decay": [-0.1, math.inf], "eps": [0.0], "min_lr": [math.nan],
+    "warmup_epochs": [-1.0], "compile": [1, "yes"], "out_dir": ["", "  "], "model_kwargs": [[], "x"],
+}
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, values in EDGES.items() for v in values])
+def test_the_edges_are_refused_naming_the_field(name, value):
+    config = KINDS["image"].config
+    with pytest.raises(ValueError, match=rf"^{name}="):
+        check_config(config(**{name: value}))
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
+                   st.text(max_size=8), st.tuples(st.floats(), st.floats()), st.lists(st.integers(), max_size=2),
+                   st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_any_value_of_any_field_is_accepted_by_its_rule_or_refused_in_one_value_error(data):
+    config, field = data.draw(st.sampled_from(FIELDS))
+    value = data.draw(VALUES)
+    try:
+        check_config(config(**{field.name: value}))
+    except ValueError as err:
+        assert str(err).startswith(f"{field.name}=")
+        return
+    # accepted: then it is of the field's type, and its rule says yes (a None only where the field may be None)
+    hint = typing.get_type_hints(config)[field.name]
+    assert _fits(value, hint) or (isinstance(value, (int, float)) and _fits(float(value), hint)), (field.name, value)
+    rule = facts(config, field.name).check
+    if value is not None and not isinstance(rule, tuple):
+        assert RULES[rule][0](value), (field.name, value)
