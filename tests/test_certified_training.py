@@ -123,7 +123,7 @@ def test_cli_flags(tmp_path, capsys):
     (["--certify", "-1"], "--certify -1.0: expected an ℓ₂ radius > 0"),
     (["--certify", "0"], "--certify 0.0: expected an ℓ₂ radius > 0"),
     (["--set", "hinge_margin=0.3"], "--set hinge_margin=0.3 applies to --loss 'hinge' only"),
-    (["--loss", "hinge", "--set", "hinge_margin=-2"], "--set hinge_margin=-2: expected a margin > 0"),
+    (["--loss", "hinge", "--set", "hinge_margin=-2"], "--set 'hinge_margin=-2': expected a margin > 0"),
     (["--certify", "36/255", "--precision", "bf16"], "--precision 'bf16' with --certify 0.1412: a certificate"),
     (["--certify", "36/255", "--precision", "fp16"], "--precision 'fp16' with --certify 0.1412: a certificate"),
 ])
