@@ -348,6 +348,7 @@ def test_library_phrases_become_flags():
 @pytest.mark.parametrize("flag,value,message", [
     ("--ema-decay", "nan", "--ema-decay nan: expected a number in (0, 1)"),
     ("--ema-decay", "1", "--ema-decay 1.0: expected a number in (0, 1)"),
+    ("--lr", "1e308", "--lr 1e+308: expected a positive finite number (float32: at most 3.4e38)"),  # overflowed
 ])
 def test_bad_flag_values_that_used_to_train(tmp_path, capsys, flag, value, message):
     line = train_fails(capsys, *FAST, flag, value, "--out", str(tmp_path / "run"))

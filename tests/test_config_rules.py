@@ -28,7 +28,7 @@ def test_every_field_declares_a_rule_and_its_default_keeps_it(config, field):
 EDGES = {  # field → values its rule must refuse (each trained wrong, or crashed, before it had one)
     "grad_clip": [-1.0, 0.0, math.inf, math.nan], "ema_decay": [0.0, 1.0, 2.0, math.nan],
     "label_smoothing": [-0.1, 1.0, 1.5], "betas": [(2.0, 0.9), (0.9,), (0.9, math.nan)],
-    "lr": [0.0, -1e-3, math.inf], "seed": [-1, 2**63, 10**23], "batch_size": [0, 1.5, True],
+    "lr": [0.0, -1e-3, math.inf, 1e308], "seed": [-1, 2**63, 10**23], "batch_size": [0, 1.5, True],
     "epochs": [0, -1], "weight_decay": [-0.1, math.inf], "eps": [0.0], "min_lr": [math.nan],
     "warmup_epochs": [-1.0], "compile": [1, "yes"], "out_dir": ["", "  "], "model_kwargs": [[], "x"],
 }

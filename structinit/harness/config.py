@@ -59,8 +59,12 @@ def facts(config: type | object, name: str) -> Facts:
     raise KeyError(f"{kind.__name__} has no field {name!r}")
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # a rate or a decay becomes a float32 tensor: beyond this it is inf
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and abs(value) <= FLOAT32_MAX)
 
 
 def _whole(value: Any) -> bool:
@@ -71,8 +75,8 @@ def _whole(value: Any) -> bool:
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count": (lambda v: _whole(v) and v >= 1, "a positive whole number"),
     "natural": (lambda v: _whole(v) and v >= 0, "a whole number ≥ 0"),
-    "positive": (lambda v: _number(v) and v > 0, "a positive finite number"),
-    "nonnegative": (lambda v: _number(v) and v >= 0, "a finite number ≥ 0"),
+    "positive": (lambda v: _number(v) and v > 0, "a positive finite number (float32: at most 3.4e38)"),
+    "nonnegative": (lambda v: _number(v) and v >= 0, "a finite number ≥ 0 (float32: at most 3.4e38)"),
     "fraction": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
     "decay": (lambda v: _number(v) and 0 < v < 1, "a number in (0, 1), such as 0.999"),
     "seed": (lambda v: _whole(v) and 0 <= v < 2**63, "a whole number in [0, 2**63)"),
