@@ -280,3 +280,19 @@ def test_position_only_fidelity_on_a_model_no_probe_fits_says_it_recomputes():
         assert (fid["hit"] == 1).all()
     finally:
         structinit.unregister_position_finder(finder)
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_bfloat16_model_is_initialised_in_its_dtype_and_checked(scheme):
+    """bf16 rounds a layer's output to about 1e-2 of it: the checks allow for that (they refused
+    every bf16 model, blaming the value path), and still refuse a layer that is really different."""
+    torch.manual_seed(0)
+    model = structinit.create_model("vit_cpu_patch4_32", depth=2).bfloat16()
+    structinit.init_(model, scheme, seed=0)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    if scheme == "impulse":
+        images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+        assert (structinit.impulse_fidelity(model, images)["hit"] == 1).all()
+    broken = micro_vit_with("roll_heads").bfloat16()
+    check_rejected(broken, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"impulse cannot set the attention of layer 'blocks\.0\.attn'")
