@@ -316,3 +316,30 @@ def test_a_signal_stops_a_run_in_one_line_and_it_resumes(tmp_path, sig, code, sa
     assert 1 <= kept["epoch"] < 8
     done = subprocess.run([*_cli(out, 8), "--resume"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and load_checkpoint(out / "checkpoint.pt")["starts"] == [0, kept["step"]]
+
+
+def test_two_ranks_take_disjoint_halves_that_make_the_one_process_batch():
+    """What the two-process test above cannot see: each rank's batch is its own half, the halves
+    never overlap, and together they are exactly the batch one process takes at that step."""
+    from structinit.data import ArrayDataset
+    from structinit.harness.run.device import Placement
+    from structinit.harness.tasks.image import ImageTask
+
+    n, batch = 96, 16
+    images = torch.randint(0, 256, (n, 1, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    data = ArrayDataset(images, torch.arange(n) % 10, [str(k) for k in range(10)], "random", (0.5,), (0.25,))
+    cfg = recipe("digits", batch_size=batch, augment="none", epochs=2)
+
+    def steps(world: int, rank: int) -> list[list[tuple]]:
+        task = ImageTask(cfg)
+        task.check()  # as a run does first: it builds the augmentation
+        where = Placement(world, rank, torch.device("cpu"))
+        task.place(data, {}, where)
+        chunk = task.schedule()[0][1]  # the second epoch: another order than the first
+        return [[tuple(row.tolist()) for row in x.flatten(1)] for x, _ in task.batches(chunk, where)]
+
+    one, first, second = steps(1, 0), steps(2, 0), steps(2, 1)
+    assert len(one) == len(first) == len(second) == n // batch
+    for whole, a, b in zip(one, first, second):
+        assert len(a) == len(b) == batch // 2 and not set(a) & set(b)
+        assert sorted(a + b) == sorted(whole)
