@@ -86,6 +86,12 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
+def output_tolerance(dtype: torch.dtype) -> float:
+    """How far a layer's output may sit from the float32 recomputation, relative to its largest
+    entry: a 16-bit model rounds it to about 1e-2 of it."""
+    return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
 def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tensor | None) -> torch.Tensor:
     """q kᵀ·scale + relative bias + the call's terms, (B, H, T, T), as the adapter reads the layer."""
     q, k = adapter.qk_features(x)
@@ -182,8 +188,8 @@ def _cosine(adapter: AttentionAdapter, real: AttentionMap, x: torch.Tensor, shap
 def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None,
                 rel: float = 1e-3) -> bool:
     """Whether ``out`` is ``probs`` applied to the value projection of ``x`` (then the output
-    projection, or as the per-head context), to ``rel`` of its largest entry (a 16-bit model
-    rounds its output to about 1e-2 of it); True when the layer returned nothing comparable."""
+    projection, or as the per-head context), to ``rel`` of its largest entry
+    (:func:`output_tolerance`); True when the layer returned nothing comparable."""
     if out is None:
         return True
     views = adapter.linear_views()
@@ -246,7 +252,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
-    if not _value_path(adapter, real, x, module_output(call), rel=1e-3 if tol <= 1e-4 else 3e-2):
+    if not _value_path(adapter, real, x, module_output(call), rel=output_tolerance(dtype)):
         return Verdict(name, adapter, "refused", VALUE_PATH,
                        "its output is not its attention map applied to v through its output projection (heads "
                        "mixed after the softmax, a second map mixed in, or a projection structinit does not see)")

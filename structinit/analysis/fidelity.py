@@ -220,10 +220,7 @@ def impulse_fidelity(
             order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
             for i, real in enumerate(real_maps(model, batch, chosen)):
                 layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
-                probs = real.probs
-                if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
-                    probs = canonical(probs, order)  # same seed, same order: the maps back in grid order
-                reduce(i, probs, real.open_pairs)
+                reduce(i, _in_grid_order(real.probs, order), real.open_pairs)  # same seed, same order
     valid = counts > 0
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
@@ -248,13 +245,15 @@ def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> l
                 out.append((RealMap(ad.attention_probs(x.float(), terms), reachable(terms)), None))
         return out
     maps, _, order = found
-    out = []
-    for real in maps:
-        probs = real.probs
-        if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
-            real = dataclasses.replace(real, probs=canonical(probs, order))
-        out.append((real, order))
-    return out
+    return [(dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order) for real in maps]
+
+
+def _in_grid_order(probs: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """Maps (B, H, T, T) put back in grid order when the model reordered its tokens (``order``
+    (B, T), for maps of that many samples and tokens); unchanged otherwise."""
+    if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
+        return canonical(probs, order)
+    return probs
 
 
 def reorders_tokens(model: nn.Module, chosen, layouts) -> bool:

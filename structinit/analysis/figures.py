@@ -85,7 +85,7 @@ def attention_figure(maps: Sequence[torch.Tensor], layout: TokenLayout | Sequenc
     Args:
         maps: per layer, (heads, T, T) attention (batch already averaged or one image).
         layout: the token layout (prefix tokens are dropped from the picture), or one per layer
-            where layers see different tokens (``structinit.analysis.layer_layouts`` reads them).
+            where layers see different tokens (:func:`structinit.analysis.attention_layouts` reads them).
         layer_names: one label per layer.
         zoom: side of the zoomed block (clipped to N).
         vmax: top of the shared colour scale (default: the largest value shown).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
@@ -93,8 +94,8 @@ def check_field(config: type | object, name: str, value: Any) -> None:
     ``config`` declares (None passes where the field may be None: its default is, or its type
     allows it)."""
     kind = config if isinstance(config, type) else type(config)
-    field = kind.__dataclass_fields__[name]
-    if value is None and (field.default is None or "None" in str(field.type)):
+    optional = type(None) in typing.get_args(typing.get_type_hints(kind)[name])
+    if value is None and (kind.__dataclass_fields__[name].default is None or optional):
         return
     fact = facts(kind, name)
     _check(name, value, fact.check, fact.expected)
