@@ -17,7 +17,7 @@ import statistics
 
 from structinit.adapters.conv import find_depthwise_convs
 from structinit.functional.conv_filters import estimate_covariance, fit_depth_schedule, fit_kronecker_sigma
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.finished import find_runs, load_trained_weights
 from structinit.harness.run.checkpoint import WEIGHTS, load_weights
 from structinit.models import create_model
@@ -26,7 +26,7 @@ DEFAULT_TRACE = 1 / 3  # PyTorch's default depthwise init: k² taps of variance 
 
 
 def layer_fits(run) -> list[dict]:
-    cfg: TrainConfig = run.config
+    cfg: ImageConfig = run.config
     tensors, _ = load_weights(run.path / WEIGHTS)
     in_chans = int(tensors["stem.weight"].shape[1]) if "stem.weight" in tensors else 3  # ConvMixer's stem
     model = create_model(cfg.model, num_classes=run.num_classes, in_chans=in_chans, **cfg.model_kwargs)

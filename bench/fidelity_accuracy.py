@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import structinit as si
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.summary import primary_metric
 from structinit.harness.tasks.image import load_train_split, plan_model
 from structinit.utils.optional_imports import require
@@ -48,7 +48,7 @@ def finished_runs(folders: list[Path]) -> dict[str, list[dict]]:
     return runs
 
 
-def fidelity_at_init(cfg: TrainConfig, train_ds, images, offsets) -> tuple[si.FidelitySummary, list | None]:
+def fidelity_at_init(cfg: ImageConfig, train_ds, images, offsets) -> tuple[si.FidelitySummary, list | None]:
     """Fidelity of the run's model at init, and the offsets its impulse init recorded (None
     for other inits, which are then measured against ``offsets``)."""
     model, plan = plan_model(cfg, train_ds.image_shape, train_ds.num_classes)
@@ -75,7 +75,7 @@ def main() -> None:
     for label in order:
         accs, fids = [], []
         for result in runs[label]:
-            cfg = TrainConfig(**{**result["config"], "data_dir": str(args.data_dir)})
+            cfg = ImageConfig(**{**result["config"], "data_dir": str(args.data_dir)})
             key = (cfg.dataset, cfg.data_dir)
             if key not in datasets:  # only the image shape and class count are needed
                 datasets[key] = load_train_split(dataclasses.replace(cfg, train_size=10))

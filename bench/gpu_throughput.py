@@ -47,7 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import structinit
 from structinit.augment import Augment
 from structinit.data.datasets import ArrayDataset
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.recipes import recipe
 from structinit.harness.run.device import Placement
 from structinit.harness.tasks.image import image_step
@@ -156,7 +156,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetch: int = 0) -> TrainConfig:
+def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetch: int = 0) -> ImageConfig:
     """``paper-cifar`` in bf16 at ``spec``'s model and batch, one epoch (half of it warm-up)."""
     return recipe("paper-cifar", model=spec.model, model_kwargs=dict(spec.overrides), batch_size=spec.batch,
                   compile=compile, init=init, augment=augment, precision="bf16", epochs=1, warmup_epochs=0.5,

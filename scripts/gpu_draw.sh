@@ -99,14 +99,14 @@ if [ "$K" = 1 ] && [ -f "$PARTS/part1/resume.json" ]; then
 import json
 import sys
 
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.run.checkpoint import init_fingerprint
 from structinit.harness.run.lifecycle import construct_and_plan
 from structinit.harness.tasks.image import ImageTask
 
 saved = json.loads(open(sys.argv[1]).read())
 config = {**ImageTask.added_fields, **saved["config"]}
-model, plan = construct_and_plan(TrainConfig(**config), {"num_classes": 10, "in_chans": 3, "img_size": 32})
+model, plan = construct_and_plan(ImageConfig(**config), {"num_classes": 10, "in_chans": 3, "img_size": 32})
 plan.commit()
 here = init_fingerprint(model)
 print(f"resume check: epoch {saved['epoch']}; initial weights here {here[:12]}…, in the checkpoint "

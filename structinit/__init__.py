@@ -7,7 +7,7 @@
     structinit.impulse_fidelity(model)                   # {'mass': (L×H), 'hit': (L×H)}
 
 Importing structinit loads the init API only (torch, numpy, scipy). The training harness,
-datasets and augmentation (``TrainConfig``, ``train``, ``compare``, ``load_dataset``, …) are
+datasets and augmentation (``ImageConfig``, ``train``, ``compare``, ``load_dataset``, …) are
 imported on first use and need the ``harness`` extra: ``pip install -e ".[harness]"`` in a clone.
 """
 
@@ -121,7 +121,7 @@ __version__ = "0.1.0"
 # The harness, data and augmentation stacks (PIL, scipy.io, matplotlib, tqdm, scikit-learn) are
 # loaded on first access, so that `import structinit` stays light for users who only initialise.
 _LAZY = {
-    "TrainConfig": "structinit.harness.config", "train": "structinit.harness.tasks",
+    "ImageConfig": "structinit.harness.config", "train": "structinit.harness.tasks",
     "recipe": "structinit.harness.recipes", "RECIPES": "structinit.harness.recipes",
     "compare": "structinit.harness.compare",
     "ArrayDataset": "structinit.data", "load_dataset": "structinit.data",
@@ -172,6 +172,6 @@ __all__ = [
     # figures (matplotlib, from the harness extra)
     "attention_figure", "comparison_figure", "overlay_figure", "curves_figure", "cka_figure",
     # training harness (imported on first use)
-    "TrainConfig", "train", "recipe", "RECIPES", "compare",
+    "ImageConfig", "train", "recipe", "RECIPES", "compare",
     "ArrayDataset", "load_dataset", "stratified_subset", "holdout_split", "Augment",
 ]  # fmt: skip

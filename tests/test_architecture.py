@@ -200,10 +200,10 @@ print(json.dumps(sorted(m for m in new if any(m == h or m.startswith(h + ".") fo
 def test_lazy_harness_names_resolve():
     from structinit.augment import Augment
     from structinit.data import load_dataset
-    from structinit.harness.config import TrainConfig
+    from structinit.harness.config import ImageConfig
     from structinit.harness.tasks import train
 
-    assert structinit.TrainConfig is TrainConfig and structinit.train is train
+    assert structinit.ImageConfig is ImageConfig and structinit.train is train
     assert structinit.load_dataset is load_dataset and structinit.Augment is Augment
     assert set(structinit.__all__) <= set(dir(structinit))
     with pytest.raises(AttributeError, match=r"no attribute 'not_a_name'"):

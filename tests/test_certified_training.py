@@ -11,7 +11,7 @@ import torch
 
 from structinit.analysis.certify import certified_accuracy, input_lipschitz, pgd_l2_accuracy, pixel_cert_threshold
 from structinit.harness.cli.main import main
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.recipes import RECIPES, recipe
 from structinit.harness.run.checkpoint import load_checkpoint
 from structinit.harness.summary import format_summary, summarise
@@ -23,13 +23,13 @@ EPS = 36 / 255
 TINY = {"channels": (4, 8), "hidden": 16}  # KWLarge on 8×8 digits, a few thousand parameters
 
 
-def tiny(tmp_path, **kw) -> TrainConfig:
+def tiny(tmp_path, **kw) -> ImageConfig:
     return recipe("digits", **{"model": "kwlarge_cpu", "model_kwargs": dict(TINY), "init": "pytorch",
                                "loss": "hinge", "certify_eps": EPS, "epochs": 2, "train_size": 300,
                                "holdout": 200, "lr": 1e-2, "out_dir": str(tmp_path / "run"), **kw})
 
 
-def rebuilt(cfg: TrainConfig, run_dir) -> tuple[torch.nn.Module, dict]:
+def rebuilt(cfg: ImageConfig, run_dir) -> tuple[torch.nn.Module, dict]:
     """The trained model of a finished run, and its evaluation data (as the run saw it)."""
     train_ds, evals = load_data(cfg)
     model = create_model(cfg.model, num_classes=10, in_chans=1, img_size=8, **cfg.model_kwargs)
@@ -64,9 +64,9 @@ def test_normalisation_factor():
     assert input_lipschitz((0.5, 0.25)) == 4.0
     assert input_lipschitz(torch.tensor([0.2, 0.4]).view(1, -1, 1, 1)) == pytest.approx(5.0)
     assert pixel_cert_threshold(0.1, 1.0, (0.5,)) == pytest.approx(math.sqrt(2) * 0.1 * 2)
-    assert hinge_margin(TrainConfig(loss="hinge", certify_eps=0.1), (0.5,)) == pytest.approx(math.sqrt(2) * 0.2)
-    assert hinge_margin(TrainConfig(loss="hinge"), (0.5,)) == PAPER_HINGE_MARGIN
-    assert hinge_margin(TrainConfig(loss="hinge", hinge_margin=0.3, certify_eps=0.1), (0.5,)) == 0.3
+    assert hinge_margin(ImageConfig(loss="hinge", certify_eps=0.1), (0.5,)) == pytest.approx(math.sqrt(2) * 0.2)
+    assert hinge_margin(ImageConfig(loss="hinge"), (0.5,)) == PAPER_HINGE_MARGIN
+    assert hinge_margin(ImageConfig(loss="hinge", hinge_margin=0.3, certify_eps=0.1), (0.5,)) == 0.3
 
 
 def test_pgd_between_certified_and_clean_for_a_lipschitz_model():
@@ -175,7 +175,7 @@ def test_checkpoints_from_before_the_new_fields_still_resume(tmp_path):
     from structinit.harness.run.checkpoint import check_same_config
     from structinit.harness.tasks.image import ImageTask
 
-    now = TrainConfig().to_dict()
+    now = ImageConfig().to_dict()
     old = {k: v for k, v in now.items() if k not in ImageTask.added_fields}
     check_same_config(old, now, tmp_path / "checkpoint.pt", defaults=ImageTask.added_fields)  # no error
     with pytest.raises(ValueError, match="loss differ"):

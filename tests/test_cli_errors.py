@@ -360,11 +360,11 @@ def test_bad_flag_values_that_used_to_train(tmp_path, capsys, flag, value, messa
                                          ("ema_decay", 0.0), ("label_smoothing", -0.1), ("betas", (0.9, 1.0)),
                                          ("eps", 0.0), ("min_lr", float("nan")), ("warmup_epochs", -1.0)])
 def test_the_config_refuses_values_that_train_wrong(field, value):
-    from structinit.harness.config import TrainConfig, check_config
+    from structinit.harness.config import ImageConfig, check_config
 
     with pytest.raises(ValueError, match=rf"^{field}="):
-        check_config(TrainConfig(**{field: value}))
-    check_config(TrainConfig(grad_clip=None, ema_decay=None))  # None: off, as documented
+        check_config(ImageConfig(**{field: value}))
+    check_config(ImageConfig(grad_clip=None, ema_decay=None))  # None: off, as documented
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -48,5 +48,5 @@ def test_the_config_tables_match_the_config_fields():
     if want != text and os.environ.get("STRUCTINIT_WRITE_DOCS") == "1":
         CONFIGS_PAGE.write_text(want, encoding="utf-8")
         text = want
-    assert "<!-- fields: TrainConfig -->" in text and "<!-- fields: SequenceConfig -->" in text
+    assert "<!-- fields: ImageConfig -->" in text and "<!-- fields: SequenceConfig -->" in text
     assert want == text, "stale: " + (test_the_config_tables_match_the_config_fields.__doc__ or "")

@@ -14,7 +14,7 @@ import torch
 
 from run_helpers import kill_then_resume
 from structinit.harness.compare import compare
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.errors import NonFiniteLossError
 from structinit.harness.recipes import recipe
 from structinit.harness.run.checkpoint import load_checkpoint, save_checkpoint
@@ -25,7 +25,7 @@ from structinit.harness.tasks import train
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def digits(tmp_path: Path, **kw) -> TrainConfig:
+def digits(tmp_path: Path, **kw) -> ImageConfig:
     """The digits recipe on all 1,437 training images (the recipe itself uses 300)."""
     return recipe("digits", out_dir=str(tmp_path / "run"), **{"epochs": 3, "train_size": None, **kw})
 
@@ -159,7 +159,7 @@ def test_distributed_two_processes_gloo(tmp_path):
 
 
 def test_cosine_schedule_shape():
-    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_lr=0.0)
+    cfg = ImageConfig(lr=1.0, min_lr=0.1, warmup_lr=0.0)
     assert cosine_lr(0, 100, 10, cfg) == 0.0
     assert cosine_lr(10, 100, 10, cfg) == pytest.approx(1.0)
     assert cosine_lr(55, 100, 10, cfg) == pytest.approx(0.55)

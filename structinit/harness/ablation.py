@@ -129,7 +129,7 @@ METRICS = (("pe_mass_l1", "PE mass L1"), ("pe_hit_l1", "PE hit L1"), ("pe_mass_m
 # What the figure shows, real images: (key, legend).
 FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean over layers"),
                ("real_mass_l1", "mass, layer 1"), ("real_mass_mean", "mass, mean over layers"))
-# TrainConfig fields the command sets itself (--set must not).
+# ImageConfig fields the command sets itself (--set must not).
 OWNED = {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}
 
 
@@ -162,7 +162,7 @@ def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any])
 
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
-    """The TrainConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
+    """The ImageConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
     from structinit.harness.compare import run_config
     from structinit.harness.specs import parse_init_spec
 
@@ -344,7 +344,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     variant: ``metrics`` {key: mean, std, per_seed}, ``init_s``, ``accuracy`` or None),
     ``settings`` and ``versions``.
 
-    ``recipe`` and ``overrides`` (TrainConfig fields: ``model``, ``model_kwargs``, ``epochs``,
+    ``recipe`` and ``overrides`` (ImageConfig fields: ``model``, ``model_kwargs``, ``epochs``,
     ``train_size`` …) give the model every variant is built on and, with ``train=True``, the
     training; ``seeds`` is a count or a list; ``images`` the test images fidelity is measured
     on; ``steps`` the gd fit length; ``repeats`` the timed inits (median; gd once).

@@ -7,7 +7,7 @@ and its check. The command line's flags, ``--set``'s type checks, error messages
 flags and the report's configuration table are all generated from these facts.
 
 :class:`RunConfig` holds what every run has (model, init, optimiser, seeds, folder);
-:class:`TrainConfig` (images) and :class:`SequenceConfig` (synthetic sequence tasks) add their
+:class:`ImageConfig` (images) and :class:`SequenceConfig` (synthetic sequence tasks) add their
 task's fields. A subclass may redeclare a field to change its default; it keeps the base's
 facts unless it declares its own.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
-__all__ = ["Facts", "RunConfig", "SequenceConfig", "TrainConfig", "check_config", "config_from_dict", "facts",
+__all__ = ["Facts", "RunConfig", "SequenceConfig", "ImageConfig", "check_config", "config_from_dict", "facts",
            "option"]
 
 
@@ -182,7 +182,7 @@ def _radius(text: str) -> float:
 
 
 @dataclass
-class TrainConfig(RunConfig):
+class ImageConfig(RunConfig):
     """An image-classification run (:mod:`structinit.harness.tasks.image`)."""
 
     dataset: str = option("digits", flag=True, check="text",

@@ -37,7 +37,7 @@ class RunIOError(OSError):
 @contextmanager
 def user_input(parameter: str) -> Iterator[None]:
     """Mark a ``ValueError``, ``TypeError``, ``OSError`` or ``ImportError`` raised in the block
-    as an error in the input ``parameter`` (a TrainConfig field or a function argument) and
+    as an error in the input ``parameter`` (a ImageConfig field or a function argument) and
     re-raise it. The innermost mark wins: it names the most specific parameter."""
     try:
         yield

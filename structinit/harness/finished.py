@@ -37,7 +37,7 @@ class FinishedRun:
 
     @property
     def config(self):
-        """The run's config (a TrainConfig, or a SequenceConfig for a sequence-task run)."""
+        """The run's config (a ImageConfig, or a SequenceConfig for a sequence-task run)."""
         return config_from_dict(self.kind.config, self.result["config"])
 
     @property

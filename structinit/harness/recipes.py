@@ -1,6 +1,6 @@
 """Named training recipes: complete config presets, in a :class:`~structinit.utils.Registry`
 like every other named choice (add your own with ``RECIPES.register("name", {...})``):
-:data:`RECIPES` for image runs (:class:`~structinit.harness.config.TrainConfig`),
+:data:`RECIPES` for image runs (:class:`~structinit.harness.config.ImageConfig`),
 :data:`SEQUENCE_RECIPES` for sequence-task runs (:class:`~structinit.harness.config.SequenceConfig`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from structinit.harness.config import SequenceConfig, TrainConfig
+from structinit.harness.config import SequenceConfig, ImageConfig
 from structinit.utils import Registry
 
 RECIPES: Registry[dict[str, Any]] = Registry("recipe")
@@ -88,9 +88,9 @@ def preset(registry: Registry, kind: type, name: str, overrides: dict[str, Any])
     return kind(**{**base, **overrides})
 
 
-def recipe(name: str, **overrides: Any) -> TrainConfig:
-    """The image recipe ``name`` as a TrainConfig, with ``overrides`` applied (unknown keys rejected)."""
-    return preset(RECIPES, TrainConfig, name, overrides)
+def recipe(name: str, **overrides: Any) -> ImageConfig:
+    """The image recipe ``name`` as a ImageConfig, with ``overrides`` applied (unknown keys rejected)."""
+    return preset(RECIPES, ImageConfig, name, overrides)
 
 
 # Sequence tasks (copying and multi-query associative recall, Mamba and a causal

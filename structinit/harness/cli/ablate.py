@@ -48,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=None, help="with --train: epochs (default the recipe's)")
     p.add_argument("--train-size", dest="train_size", type=int, default=None, help="with --train: training images")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other TrainConfig field, e.g. --set model_kwargs={'patch_size':1} (repeatable)")
+                   help="any other ImageConfig field, e.g. --set model_kwargs={'patch_size':1} (repeatable)")
     p.add_argument("--out", default=None, type=out_path, help="output folder (default runs/ablate-<name>-<recipe>)")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="with --train: wait for a run another process is training")
@@ -57,13 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from structinit.harness.ablation import OWNED, ablate, format_table
     from structinit.harness.cli.flags import check_set_item
-    from structinit.harness.config import TrainConfig
+    from structinit.harness.config import ImageConfig
 
     overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
     if args.download:
         overrides["download"] = True
     for item in args.set:
-        key, value = check_set_item(item, OWNED, TrainConfig)
+        key, value = check_set_item(item, OWNED, ImageConfig)
         overrides[key] = value
     result = ablate(args.name, recipe=args.recipe, data_dir=args.data_dir, seeds=args.seeds,
                     images=args.images, train=args.train, out=args.out, steps=args.steps, repeats=args.repeats,

@@ -17,7 +17,7 @@ import types
 import typing
 from typing import Any
 
-from structinit.harness.config import TrainConfig, check_field, facts
+from structinit.harness.config import ImageConfig, check_field, facts
 from structinit.harness.errors import user_input
 from structinit.harness.recipes import preset
 from structinit.harness.specs import parse_init_spec, parse_literal, spec_label
@@ -134,7 +134,7 @@ def config_from_args(args: argparse.Namespace, owned: dict[str, str], **extra: A
     return preset(kind.recipes, kind.config, recipe, {**overrides, **extra})
 
 
-def check_set_item(item: str, owned: dict[str, str], config: type = TrainConfig) -> tuple[str, Any]:
+def check_set_item(item: str, owned: dict[str, str], config: type = ImageConfig) -> tuple[str, Any]:
     """``--set KEY=VALUE`` as (field, value), the value read as a literal and checked against
     the type of that field of ``config``; ``owned`` maps the fields the command sets itself to
     their flags. Fields with a flag of their own are allowed: ``--set train_size=None`` says

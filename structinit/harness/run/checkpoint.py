@@ -222,7 +222,7 @@ def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[s
 def check_same_config(saved: dict[str, Any], config: dict[str, Any], path: Path,
                       defaults: dict[str, Any] | None = None, as_ran=None) -> None:
     """Refuse to resume ``path`` (whose checkpoint holds ``saved``) under a different ``config``
-    (both ``TrainConfig.to_dict()``; ``out_dir`` may differ). ``defaults``: the values of
+    (both ``ImageConfig.to_dict()``; ``out_dir`` may differ). ``defaults``: the values of
     fields added since ``saved`` was written (a checkpoint without the field ran with that
     value, so it still resumes). ``as_ran`` maps a config to what it does here (``precision``
     ``'auto'`` to the precision it resolves to), so that a setting spelt another way but

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from structinit.harness.config import RunConfig, SequenceConfig, TrainConfig
+from structinit.harness.config import RunConfig, SequenceConfig, ImageConfig
 from structinit.harness.recipes import RECIPES, SEQUENCE_RECIPES
 from structinit.harness.run.lifecycle import run_task
 from structinit.harness.tasks.image import ImageTask
@@ -41,7 +41,7 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
-    "image": Kind("image", TrainConfig, ImageTask, RECIPES, "digits", None, "dataset", "epochs",
+    "image": Kind("image", ImageConfig, ImageTask, RECIPES, "digits", None, "dataset", "epochs",
                   "attention layers of a Vision Transformer", "Attention initialisation", True),
     "sequence": Kind("sequence", SequenceConfig, SequenceTask, SEQUENCE_RECIPES, "seq-cpu", "task", "task", "steps",
                      "layers of a sequence model", "Sequence-model initialisation", False),
@@ -65,7 +65,7 @@ def make_task(cfg: RunConfig):
 
 
 def train(cfg: RunConfig, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
-    """Train ``cfg`` (a :class:`~structinit.harness.config.TrainConfig` for images, a
+    """Train ``cfg`` (a :class:`~structinit.harness.config.ImageConfig` for images, a
     :class:`~structinit.harness.config.SequenceConfig` for sequence tasks), evaluating and
     checkpointing as it goes; return the result, also written to ``out_dir/result.json``.
 

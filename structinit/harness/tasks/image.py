@@ -1,4 +1,4 @@
-"""Image classification: the task of a :class:`~structinit.harness.config.TrainConfig` run,
+"""Image classification: the task of a :class:`~structinit.harness.config.ImageConfig` run,
 certified robustness included (Trockman & Kolter, ICLR 2021; the maths is in
 :mod:`structinit.analysis.certify`).
 
@@ -27,7 +27,7 @@ from structinit.analysis.certify import (
     pgd_l2_accuracy,
     pixel_cert_threshold,
 )
-from structinit.harness.config import TrainConfig
+from structinit.harness.config import ImageConfig
 from structinit.harness.errors import user_input
 from structinit.harness.run.device import Placement, resolve_precision
 from structinit.harness.run.lifecycle import Chunk, construct_and_plan
@@ -40,7 +40,7 @@ __all__ = ["PAPER_HINGE_MARGIN", "ImageTask", "check_data", "eval_images", "eval
            "load_data", "load_train_split", "pgd_accuracy", "plan_model", "test_images"]
 
 
-def check_data(cfg: TrainConfig) -> None:
+def check_data(cfg: ImageConfig) -> None:
     """The checks of ``cfg``'s data that need no loading: the dataset's name, a ``data_dir``
     where the dataset reads one, and that it exists unless it is to be downloaded."""
     from structinit.data import DATASET_LOADERS, DatasetNotFoundError
@@ -63,7 +63,7 @@ def check_data(cfg: TrainConfig) -> None:
                                        f"that holds the {name} files")
 
 
-def load_train_split(cfg: TrainConfig):
+def load_train_split(cfg: ImageConfig):
     """The whole training split of ``cfg.dataset`` (before any holdout or subset)."""
     from structinit.data import load_dataset
 
@@ -71,7 +71,7 @@ def load_train_split(cfg: TrainConfig):
         return load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
 
 
-def load_data(cfg: TrainConfig):
+def load_data(cfg: ImageConfig):
     """(train set, {name: eval set}); the first eval set is the one a run is judged on."""
     from structinit.data import holdout_split, load_dataset, stratified_subset
 
@@ -93,7 +93,7 @@ def load_data(cfg: TrainConfig):
     return train_ds, evals
 
 
-def image_step(cfg: TrainConfig, data, device: torch.device) -> tuple[ImageTask, TrainStep]:
+def image_step(cfg: ImageConfig, data, device: torch.device) -> tuple[ImageTask, TrainStep]:
     """(the task, the step) of the run ``cfg`` on the training images ``data`` (an
     :class:`~structinit.data.ArrayDataset`) on one ``device``, built as ``structinit train``
     builds them: the model initialised, :class:`ImageTask.batches` to draw batches from and the
@@ -112,7 +112,7 @@ def image_sizes(image_shape: tuple[int, int, int], num_classes: int) -> dict[str
     return {"num_classes": num_classes, "in_chans": image_shape[0], "img_size": image_shape[1]}
 
 
-def plan_model(cfg: TrainConfig, image_shape: tuple[int, int, int], num_classes: int):
+def plan_model(cfg: ImageConfig, image_shape: tuple[int, int, int], num_classes: int):
     """(model, plan): the run's model for images (C, H, W), its init planned, not written."""
     return construct_and_plan(cfg, image_sizes(image_shape, num_classes))
 
@@ -128,7 +128,7 @@ PGD_EXAMPLES = 1000
 PAPER_HINGE_MARGIN = 0.5
 
 
-def hinge_margin(cfg: TrainConfig, std) -> float:
+def hinge_margin(cfg: ImageConfig, std) -> float:
     """The margin of the hinge loss: ``cfg.hinge_margin``, or by default the margin that
     certifies at ``certify_eps`` a 1-Lipschitz model in pixel space, √2·ε/min(std) (the margin
     ≈ √2·ε·L recipe of Trockman & Kolter, with L the normalisation's Lipschitz constant), or
@@ -195,7 +195,7 @@ class ImageTask:
     added_fields: ClassVar[dict[str, Any]] = {"loss": "ce", "hinge_margin": None, "certify_eps": None,
                                               "test_every": 1, "cpu_prefetch": 0}
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: ImageConfig):
         self.cfg = cfg
 
     def check(self) -> str:
@@ -327,7 +327,7 @@ def test_images(dataset: str, data_dir: str | None, n: int, download: bool = Fal
     return test.normalised(n), test.images[:n].float() / 255, test.num_classes
 
 
-def eval_images(cfg: TrainConfig, n: int):
+def eval_images(cfg: ImageConfig, n: int):
     """(normalised first ``n`` images of the split a run is judged on, class count, their
     description), never downloading: what a report shows attention maps of."""
     _, evals = load_data(dataclasses.replace(cfg, download=False, train_size=None))
