@@ -239,8 +239,10 @@ def test_every_name_registry_uses_the_registry_class():
     from structinit.models import MODELS
     from structinit.schemes import SCHEMES
 
-    for reg in (ATTENTION_ADAPTERS, MODELS, SCHEMES, IMPULSE_SOLVERS):
+    for reg in (ATTENTION_ADAPTERS, MODELS, IMPULSE_SOLVERS):
         assert isinstance(reg, Registry)
+    # the scheme table is one dict keyed by (target, name), as timm keys models by name
+    assert all(s.target == target and s.name == name for (target, name), s in SCHEMES.items())
     assert {"analytic", "closed_form", "gd"} <= set(IMPULSE_SOLVERS)
     assert structinit.schemes("attention") == ["impulse", "mimetic"]
     assert {"pytorch", "timm", "jax"} <= set(structinit.schemes("model"))
@@ -324,7 +326,7 @@ def test_plan_of_a_user_scheme_without_planner_checks_options_and_defers():
     finally:
         from structinit.schemes import SCHEMES  # (structinit.schemes is the function listing names)
 
-        SCHEMES.remove("halve_test")
+        SCHEMES.pop(("model", "halve_test"))
 
 
 def test_records_get_and_set():

@@ -236,25 +236,21 @@ def test_unknown_conv_option_lists_the_valid_ones(scheme):
         assert all(name in msg for name in CONV_BAD[scheme]), msg
 
 
-def _conv_entry(name):
-    from structinit.schemes.registry import scheme_entries
-
-    return next(e for e in scheme_entries(name) if e.target == "conv")
+def _entry(name):
+    """The scheme of ``name`` for attention, or else for the whole model."""
+    return SCHEMES.get(("attention", name)) or SCHEMES[("model", name)]
 
 
 def test_every_option_of_every_built_in_scheme_and_solver_has_bad_values():
-    from structinit.schemes.registry import scheme_entries
-
     assert set(BAD) == set(structinit.schemes("model")) | set(structinit.schemes("attention"))
     for name in BAD:
-        assert set(BAD[name]) == _options(SCHEMES.get(name).plan), name
+        assert set(BAD[name]) == _options(_entry(name).plan), name
     assert set(CONV_BAD) == set(structinit.schemes("conv"))
     for name in CONV_BAD:
-        assert set(CONV_BAD[name]) == _options(_conv_entry(name).plan), name
+        assert set(CONV_BAD[name]) == _options(SCHEMES[("conv", name)].plan), name
     assert set(SSM_BAD) == set(structinit.schemes("ssm"))
     for name in SSM_BAD:
-        entry = next(e for e in scheme_entries(name) if e.target == "ssm")
-        assert set(SSM_BAD[name]) == _options(entry.plan), name
+        assert set(SSM_BAD[name]) == _options(SCHEMES[("ssm", name)].plan), name
     assert set(SOLVER_BAD) == set(IMPULSE_SOLVERS.names())
     for name, cls in IMPULSE_SOLVERS.items():
         assert set(SOLVER_BAD[name]) == set(inspect.signature(cls).parameters), name
@@ -263,7 +259,7 @@ def test_every_option_of_every_built_in_scheme_and_solver_has_bad_values():
 # --------------------------------------------------------------------------- unknown options
 
 def _valid(scheme: str) -> set[str]:
-    own = _options(SCHEMES.get(scheme).plan)
+    own = _options(_entry(scheme).plan)
     return own | set(inspect.signature(IMPULSE_SOLVERS.get("analytic")).parameters) if scheme == "impulse" else own
 
 
@@ -271,7 +267,6 @@ CALLS = {
     "init_": lambda scheme: lambda m, **kw: structinit.init_(m, scheme, **kw),
     "plan_init": lambda scheme: lambda m, **kw: structinit.plan_init(m, scheme, **kw).commit(),
     "direct": lambda scheme: getattr(structinit, f"{scheme}_init_"),
-    "planner": lambda scheme: lambda m, **kw: SCHEMES.get(scheme).plan(m, **kw).commit(),
 }
 
 
@@ -285,10 +280,10 @@ def test_unknown_option_lists_the_valid_ones(scheme, call):
 
 def test_direct_functions_and_planners_are_the_registered_ones():
     for scheme in BAD:
-        assert SCHEMES.get(scheme).init is getattr(structinit, f"{scheme}_init_")
+        assert _entry(scheme).init is getattr(structinit, f"{scheme}_init_")
     from structinit.schemes import plan_mimetic
 
-    assert SCHEMES.get("mimetic").plan is plan_mimetic
+    assert SCHEMES[("attention", "mimetic")].plan is plan_mimetic
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))

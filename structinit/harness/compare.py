@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from structinit.harness.config import RunConfig
+from structinit.harness.config import RunConfig, check_config
 from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.report import page as report_page
 from structinit.harness.run.checkpoint import atomic_write_bytes, write_json, write_png
@@ -31,7 +31,6 @@ from structinit.harness.run.lifecycle import check_run, construct_and_plan
 from structinit.harness.specs import parse_init_spec, spec_label
 from structinit.harness.summary import format_summary, summarise
 from structinit.harness.tasks import make_task, train
-from structinit.schemes.registry import get_scheme
 from structinit.utils.optional_imports import require
 
 __all__ = ["check_specs", "compare", "plot_curves", "run_config"]
@@ -53,8 +52,8 @@ def check_specs(base: RunConfig, inits: list[str], seeds: list[int],
             raise ValueError("seeds is empty; expected at least one seed")
     with user_input("init"):
         parsed = {spec: parse_init_spec(spec) for spec in inits}
-        for name, _ in parsed.values():  # cheap checks first: a misspelt scheme fails without loading data
-            get_scheme(name)
+    for spec, (name, options) in parsed.items():  # cheap checks first: a misspelt scheme fails without loading data
+        check_config(run_config(base, spec, name, options, seeds[0], Path(out_dir)))
     sizes = make_task(base).model_sizes()  # what the data decides: image shape and classes, or vocabulary
     for spec, (name, options) in parsed.items():
         try:

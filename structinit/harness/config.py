@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
+from structinit.schemes.registry import lookup
+
 __all__ = ["Facts", "RunConfig", "SequenceConfig", "ImageConfig", "check_config", "config_from_dict", "facts",
            "option"]
 
@@ -33,8 +35,8 @@ class Facts:
     flag: str | None = None                 # its own flag, e.g. "--lr"; None: --set only
     parse: Callable[[str], Any] | None = None  # the flag's argparse type (default: from the annotation)
     metavar: str | None = None
-    check: str | tuple | None = None        # a rule of RULES ("count": int ≥ 1, "positive": finite > 0, …),
-    #                                         or the tuple of the values allowed
+    check: str | tuple | Callable[[Any], Any] | None = None  # a rule of RULES ("count": int ≥ 1, …), the
+    #                                         tuple of the values allowed, or a function raising ValueError
     expected: str | None = None             # what a failed check says is expected (default: from the check)
     spec_of: str | None = None              # the flag reads "name:key=value,…": the options go to this field
 
@@ -101,8 +103,11 @@ def check_field(config: type | object, name: str, value: Any) -> None:
     _check(name, value, fact.check, fact.expected)
 
 
-def _check(name: str, value: Any, rule: str | tuple | None, expected: str | None) -> None:
+def _check(name: str, value: Any, rule: str | tuple | Callable | None, expected: str | None) -> None:
     if rule is None:
+        return
+    if callable(rule):  # a check owned elsewhere, whose error names the value: the scheme table's lookup
+        rule(value)
         return
     if isinstance(rule, tuple):
         ok, default = value in rule, " or ".join(map(repr, rule))
@@ -140,7 +145,7 @@ class RunConfig:
                         help="the model trained (structinit.list_models(), or timm/<name>)")
     model_kwargs: dict[str, Any] = option(  # noqa: RUF009
         factory=dict, check="options", help="extra arguments of the model")
-    init: str = option("pytorch", check="text", help="the initialisation scheme")
+    init: str = option("pytorch", check=lookup, help="the initialisation scheme")
     init_options: dict[str, Any] = option(  # noqa: RUF009
         factory=dict, check="options", help="the scheme's options ({} = its defaults)")
     batch_size: int = option(128, flag=True, check="count", help="examples per optimisation step")

@@ -28,7 +28,6 @@ from structinit.schemes.registry import (
     TARGETS,
     Scheme,
     get_scheme,
-    in_place,
     init_,
     plan_init,
     register_planner,
@@ -38,7 +37,7 @@ from structinit.schemes.registry import (
 from structinit.schemes.ssm_mimetic import plan_ssm_mimetic, ssm_mimetic_init_
 
 __all__ = [
-    "SCHEMES", "TARGETS", "Plan", "Scheme", "get_record", "get_scheme", "impulse_init_", "in_place", "init_",
+    "SCHEMES", "TARGETS", "Plan", "Scheme", "get_record", "get_scheme", "impulse_init_", "init_",
     "jax_init_", "kaiming_uniform_init_", "mimetic_init_", "plan_impulse", "plan_init", "plan_mimetic",
     "pytorch_init_", "record_attr", "register_planner", "register_scheme", "schemes", "set_record",
     "timm_init_", "trunc_normal_init_", "xavier_fused_init_", "xavier_init_",

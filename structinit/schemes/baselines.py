@@ -17,7 +17,7 @@ from torch import nn
 from structinit.adapters import adapter_for, find_position_embedding
 from structinit.adapters.relative import TABLE
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import checked_planner, register_planner
+from structinit.schemes.registry import register_planner
 from structinit.utils import check_choice, check_number, make_generator
 
 WeightFn = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
@@ -182,7 +182,6 @@ def _zero_bias(name, size):
     return torch.zeros(size)
 
 
-@checked_planner
 def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's own defaults: every module's ``reset_parameters`` (Linear/Conv Kaiming-uniform
     a = √5 with U(±1/√fan_in) bias, LayerNorm 1/0, MultiheadAttention Xavier + zero bias),
@@ -213,7 +212,6 @@ def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, 
 pytorch_init_ = register_planner("pytorch", plan_pytorch)
 
 
-@checked_planner
 def plan_timm(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
     patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
@@ -229,7 +227,6 @@ def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
     return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
 
 
-@checked_planner
 def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """The original JAX ViT init (timm's ``weight_init='jax'``): Linear Xavier-uniform (the fused
     qkv as one matrix), zero bias except N(0, 1e-6²) in MLPs; zero ``head``; LeCun-normal
@@ -251,7 +248,6 @@ def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed
 jax_init_ = register_planner("jax", plan_jax)
 
 
-@checked_planner
 def plan_xavier_fused(
     model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None
 ) -> Plan:
@@ -264,7 +260,6 @@ def plan_xavier_fused(
 xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
 
 
-@checked_planner
 def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
     each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
@@ -275,7 +270,6 @@ def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, s
 xavier_init_ = register_planner("xavier", plan_xavier)
 
 
-@checked_planner
 def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
                        generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
@@ -291,7 +285,6 @@ def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b
 trunc_normal_init_ = register_planner("trunc_normal", plan_trunc_normal)
 
 
-@checked_planner
 def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
                           nonlinearity: str = "leaky_relu", generator: torch.Generator | None = None,
                           seed: int | None = None) -> Plan:
@@ -313,7 +306,6 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
 kaiming_uniform_init_ = register_planner("kaiming_uniform", plan_kaiming_uniform)
 
 
-@checked_planner
 def plan_default(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Writes nothing: the model keeps the init its own constructor drew. In the harness that is
     the constructor run under ``torch.manual_seed(init_seed)``, so the weights are those of the

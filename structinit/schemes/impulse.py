@@ -25,7 +25,7 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.checks import check_settable, finish_plan, impulse_check
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import checked_planner, register_planner
+from structinit.schemes.registry import register_planner
 from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, check_options, make_generator
@@ -33,7 +33,6 @@ from structinit.utils import check_choice, check_finite, check_options, make_gen
 VALUE_INITS = ("keep", "mimetic")
 
 
-@checked_planner
 def plan_impulse(
     model: nn.Module,
     solver: str = "analytic",

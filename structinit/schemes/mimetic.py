@@ -13,12 +13,11 @@ from structinit.adapters.registry import attention_survey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
 from structinit.schemes.checks import TRANSFORMS, check_settable, finish_plan, mimetic_check
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import checked_planner, register_planner
+from structinit.schemes.registry import register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
 from structinit.utils import check_choice, check_finite, make_generator
 
 
-@checked_planner
 def plan_mimetic(
     model: nn.Module,
     *,

@@ -1,14 +1,16 @@
-"""The scheme registry: every initialisation is selectable by a string name.
+"""The scheme table: every initialisation is selectable by a string name.
 
-A built-in scheme is written as a *planner* ``plan(model, **options) -> Plan`` that checks
-everything and computes every value without touching the model; :func:`in_place` turns it
-into the ``torch.nn.init``-style function ``scheme_init_(model, **options) -> model``. Each
-scheme also says what kind of module it initialises (:data:`TARGETS`).
+A scheme is a *planner*, ``plan_x(model, *, …) -> Plan``, that checks what depends on the model
+and computes every value without writing. :data:`SCHEMES` maps ``(target, name)`` to it, the
+target saying which layers it initialises (:data:`TARGETS`): ``impulse`` is one scheme for
+attention, one for depthwise convs and one for MLP-Mixer token mixing.
 
-Every call of a planner, of its in-place function and of :func:`plan_init` checks the options
-first (:func:`check_call`): an unknown name lists the valid ones, and each value is checked
-against the planner's type annotation (a ``float`` must be a finite number, a ``bool`` True or
-False, …). The planner then checks ranges and everything that depends on the model.
+:func:`plan_init` is the one way in. It finds the name (:func:`lookup`, the one place a scheme
+name is checked), picks the target whose layers the model has, checks the options against the
+planner's signature and annotations (a ``float`` must be a finite number, a ``bool`` True or
+False, …), runs the planner and checks what it would write. ``init_(model, name, …)`` is
+``plan_init(model, name, …).commit()``; ``structinit.impulse_init_`` and its siblings are the same
+call with the name fixed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch import nn
 from structinit.adapters import adapter_for, is_depthwise, is_ssm, is_token_mixing
 from structinit.adapters.registry import attention_survey
 from structinit.schemes.plan import Plan
-from structinit.utils import OptionError, Registry, check_choice, check_int, check_options
+from structinit.utils import OptionError, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
 
 # 'model': every layer of the model (framework defaults); the others: the layers of one kind.
@@ -35,17 +37,89 @@ TARGETS = ("model", "attention", "conv", "ssm", "token_mixing")
 
 @dataclass(frozen=True)
 class Scheme:
+    """One row of :data:`SCHEMES`."""
+
     name: str
-    init: Callable[..., nn.Module]          # in place: init(model, **options) -> model
-    plan: Callable[..., Plan] | None        # plan(model, **options) -> Plan, nothing written
     target: str
+    plan: Callable[..., Plan]           # plan(model, **options) -> Plan; writes nothing
+    init: Callable[..., nn.Module]      # the in-place function: init(model, **options) -> model
+    typed: bool = True                  # options checked against plan's annotations (False: by name only)
 
 
-SCHEMES: Registry[Scheme] = Registry("scheme")
-# A name registered again for another target (e.g. 'impulse' for attention and for conv): the
-# first registration stays in SCHEMES (get_scheme(name), structinit.<name>_init_), the others
-# are kept here under '<target>:<name>'; init_/plan_init choose by the layers the model has.
-SCHEME_VARIANTS: Registry[Scheme] = Registry("scheme variant")
+# (target, name) → scheme, in the order they were registered.
+SCHEMES: dict[tuple[str, str], Scheme] = {}
+
+
+def _register(scheme: Scheme) -> Scheme:
+    key = (scheme.target, scheme.name)
+    old = SCHEMES.get(key)
+    if old is not None and old.init is not scheme.init and old.plan is not scheme.plan:
+        raise ValueError(f"scheme {scheme.name!r} is already registered for target {scheme.target!r}; pick another "
+                         "name")
+    return SCHEMES.setdefault(key, scheme)
+
+
+def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "model",
+                     function_name: str | None = None) -> Callable[..., nn.Module]:
+    """Put a built-in planner in the table; returns its in-place function ``function_name``
+    (default ``<name>_init_``), which is ``plan_init`` with the scheme fixed."""
+    check_choice("target", target, TARGETS)
+    what = function_name or f"{name}_init_"
+
+    @functools.wraps(planner)
+    def init(model: nn.Module, *args, **options) -> nn.Module:
+        commit_and_report(_plan(SCHEMES[(target, name)], model, args, options, what), what)
+        return model
+
+    init.__name__ = init.__qualname__ = what
+    init.__signature__ = inspect.signature(planner).replace(return_annotation=nn.Module)
+    return _register(Scheme(name, target, planner, init)).init
+
+
+def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, target: str = "model"):
+    """Make the in-place ``fn(model, **options) -> model`` selectable as ``init_(model, name)``
+    (usable as a decorator). ``target`` says which modules it initialises (one of
+    :data:`TARGETS`). Its options are checked by name against its signature; it runs when the
+    plan commits."""
+    check_choice("target", target, TARGETS)
+
+    def deco(f):
+        @functools.wraps(f)
+        def plan(model: nn.Module, *args, **options) -> Plan:
+            deferred = Plan()
+            deferred.actions.append(lambda: f(model, *args, **options))
+            return deferred
+
+        _register(Scheme(name, target, plan, f, typed=False))
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def lookup(name: str) -> list[Scheme]:
+    """Every registration of scheme ``name``, the first registered first; the one place an
+    unknown name is refused (a ``ValueError`` listing the valid ones)."""
+    found = [s for s in SCHEMES.values() if s.name == name] if isinstance(name, str) else []
+    if not found:
+        raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(schemes())}")
+    return found
+
+
+def schemes(target: str | None = None) -> list[str]:
+    """Names accepted by :func:`init_` (those initialising ``target`` modules, if given)."""
+    if target is not None:
+        check_choice("target", target, TARGETS)
+    return sorted({s.name for s in SCHEMES.values() if target is None or s.target == target})
+
+
+def get_scheme(name: str, target: str | None = None) -> Callable[..., nn.Module]:
+    """The in-place function of scheme ``name`` (for a name registered for several targets, the
+    one for ``target``; default the first registered)."""
+    found = lookup(name)
+    if target is None:
+        return found[0].init
+    check_choice("target", target, [s.target for s in found])
+    return SCHEMES[(target, name)].init
 
 
 def _check_seed(name: str, value: object) -> None:
@@ -66,26 +140,23 @@ def _hints(fn: Callable) -> dict[str, object]:
         return {}
 
 
-def check_call(fn: Callable, model: object, args: tuple, options: dict, what: str, *, types: bool = True) -> None:
-    """Check the call ``fn(model, *args, **options)`` of a scheme before it runs: ``model`` is an
-    ``nn.Module``; an unknown option is an :class:`OptionError` listing the valid ones (unless
-    ``fn`` takes ``**options`` and checks them itself); with ``types``, each option given is
-    checked against ``fn``'s annotation (:func:`~structinit.utils.checks.check_annotated`), and
-    the :data:`SHARED_OPTIONS` by their own checks."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    sig = inspect.signature(fn)
+def _check_options(scheme: Scheme, args: tuple, options: dict, what: str) -> None:
+    """The call ``scheme.plan(model, *args, **options)`` checked before it runs: an unknown
+    option is an :class:`OptionError` listing the valid ones (unless the planner takes
+    ``**options``), and each option given is checked against its annotation
+    (:func:`~structinit.utils.checks.check_annotated`) or its :data:`SHARED_OPTIONS` rule."""
+    sig = inspect.signature(scheme.plan)
     params = list(sig.parameters.values())[1:]  # after the model
     named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if not any(p.kind is p.VAR_KEYWORD for p in params):
-        check_options(fn, options, what, valid=named)
+        check_options(scheme.plan, options, what, valid=named)
     try:
-        bound = sig.bind(model, *args, **options)
+        bound = sig.bind(None, *args, **options)
     except TypeError as err:
         raise OptionError(f"{what}: {err}; pass the model, then options by name: {', '.join(named)}") from None
-    if not types:
+    if not scheme.typed:
         return
-    hints = _hints(fn)
+    hints = _hints(scheme.plan)
     for name in named:
         if name in bound.arguments:
             value = bound.arguments[name]
@@ -103,13 +174,16 @@ def _numbers(options: dict) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in options.items() if is_number(v) and k != "seed")
 
 
-def run_planner(planner: Callable[..., Plan], model: nn.Module, args: tuple, options: dict, what: str) -> Plan:
-    """``planner(model, *args, **options)``, its options already checked, with its plan checked
-    too: every planned value must be finite in the dtype of the tensor it goes to. A finite but
-    huge (or tiny) option can still overflow the maths or the model's dtype; that is a
-    ``ValueError`` naming the numeric options given, raised before anything is written."""
+def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str) -> Plan:
+    """``scheme.plan(model, *args, **options)``, its options checked first and its plan after:
+    every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
+    (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
+    naming the numeric options given, raised before anything is written."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_options(scheme, args, options, what)
     try:
-        plan = planner(model, *args, **options)
+        plan = scheme.plan(model, *args, **options)
     except _NUMERIC_FAILURES as err:
         if not _numbers(options):
             raise
@@ -140,41 +214,6 @@ def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> Non
                          "holds NaN/inf")
 
 
-def _unchecked(fn: Callable) -> Callable:
-    return getattr(fn, "__structinit_unchecked__", fn)
-
-
-def checked_planner(planner: Callable[..., Plan]) -> Callable[..., Plan]:
-    """``planner`` with its options checked (:func:`check_call`) before it runs, so that a call
-    of the planner itself rejects what :func:`plan_init` would. Usable as a decorator."""
-    if _unchecked(planner) is not planner:
-        return planner
-
-    @functools.wraps(planner)
-    def plan(model: nn.Module, *args, **options) -> Plan:
-        check_call(planner, model, args, options, planner.__name__)
-        return run_planner(planner, model, args, options, planner.__name__)
-
-    plan.__structinit_unchecked__ = planner
-    return plan
-
-
-def in_place(planner: Callable[..., Plan], name: str) -> Callable[..., nn.Module]:
-    """The in-place function of a planner: its options checked (:func:`check_call`), then
-    ``planner(model, …).commit()``, then the model. It keeps the planner's signature and docstring."""
-    planner = _unchecked(planner)
-
-    @functools.wraps(planner)
-    def init(model: nn.Module, *args, **options) -> nn.Module:
-        check_call(planner, model, args, options, name)
-        commit_and_report(run_planner(planner, model, args, options, name), name)
-        return model
-
-    init.__name__ = init.__qualname__ = name
-    init.__signature__ = inspect.signature(planner).replace(return_annotation=nn.Module)
-    return init
-
-
 def commit_and_report(plan: Plan, what: str) -> None:
     """``plan.commit()``, then a warning that lists the layers the scheme left alone on purpose
     (attention-pooling heads), if any: the caller must not believe they were initialised."""
@@ -185,58 +224,6 @@ def commit_and_report(plan: Plan, what: str) -> None:
         warnings.warn(f"{what} left alone: " + "; ".join(f"{n} ({why})" for n, why in plan.skipped)
                       + "; they are not self-attention over the tokens (structinit.get_record(model, 'init') "
                       "lists them)", UserWarning, stacklevel=3)
-
-
-def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, target: str = "model",
-                    plan: Callable[..., Plan] | None = None):
-    """Register the in-place ``fn(model, **options) -> model`` under ``name`` (usable as a
-    decorator). ``target`` says which modules it initialises (one of :data:`TARGETS`);
-    ``plan``, if given, builds the same init as a :class:`Plan` without writing (used by
-    :func:`plan_init`, e.g. to check a comparison's specs before it trains)."""
-    check_choice("target", target, TARGETS)
-
-    def deco(f):
-        if name in SCHEMES and SCHEMES.get(name).target != target:  # the same name for another target
-            key = f"{target}:{name}"
-            if key not in SCHEME_VARIANTS or SCHEME_VARIANTS.get(key).init is not f:
-                SCHEME_VARIANTS.register(key, Scheme(name, f, plan, target))
-        elif name not in SCHEMES or SCHEMES.get(name).init is not f:  # registering f again is a no-op
-            SCHEMES.register(name, Scheme(name, f, plan, target))
-        return f
-
-    return deco(fn) if fn is not None else deco
-
-
-def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "model",
-                     function_name: str | None = None) -> Callable[..., nn.Module]:
-    """Register a built-in scheme written as a planner; returns its in-place function
-    ``function_name`` (default ``<name>_init_``). Both check their options first (:func:`check_call`)."""
-    fn = in_place(planner, function_name or f"{name}_init_")
-    return register_scheme(name, fn, target=target, plan=checked_planner(planner))
-
-
-def scheme_entries(name: str) -> list[Scheme]:
-    """Every registration of ``name``: the first one, then those for other targets."""
-    first = SCHEMES.get(name)
-    return [first, *(e for e in SCHEME_VARIANTS.values() if e.name == name)]
-
-
-def schemes(target: str | None = None) -> list[str]:
-    """Names accepted by :func:`init_` (those initialising ``target`` modules, if given)."""
-    if target is not None:
-        check_choice("target", target, TARGETS)
-    entries = [*SCHEMES.values(), *SCHEME_VARIANTS.values()]
-    return sorted({e.name for e in entries if target is None or e.target == target})
-
-
-def get_scheme(name: str, target: str | None = None) -> Callable[..., nn.Module]:
-    """The in-place function of scheme ``name`` (for a name registered for several targets, the
-    one for ``target``; default the first registered)."""
-    entries = scheme_entries(name)
-    if target is None:
-        return entries[0].init
-    check_choice("target", target, [e.target for e in entries])
-    return next(e for e in entries if e.target == target).init
 
 
 _PRESENT: dict[str, Callable[[nn.Module], bool]] = {
@@ -256,7 +243,7 @@ def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, 
     'ssm', MLP-Mixer token mixing → 'token_mixing'); a model
     with both needs ``target=``; a model with neither gets the first entry (and its error).
     """
-    entries = scheme_entries(name)
+    entries = lookup(name)
     if len(entries) == 1:
         return entries[0], options
     targets = [e.target for e in entries]
@@ -296,20 +283,13 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     written: ``plan_init(...).commit()`` is ``init_(...)``. A bad name, option or value raises
     here with the model untouched.
 
-    A scheme registered without a planner is checked against its signature only (names, not
-    types), and its plan runs it at commit.
+    A scheme registered with :func:`register_scheme` is checked against its signature only
+    (names, not types), and its plan runs it at commit.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     entry, options = resolve_scheme(model, scheme, options)
-    if entry.plan is not None:
-        planner = _unchecked(entry.plan)
-        check_call(planner, model, (), options, f"scheme {scheme!r}")
-        return run_planner(planner, model, (), options, f"scheme {scheme!r}")
-    check_call(entry.init, model, (), options, f"scheme {scheme!r}", types=False)
-    plan = Plan()
-    plan.actions.append(lambda: entry.init(model, **options))
-    return plan
+    return _plan(entry, model, (), options, f"scheme {scheme!r}")
 
 
 def init_(model: nn.Module, scheme: str, **options) -> nn.Module:

@@ -19,7 +19,7 @@ from structinit.functional.mimetic import NOISE
 from structinit.functional.ssm import mimetic_bc, softplus_inverse
 from structinit.schemes import mimetic as _attention_mimetic  # noqa: F401  registers attention 'mimetic' first
 from structinit.schemes.plan import Plan
-from structinit.schemes.registry import checked_planner, register_planner
+from structinit.schemes.registry import register_planner
 from structinit.utils import check_choice, check_number, make_generator
 from structinit.utils.checks import check_bool
 
@@ -38,7 +38,6 @@ def _check_rank(name: str, ad: SSMAdapter) -> None:
                          "keep B/C as built, or build the model with d_state ≤ expand·d_model")
 
 
-@checked_planner
 def plan_ssm_mimetic(
     model: nn.Module,
     *,

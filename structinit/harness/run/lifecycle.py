@@ -82,6 +82,7 @@ class Task(Protocol):
     added_fields: dict[str, Any]  # config fields added since older checkpoints: the value they ran with
 
     def check(self) -> str: ...  # its own checks that load nothing (input errors); the precision it runs in
+    def model_sizes(self) -> dict[str, Any]: ...  # the model arguments the data decides, before prepare()
     def prepare(self, where: Placement) -> dict[str, Any]: ...  # load the data; the model arguments it decides
     def schedule(self) -> tuple[list[Chunk], int, int]: ...  # (the chunks, total steps, warm-up steps)
     def batches(self, chunk: Chunk, where: Placement) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
@@ -132,10 +133,9 @@ def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
 
 def check_run(task: Task, where: Placement) -> torch.dtype | None:
     """Every check of ``task``'s run that loads nothing, cheap ones first so that a typo never
-    waits for a dataset: the folder, the config's fields, the batch split over processes, the
-    init's name, the task's own checks; returns the autocast dtype (None: fp32)."""
-    from structinit.schemes.registry import get_scheme
-
+    waits for a dataset: the folder, the config's fields (the init's name among them; its options
+    are checked on the model, once the data says its size), the batch split over processes, the
+    task's own checks; returns the autocast dtype (None: fp32)."""
     cfg = task.cfg
     with user_input("out_dir"):
         check_out_dir(cfg.out_dir)
@@ -143,8 +143,6 @@ def check_run(task: Task, where: Placement) -> torch.dtype | None:
     with user_input("batch_size"):
         if cfg.batch_size % where.world:
             raise ValueError(f"batch_size={cfg.batch_size} is not divisible by the {where.world} processes")
-    with user_input("init"):
-        get_scheme(cfg.init)  # its options are checked on the model, once the data says its size
     precision = task.check()
     with user_input("precision"):
         return resolve_precision(precision, where.device)
