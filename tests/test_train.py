@@ -105,6 +105,39 @@ def test_killed_run_resumes_to_bit_identical_weights(tmp_path):
     assert [json.loads(line)["epoch"] for line in lines] == list(range(1, epochs + 1))  # no duplicates
 
 
+def test_a_run_with_ema_interrupted_and_resumed_ends_with_the_uninterrupted_runs_ema(tmp_path, monkeypatch):
+    """The weight average is part of what a resume restores: a run with EMA stopped in the
+    middle of epoch 2 (Ctrl-C's KeyboardInterrupt, raised by the step) and resumed from its
+    epoch-1 checkpoint exports the bit-identical model_ema.safetensors of a run never stopped
+    (an average restarted from the resumed weights would differ)."""
+    from safetensors.torch import load_file
+
+    from structinit.harness.run import lifecycle
+
+    kw = {"epochs": 3, "train_size": 128, "ema_decay": 0.9, "eval_every": 3}  # 2 steps an epoch
+    train(digits(tmp_path / "whole", **kw), progress=False)
+
+    class StoppedAtStep3(lifecycle.TrainStep):
+        def __call__(self, step, x, y):
+            if step == 3:
+                raise KeyboardInterrupt
+            return super().__call__(step, x, y)
+
+    cfg = digits(tmp_path / "stopped", **kw)
+    with monkeypatch.context() as patch:
+        patch.setattr(lifecycle, "TrainStep", StoppedAtStep3)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, progress=False)
+    kept = load_checkpoint(tmp_path / "stopped/run/checkpoint.pt")
+    assert (kept["epoch"], kept["step"]) == (1, 2) and kept["ema"] is not None
+    done = train(cfg, resume=True, progress=False)
+    assert done["starts"] == [0, 2]
+    ema, whole = (load_file(tmp_path / d / "run/model_ema.safetensors") for d in ("stopped", "whole"))
+    assert states_equal(ema, whole)
+    assert states_equal(load_file(tmp_path / "stopped/run/model.safetensors"),
+                        load_file(tmp_path / "whole/run/model.safetensors"))
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     # Epoch 1 warms up at a flat, tiny lr; from epoch 2 the "cosine decay" runs from lr up to an
     # absurd min_lr (min_lr > lr), without clipping, so the loss blows up in epoch 2.

@@ -12,8 +12,9 @@ import torch
 import structinit
 from structinit.harness.cli import main as cli
 from structinit.harness.recipes import RECIPES, recipe
+from structinit.harness.run import device
 from structinit.harness.run.checkpoint import load_checkpoint
-from structinit.harness.run.device import resolve_precision
+from structinit.harness.run.device import precision_name, resolve_precision
 from structinit.harness.run.optim import EMA
 from structinit.harness.tasks import train
 
@@ -40,9 +41,29 @@ def test_ema_update_formula():
     torch.testing.assert_close(ema.state["weight"], 0.75 * old + 0.25 * model.weight)
 
 
-def _cpu_has_bf16() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def auto_here() -> str:
+    """What precision='auto' resolves to on this machine's CPU (the function under test in
+    test_auto_precision_reads_the_cpu_flags)."""
+    return precision_name(resolve_precision("auto", torch.device("cpu")))
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_the_training_step_computes_in_the_precision_asked_for(tmp_path, precision, dtype):
+    """Inside the model's own training steps every linear layer's output has the dtype of the
+    precision asked for: fp16 computes in float16, not in bf16 in its place (which the run's
+    record and the test below cannot tell from fp16)."""
+    computed: set[torch.dtype] = set()
+
+    def record(module, args, output):
+        if module.training and isinstance(module, torch.nn.Linear):
+            computed.add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        result = train(digits(tmp_path, precision=precision, epochs=1, train_size=128), progress=False)
+    finally:
+        hook.remove()
+    assert result["precision"] == precision and computed == {dtype}
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -59,18 +80,36 @@ def test_reduced_precision_trains(tmp_path, precision):
 
 
 def test_precision_resolution():
-    """auto is bf16 exactly where this CPU has native bf16 (AVX-512 BF16 or AMX), else fp32."""
     cpu = torch.device("cpu")
     assert resolve_precision("fp32", cpu) is None
     assert resolve_precision("bf16", cpu) is torch.bfloat16 and resolve_precision("fp16", cpu) is torch.float16
-    assert resolve_precision("auto", cpu) is (torch.bfloat16 if _cpu_has_bf16() else None)
     with pytest.raises(ValueError, match="precision='half'"):
         resolve_precision("half", cpu)
 
 
+CPU_FLAGS = "fpu vme sse sse2 avx avx2 avx512f avx512bw avx512_vnni"
+
+
+@pytest.mark.parametrize("flags, auto", [
+    (CPU_FLAGS, None),  # AVX-512 without its BF16 extension: fp32
+    (f"{CPU_FLAGS} avx512_bf16", torch.bfloat16),
+    (f"{CPU_FLAGS} amx_bf16 amx_tile", torch.bfloat16),
+    (None, None),  # no /proc/cpuinfo (not Linux): fp32
+])
+def test_auto_precision_reads_the_cpu_flags(tmp_path, monkeypatch, flags, auto):
+    """auto is bf16 exactly on a CPU with native bf16 (AVX-512 BF16 or AMX), else fp32: the
+    real function, reading a /proc/cpuinfo written here for each kind of CPU."""
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        cpuinfo.write_text("".join(f"processor\t: {i}\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
+                                   for i in range(2)))
+    monkeypatch.setattr(device, "CPUINFO", cpuinfo)
+    assert resolve_precision("auto", torch.device("cpu")) is auto
+
+
 def test_result_records_what_ran(tmp_path):
     result = train(digits(tmp_path, precision="auto", epochs=1), progress=False)
-    assert result["precision"] == ("bf16" if _cpu_has_bf16() else "fp32")
+    assert result["precision"] == auto_here()
     assert result["device"]["threads"] == torch.get_num_threads() and result["device"]["name"]
     assert result["versions"]["torch"] == torch.__version__ and result["versions"]["cuda"] == torch.version.cuda
 
@@ -147,7 +186,7 @@ def test_resume_compares_what_ran_not_how_it_was_spelt(tmp_path):
     """precision='auto' is resolved per machine: a run made with auto resumes under the
     precision auto became here (a benchmark that pins it keeps its finished runs), and is
     refused under another."""
-    ran = "bf16" if _cpu_has_bf16() else "fp32"
+    ran = auto_here()
     first = train(digits(tmp_path, precision="auto", epochs=1), progress=False)
     again = train(digits(tmp_path, precision=ran, epochs=1), resume=True, progress=False)
     assert again["final"] == first["final"] and again["config"]["precision"] == "auto"  # the finished run, as it was

@@ -17,6 +17,7 @@ import torch.distributed as dist
 __all__ = ["Placement", "describe_device", "placement", "resolve_precision", "versions"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+CPUINFO = Path("/proc/cpuinfo")  # what the kernel says of the CPU: its model name and feature flags
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,13 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
 
 
 def _cpu_has_native_bf16() -> bool:
+    """Whether the CPU's feature flags (:data:`CPUINFO`) include AVX-512 BF16 or AMX BF16."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = CPUINFO.read_text()
     except OSError:
         return False
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.partition(":")[2].split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
@@ -81,7 +84,7 @@ def precision_name(dtype: torch.dtype | None) -> str:
 
 def _cpu_model() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in CPUINFO.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
