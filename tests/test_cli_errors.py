@@ -96,9 +96,9 @@ def test_compare_bad_spec_names_the_spec(tmp_path, capsys):
 @pytest.mark.parametrize(("item", "message"), [
     ("warmup_epochs", "--set 'warmup_epochs': expected KEY=VALUE"),
     ("warmup_epoch=5", "--set 'warmup_epoch=5': no training option 'warmup_epoch' (did you mean warmup_epochs?)"),
-    ("epochs=abc", "--set 'epochs=abc': epochs takes int, got 'abc'"),
-    ("grad_clip=True", "--set 'grad_clip=True': grad_clip takes float | None, got True"),
-    ("betas=(0.9,)", "--set 'betas=(0.9,)': betas takes tuple[float, float], got (0.9,)"),
+    ("epochs=abc", "--set 'epochs=abc': expected an int, got str"),
+    ("grad_clip=True", "--set 'grad_clip=True': expected a finite number or None, got bool"),
+    ("betas=(0.9,)", "--set 'betas=(0.9,)': expected a pair of numbers, got tuple"),
     ("seed=3", "--set 'seed=3': seed is set by --seed here; use that flag"),
     # a field's own rule, said about what the user typed, not about the field's flag (--epochs)
     ("epochs=-1", "--set 'epochs=-1': expected a positive whole number"),
@@ -106,7 +106,7 @@ def test_compare_bad_spec_names_the_spec(tmp_path, capsys):
     # values that ran to exit 0 with a wrong result: clipping flipped the gradient, an EMA of NaN
     ("grad_clip=-1", "--set 'grad_clip=-1': expected a gradient norm > 0, or None for no clipping"),
     ("ema_decay=2", "--set 'ema_decay=2': expected a number in (0, 1)"),
-    ("ema_decay=float('nan')", "--set \"ema_decay=float('nan')\": ema_decay takes float | None"),
+    ("ema_decay=float('nan')", "--set \"ema_decay=float('nan')\": expected a finite number or None, got str"),
     ("label_smoothing=1.5", "--set 'label_smoothing=1.5': expected a number in [0, 1)"),
     ("betas=(2, 0.9)", "--set 'betas=(2, 0.9)': expected two numbers in [0, 1)"),
     ("weight_decay=-0.1", "--set 'weight_decay=-0.1': expected a finite number ≥ 0"),
@@ -346,7 +346,7 @@ def test_library_phrases_become_flags():
 
 
 @pytest.mark.parametrize("flag,value,message", [
-    ("--ema-decay", "nan", "--ema-decay nan: expected a number in (0, 1)"),
+    ("--ema-decay", "nan", "--ema-decay nan: expected a finite number; NaN and ±inf are not allowed"),
     ("--ema-decay", "1", "--ema-decay 1.0: expected a number in (0, 1)"),
     ("--lr", "1e308", "--lr 1e+308: expected a positive finite number (float32: at most 3.4e38)"),  # overflowed
 ])

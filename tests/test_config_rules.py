@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from structinit.harness.cli.flags import _fits
 from structinit.harness.config import RULES, check_config, facts
 from structinit.harness.tasks import KINDS
+from structinit.utils.checks import matches_annotation
 
 FIELDS = [(kind.config, field) for kind in KINDS.values() for field in dataclasses.fields(kind.config)]
 
@@ -60,7 +60,7 @@ def test_any_value_of_any_field_is_accepted_by_its_rule_or_refused_in_one_value_
         return
     # accepted: then it is of the field's type, and its rule says yes (a None only where the field may be None)
     hint = typing.get_type_hints(config)[field.name]
-    assert _fits(value, hint) or (isinstance(value, (int, float)) and _fits(float(value), hint)), (field.name, value)
+    assert matches_annotation(value, hint), (field.name, value)
     rule = facts(config, field.name).check
     if value is not None and not isinstance(rule, tuple) and not callable(rule):
         assert RULES[rule][0](value), (field.name, value)

@@ -22,6 +22,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 from structinit.schemes.registry import lookup
+from structinit.utils.checks import check_annotated
 
 __all__ = ["Facts", "RunConfig", "SequenceConfig", "ImageConfig", "check_config", "config_from_dict", "facts",
            "option"]
@@ -92,13 +93,14 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def check_field(config: type | object, name: str, value: Any) -> None:
-    """ValueError ``name=value: expected …`` when ``value`` breaks the check field ``name`` of
-    ``config`` declares (None passes where the field may be None: its default is, or its type
-    allows it)."""
+    """ValueError ``name=value: expected …`` when ``value`` is not of the type field ``name`` of
+    ``config`` is annotated with, or breaks the check it declares (None passes where the field
+    may be None: its default is, or its type allows it)."""
     kind = config if isinstance(config, type) else type(config)
-    optional = type(None) in typing.get_args(typing.get_type_hints(kind)[name])
-    if value is None and (kind.__dataclass_fields__[name].default is None or optional):
+    hint = typing.get_type_hints(kind)[name]
+    if value is None and (kind.__dataclass_fields__[name].default is None or type(None) in typing.get_args(hint)):
         return
+    check_annotated(name, value, hint)  # the type, as an init option's is checked; then the field's range
     fact = facts(kind, name)
     _check(name, value, fact.check, fact.expected)
 

@@ -129,7 +129,7 @@ def check_annotated(name: str, value: object, annotation: object) -> None:
     """
     if _names_only(annotation):
         return
-    if not _matches(value, annotation):
+    if not matches_annotation(value, annotation):
         raise OptionError(f"{name}={show(value)}: expected {_describe(annotation)}, got {type(value).__name__}")
     if is_number(value) and not is_finite(value) and not (is_int(value) and int in _members(annotation)):
         raise ValueError(f"{name}={show(value)}: expected a finite number; NaN and ±inf are not allowed")
@@ -151,10 +151,12 @@ _COLLECTIONS = (collections.abc.Iterable, collections.abc.Collection, collection
                 collections.abc.MutableSequence, collections.abc.Set, list, set, frozenset)
 
 
-def _matches(value: object, tp: object) -> bool:
+def matches_annotation(value: object, tp: object) -> bool:
+    """Whether ``value`` has the type ``tp`` as :func:`check_annotated` reads it (no range, no
+    NaN check): the test a caller needs to choose between two readings of one input."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, m) for m in args)
+        return any(matches_annotation(value, m) for m in args)
     if tp is None or tp is type(None):
         return value is None
     if tp is float:
@@ -167,10 +169,12 @@ def _matches(value: object, tp: object) -> bool:
         if not isinstance(value, (tuple, list)):
             return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(v, args[0]) for v in value)
-        return not args or (len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args)))
+            return all(matches_annotation(v, args[0]) for v in value)
+        return not args or (len(value) == len(args) and all(matches_annotation(v, a) for v, a in zip(value, args)))
     if tp in _COLLECTIONS or origin in _COLLECTIONS:
         return isinstance(value, origin or tp) and not isinstance(value, (str, bytes))
+    if tp is dict or origin is dict:  # its entries are left to the caller, as a collection's are
+        return isinstance(value, dict)
     if tp is collections.abc.Callable or origin is collections.abc.Callable:
         return callable(value)
     if isinstance(tp, type):
@@ -194,6 +198,8 @@ def _describe(tp: object) -> str:
         if len(set(args)) == 1:
             return f"a {'pair' if len(args) == 2 else f'{len(args)}-tuple'} of {_plural(args[0])}"
         return f"a tuple of {len(args)} values"
+    if tp is dict or origin is dict:
+        return "a dict"
     if origin in _COLLECTIONS:
         name = origin.__name__.lower()
         return f"{'an' if name[0] in 'aeiou' else 'a'} {name} of {_plural(args[0])}" if args else f"a {name}"

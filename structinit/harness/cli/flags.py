@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import types
 import typing
 from typing import Any
 
@@ -22,6 +21,7 @@ from structinit.harness.errors import user_input
 from structinit.harness.recipes import preset
 from structinit.harness.specs import parse_init_spec, parse_literal, spec_label
 from structinit.harness.tasks import KINDS, Kind
+from structinit.utils.checks import matches_annotation
 
 __all__ = ["UsageError", "add_training_flags", "check_set_item", "config_from_args", "field_flags", "out_path",
            "run_name"]
@@ -151,35 +151,10 @@ def check_set_item(item: str, owned: dict[str, str], config: type = ImageConfig)
     if key in owned:  # the command sets it from that flag, which would silently replace this value
         raise UsageError(f"--set {item!r}: {key} is set by {owned[key]} here; use that flag")
     value = parse_literal(text.strip())
-    if not _fits(value, hints[key]) and _fits(text.strip(), hints[key]):
+    if not matches_annotation(value, hints[key]) and matches_annotation(text.strip(), hints[key]):
         value = text.strip()  # a text field given digits: --set data_dir=2024 is the folder "2024"
-    if not _fits(value, hints[key]):
-        raise UsageError(f"--set {item!r}: {key} takes {_describe(hints[key])}, got {value!r}")
-    try:  # the field's own rule, said about --set: the field may have a flag the user did not type
+    try:  # the field's type and rule, said about --set: the field may have a flag the user did not type
         check_field(config, key, value)
     except ValueError as err:
         raise UsageError(f"--set {item!r}: {str(err).partition(': ')[2]}") from None
     return key, value
-
-
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` (a parsed literal) has the type ``hint`` of a config field."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) for a in args)
-    if hint is type(None):
-        return value is None
-    if hint in (int, float):  # an int is a fine float; a bool is neither (True would read as 1)
-        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
-    if origin is tuple:
-        fixed = len(args) == len(value) if isinstance(value, (tuple, list)) and Ellipsis not in args else True
-        return isinstance(value, (tuple, list)) and fixed and all(_fits(v, a) for v, a in zip(value, args))
-    if origin is dict:
-        return isinstance(value, dict)
-    return isinstance(value, origin or hint)
-
-
-def _describe(hint: Any) -> str:
-    return str(hint).replace("<class '", "").replace("'>", "").replace("typing.", "")
