@@ -18,7 +18,7 @@ per seed).
 
 Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. ``NAME=A+B`` reads each init
 from the first of the folders that has it: e.g. a Swin built with PyTorch's Linear defaults
-(``--model-kwargs '{"weight_init": "pytorch"}'``) trains only mimetic and impulse, and takes
+(``--set 'model_kwargs={"weight_init": "pytorch"}'``) trains only mimetic and impulse, and takes
 the baselines from the default Swin's folder, since ``pytorch`` and ``timm`` rewrite every
 weight and give the same model either way. In place of a folder,
 ``NAME=FILE.json`` reads the ``summary.json`` a comparison wrote (per init: ``accs`` and
@@ -35,6 +35,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common import core_hours, markdown, pyplot
+
+from structinit.harness.run.checkpoint import write_png
 from structinit.harness.summary import format_stat, paired_gains, seed_accuracies, seed_gains
 
 INITS = ("mimetic", "impulse", "pytorch", "timm")
@@ -70,17 +73,12 @@ def collect(folders: dict[str, tuple[Path, ...]], inits=INITS) -> dict[str, dict
 
 def format_accuracy(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
     """Markdown: a row per init, a column per architecture: mean ± std (per seed)."""
-    archs = list(table)
-    lines = ["| init | " + " | ".join(f"{a}: acc % (per seed)" for a in archs) + " |",
-             "|---|" + "---:|" * len(archs)]
-    for init in inits:
-        cells = []
-        for arch in archs:
-            accs = table[arch].get(init, {})
-            per_seed = ", ".join(f"{100 * a:.2f}" for _, a in sorted(accs.items()))
-            cells.append(f"{format_stat(list(accs.values()))} ({per_seed})" if accs else "not run")
-        lines.append(f"| {init} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    def cell(accs: dict[int, float]) -> str:
+        per_seed = ", ".join(f"{100 * a:.2f}" for _, a in sorted(accs.items()))
+        return f"{format_stat(list(accs.values()))} ({per_seed})" if accs else "not run"
+
+    rows = [[init, *(cell(table[arch].get(init, {})) for arch in table)] for init in inits]
+    return markdown(["init", *(f"{a}: acc % (per seed)" for a in table)], "l" + "r" * len(table), rows) + "\n"
 
 
 BASES = ("pytorch", "timm")
@@ -103,28 +101,19 @@ def gain_rows(inits=INITS) -> list[tuple[str, str]]:
 def format_gains(table: dict[str, dict[str, dict[int, float]]], inits=INITS) -> str:
     """Markdown: a row per (init − base), a column per architecture: mean ± std of the per-seed
     differences (points), then the differences seed by seed."""
-    archs = list(table)
-    lines = ["| points, paired by seed | " + " | ".join(archs) + " |", "|---|" + "---:|" * len(archs)]
-    for init, base in gain_rows(inits):
-        cells = []
-        for arch in archs:
-            by_seed = seed_gains(table[arch], init, base)
-            detail = ", ".join(f"{100 * g:+.2f}" for g in by_seed.values())
-            cells.append(f"{format_stat(paired_gains(table[arch], init, base))} ({detail})" if by_seed else "–")
-        lines.append(f"| {init} − {base} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    def cell(by_init: dict[str, dict[int, float]], init: str, base: str) -> str:
+        by_seed = seed_gains(by_init, init, base)
+        detail = ", ".join(f"{100 * g:+.2f}" for g in by_seed.values())
+        return f"{format_stat(paired_gains(by_init, init, base))} ({detail})" if by_seed else "–"
+
+    rows = [[f"{init} − {base}", *(cell(table[arch], init, base) for arch in table)] for init, base in gain_rows(inits)]
+    return markdown(["points, paired by seed", *table], "l" + "r" * len(table), rows) + "\n"
 
 
 def plot_gains(table: dict[str, dict[str, dict[int, float]]], path: Path, inits=INITS) -> Path:
     """A bar per (architecture, structured init): the mean gain over ``pytorch`` in points,
     paired by seed, with each seed's gain as a dot. Written atomically as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from structinit.harness.run.checkpoint import write_png
-
+    plt = pyplot()
     others = [init for init in inits if init != "pytorch"]
     width = 0.8 / max(len(others), 1)
     fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(table), 3.6), dpi=110)
@@ -168,7 +157,7 @@ def run_cost(folders: tuple[Path, ...], inits=INITS, counted: set[Path] | None =
     config = results[0]["config"]
     return {"model": config["model"], "model_kwargs": config["model_kwargs"], "runs": len(results),
             "minutes": statistics.fmean(r["wall_s"] for r in results) / 60,
-            "core_hours": sum(r["wall_s"] * r["device"]["threads"] for r in results) / 3600}
+            "core_hours": sum(map(core_hours, results))}
 
 
 def format_cost(folders: dict[str, tuple[Path, ...]], inits=INITS) -> str:
@@ -177,9 +166,7 @@ def format_cost(folders: dict[str, tuple[Path, ...]], inits=INITS) -> str:
     (``NAME=A+B``) counts only the runs no earlier column counted."""
     from structinit.models import create_model
 
-    lines = ["| architecture | model | parameters | runs | minutes per run | CPU core-hours |",
-             "|---|---|---:|---:|---:|---:|"]
-    counted: set[Path] = set()
+    rows, counted = [], set()
     for arch, paths in folders.items():
         if all(p.is_file() for p in paths):  # summary.json: no per-run record of the model or the threads
             continue
@@ -188,9 +175,10 @@ def format_cost(folders: dict[str, tuple[Path, ...]], inits=INITS) -> str:
         if cost["runs"]:
             model = create_model(cost["model"], num_classes=10, **cost["model_kwargs"])  # cpu-cifar: CIFAR-10
             params = f"{sum(p.numel() for p in model.parameters()):,}"
-        lines.append(f"| {arch} | `{cost['model']}` | {params} | {cost['runs']} | {cost['minutes']:.1f} | "
-                     f"{cost['core_hours']:.2f} |")
-    return "\n".join(lines) + "\n"
+        rows.append([arch, f"`{cost['model']}`", params, cost["runs"], f"{cost['minutes']:.1f}",
+                     f"{cost['core_hours']:.2f}"])
+    return markdown(["architecture", "model", "parameters", "runs", "minutes per run", "CPU core-hours"], "llrrrr",
+                    rows) + "\n"
 
 
 def parse_runs(specs: list[str]) -> dict[str, tuple[Path, ...]]:

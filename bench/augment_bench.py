@@ -10,10 +10,9 @@ on the CPU by default; ``--device cuda`` times it on a GPU (synchronised).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from common import median_seconds
 
 from structinit.augment import Augment
 
@@ -22,16 +21,8 @@ CONFIGS = ("crop4", "flip", "crop4,flip", "ra2-9-0.5", "ra2-9-0.5,crop4,flip")
 
 def images_per_second(aug: Augment, x: torch.Tensor, repeats: int) -> float:
     generator = torch.Generator().manual_seed(0)
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
-    aug(x, generator)  # warm-up: first-call allocations, CUDA kernels
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        aug(x, generator)
-        sync()
-        times.append(time.perf_counter() - start)
-    return x.shape[0] / statistics.median(times)
+    sync = torch.cuda.synchronize if x.is_cuda else None
+    return x.shape[0] / median_seconds(lambda: aug(x, generator), repeats, sync=sync)
 
 
 def main() -> None:

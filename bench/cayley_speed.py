@@ -2,8 +2,8 @@
 
 For every conv of ``kwlarge_cpu`` (channels 16, 32) and ``kwlarge`` (32, 64) on 32×32 inputs,
 one markdown table with, side by side: the forward+backward time of a batch through
-``CayleyConv2d`` and through the plain circular-padded ``nn.Conv2d`` of the same shape
-(``structinit.models.kwlarge._plain_conv``) and their ratio; the eval-mode forward with the
+``CayleyConv2d`` and through the plain circular-padded ``nn.Conv2d`` of the same shape (the
+layer of the same model built with ``conv="plain"``) and their ratio; the eval-mode forward with the
 per-frequency matrices recomputed at every call and with them cached (what
 ``CayleyConv2d`` does in eval mode); and the per-frequency Cayley solve of the layer's
 (n·(n/2+1)) stack of matrices by the three ways of writing it: ``inv`` (one batched inverse
@@ -17,27 +17,23 @@ and two products, the library's), ``solve`` (two batched ``torch.linalg.solve``)
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
-from timing import median_seconds
+from common import median_seconds
 
 from structinit.functional import cayley_conv as fc
-from structinit.models.kwlarge import _plain_conv
-from structinit.models.layers_orthogonal import CayleyConv2d
+from structinit.models import create_model
 
-# (model, layer, c_in, c_out, k, n, stride) of the four convs of each KWLarge on 32×32
-MODELS = {"kwlarge_cpu": (16, 32), "kwlarge": (32, 64)}
+MODELS = {"kwlarge_cpu": (16, 32), "kwlarge": (32, 64)}  # each KWLarge's channels (c1, c2)
+timed = partial(median_seconds, warmup=2)
 
 
-def layers(model: str) -> list[tuple[str, int, int, int, int, int]]:
+def layers(model: str) -> list[tuple[str, int, int, int]]:
+    """(label, c_in, input size n, stride) of the four convs of KWLarge ``model`` on 32×32."""
     c1, c2 = MODELS[model]
-    return [(f"conv1 3→{c1}", 3, c1, 3, 32, 1), (f"conv2 {c1}→{c1} s2", c1, c1, 4, 32, 2),
-            (f"conv3 {c1}→{c2}", c1, c2, 3, 16, 1), (f"conv4 {c2}→{c2} s2", c2, c2, 4, 16, 2)]
-
-
-def timed(fn, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of fn() over ``repeats`` calls after ``warmup`` calls."""
-    return median_seconds(fn, repeats, warmup)
+    return [(f"conv1 3→{c1}", 3, 32, 1), (f"conv2 {c1}→{c1} s2", c1, 32, 2),
+            (f"conv3 {c1}→{c2}", c1, 16, 1), (f"conv4 {c2}→{c2} s2", c2, 16, 2)]
 
 
 def cayley_variant(how: str):
@@ -63,10 +59,11 @@ def cayley_variant(how: str):
 
 def measure(model: str, batch: int, repeats: int) -> list[dict]:
     rows = []
-    for name, c_in, c_out, k, n, stride in layers(model):
-        torch.manual_seed(0)
-        cayley = CayleyConv2d(c_in, c_out, k, n=n, stride=stride)
-        plain = _plain_conv(c_in, c_out, k, n, stride)
+    torch.manual_seed(0)
+    # the model's own convs: KWLarge puts one at every other index (a GroupSort between)
+    cayley_model, plain_model = create_model(model), create_model(model, conv="plain")
+    for i, (name, c_in, n, stride) in enumerate(layers(model)):
+        cayley, plain = cayley_model[2 * i], plain_model[2 * i]
         x = torch.randn(batch, c_in, n, n, requires_grad=True)
 
         def step(layer):

@@ -6,7 +6,7 @@ forward of a probe image, side by side in one run, with the checks' share of the
     .venv/bin/python bench/check_cost.py                # the table of docs/results/zoo.md
     .venv/bin/python bench/check_cost.py --repeats 5
 
-Each figure is the median of ``--repeats`` runs after one warm-up (``bench/timing.py``), on a
+Each figure is the median of ``--repeats`` runs after one warm-up (``bench/common.py``), on a
 fresh copy of the model (a model keeps what its probe found, so a second init on the same model
 skips the first probe).
 """
@@ -20,7 +20,7 @@ import time
 import warnings
 
 import torch
-from timing import median_seconds
+from common import median_seconds
 
 import structinit
 from structinit.adapters.probe import probe_inputs

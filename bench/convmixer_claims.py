@@ -1,4 +1,4 @@
-"""Issue #12's claims, tested on a finished ConvMixer comparison (recipe ``cpu-cifar-convmixer``).
+"""The ConvMixer claims, tested on a finished ConvMixer comparison (recipe ``cpu-cifar-convmixer``).
 
 Reads every ``<init>/seed<k>/result.json`` under the comparison folder, prints the table of all
 rows (mean ± std over seeds, difference to the learned default) and then each claim with the
@@ -21,6 +21,8 @@ import argparse
 import math
 import statistics
 from pathlib import Path
+
+from common import markdown
 
 from structinit.harness.finished import find_runs
 
@@ -51,16 +53,16 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def table(rows: dict[str, list[float]]) -> str:
     base = statistics.fmean(rows[LEARNED]) if LEARNED in rows else None
-    lines = ["| init | held-out accuracy % (mean ± std) | per seed | Δ vs learned |", "|---|---:|---|---:|"]
+    lines = []
     for spec, values in sorted(rows.items(), key=lambda kv: -statistics.fmean(kv[1])):
         mean, sd = _stats(values)
         delta = "" if base is None or spec == LEARNED else f"{mean - base:+.2f}"
-        lines.append(f"| {_short(spec)} | {mean:.2f} ± {sd:.2f} | {', '.join(f'{v:.2f}' for v in values)} | {delta} |")
-    return "\n".join(lines)
+        lines.append([_short(spec), f"{mean:.2f} ± {sd:.2f}", ", ".join(f"{v:.2f}" for v in values), delta])
+    return markdown(["init", "held-out accuracy % (mean ± std)", "per seed", "Δ vs learned"], "lrlr", lines)
 
 
 def claims(rows: dict[str, list[float]]) -> str:
-    lines = ["| claim | a | b | a − b (points) | std. error | verdict |", "|---|---:|---:|---:|---:|---|"]
+    lines = []
     for text, a, b, test in CLAIMS:
         if a not in rows or b not in rows:
             lines.append(f"| {text} | | | | | not measured ({a if a not in rows else b} missing) |")
@@ -72,7 +74,7 @@ def claims(rows: dict[str, list[float]]) -> str:
         if abs(diff) < 2 * se:
             verdict += " (within noise)"
         lines.append(f"| {text} | {ma:.2f} | {mb:.2f} | {diff:+.2f} | {se:.2f} | {verdict} |")
-    return "\n".join(lines)
+    return "\n".join([markdown(["claim", "a", "b", "a − b (points)", "std. error", "verdict"], "lrrrrl"), *lines])
 
 
 def main() -> None:

@@ -10,8 +10,7 @@ Protocol (every run):
   batch, every size below divides into whole batches and the budget into whole epochs, so
   each run takes exactly the same steps and sees the same number of images: the size is the
   only variable. A fixed number of epochs instead would give the large sets more steps.
-  The default 400 steps (50,000 images: 100 epochs of 500, 5 of 10,000) keep one run near three
-  minutes on 2 CPU cores, so the 144 runs fit in about 8 hours; it is a third of the
+  The default 400 steps (50,000 images: 100 epochs of 500, 5 of 10,000) are a third of the
   ``cpu-cifar`` budget (30 epochs of 5,000), so accuracies sit below that recipe's;
 - augmentation that fits the data: crop (pad 4) and horizontal flips on CIFAR-10 and
   Fashion-MNIST (its classes are left-right symmetric), crop only on MNIST (a flipped digit is
@@ -27,9 +26,9 @@ stopped (rerun the same command) and a complete table for seed 0 comes first.
     .venv/bin/python bench/data_size.py --from docs/results/data/data-size.json   # the tables, from a clone
 
 On 2 cores, two one-thread processes over disjoint seeds (``OMP_NUM_THREADS=1`` with
-``--seeds 0,1`` and ``--seeds 2``) train about 10 % more images a second than one two-thread
-process (258 against 234 img/s for this model); each run's lock keeps them off each other's
-runs. Two processes of two threads each oversubscribe the cores and slow down many times over.
+``--seeds 0,1`` and ``--seeds 2,``, a list of one) train more images a second than one
+two-thread process; each run's lock keeps them off each other's runs. Two processes of two
+threads each oversubscribe the cores and slow down many times over.
 
 Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (accuracy by size with an
 init per column; the full table, per seed, with the final training loss and the CPU time the
@@ -50,9 +49,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import DATA_DIR, core_hours, markdown, pyplot
+
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
 from structinit.harness.run.checkpoint import atomic_write_bytes, write_png
+from structinit.harness.specs import parse_seeds
 from structinit.harness.summary import final_accuracy, format_stat, paired_gains, seed_accuracies, seed_gains
 
 INITS = ("pytorch", "timm", "mimetic", "impulse")
@@ -117,19 +119,11 @@ def collect(studies: dict[str, Study], inits, out: Path, value=final_accuracy) -
     return table
 
 
-def core_hours(result: dict[str, Any]) -> float:
-    """CPU time of one run: its training wall time times the threads it ran on."""
-    return result["wall_s"] * result["device"]["threads"] / 3600
-
-
 def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
                  train_loss: dict[str, Any] | None = None) -> str:
     """Markdown: one row per (dataset, size, init): mean ± std, gain over pytorch, the training
     loss at the last step (mean over seeds; it tells underfitting from overfitting), per seed."""
-    train_loss = train_loss or {}
-    lines = ["| dataset | images | init | held-out acc % (mean ± std) | gain over pytorch (points) "
-             "| final train loss | per seed (%) |",
-             "|---|---:|---|---:|---:|---:|---|"]
+    train_loss, rows = train_loss or {}, []
     for key, study in studies.items():
         for size in study.sizes:
             by_init = table.get(key, {}).get(size, {})
@@ -139,20 +133,16 @@ def format_table(studies: dict[str, Study], inits, table: dict[str, Any],
                 gain = "—" if init == "pytorch" else format_stat(paired_gains(by_init, init))
                 losses = list(train_loss.get(key, {}).get(size, {}).get(init, {}).values())
                 loss = f"{statistics.fmean(losses):.3f}" if losses else "–"
-                lines.append(f"| {study.name} | {size:,} | {init} | {format_stat(list(accs.values()))} | {gain} | "
-                             f"{loss} | {per_seed} |")
-    return "\n".join(lines) + "\n"
+                rows.append([study.name, f"{size:,}", init, format_stat(list(accs.values())), gain, loss, per_seed])
+    return markdown(["dataset", "images", "init", "held-out acc % (mean ± std)", "gain over pytorch (points)",
+                     "final train loss", "per seed (%)"], "lrlrrrl", rows) + "\n"
 
 
 def format_by_size(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
     """Markdown: one row per (dataset, size), one column per init: held-out accuracy % (mean ± std)."""
-    lines = ["| dataset | images | " + " | ".join(inits) + " |", "|---|---:|" + "---:|" * len(inits)]
-    for key, study in studies.items():
-        for size in study.sizes:
-            by_init = table.get(key, {}).get(size, {})
-            cells = [format_stat(list(by_init.get(init, {}).values())) for init in inits]
-            lines.append(f"| {study.name} | {size:,} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[study.name, f"{size:,}", *(format_stat(list(table.get(key, {}).get(size, {}).get(init, {}).values()))
+                                        for init in inits)] for key, study in studies.items() for size in study.sizes]
+    return markdown(["dataset", "images", *inits], "lr" + "r" * len(inits), rows) + "\n"
 
 
 def format_trends(studies: dict[str, Study], inits, table: dict[str, Any]) -> str:
@@ -181,11 +171,7 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
     """accuracy vs size and gain over pytorch vs size, one panel per dataset (log x). The gain
     axis stops at ``GAIN_FLOOR``; an init whose mean gain falls below it is named, with its
     range, in the panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     for name, ylabel in (("data_size_accuracy", "held-out accuracy (%)"),
                          ("data_size_gain", "gain over pytorch (points)")):
@@ -237,11 +223,7 @@ def plot_loss(studies: dict[str, Study], inits, out: Path, figures: Path) -> Pat
     """Training loss against optimiser step at each dataset's smallest and largest size (rows),
     mean over seeds: it tells an init that underfits (its loss stalls high) from one that overfits
     (low training loss, low held-out accuracy)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     curves = collect(studies, inits, out, value=_loss_curve)
     fig, axes = plt.subplots(2, len(studies), figsize=(4.2 * len(studies), 6.4), dpi=110, squeeze=False,
                              sharey=True)
@@ -307,10 +289,10 @@ def report_from(studies: dict[str, Study], inits, path: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/datasets", help="where CIFAR-10 and MNIST are")
+    ap.add_argument("--data-dir", default=DATA_DIR, help="where CIFAR-10 and MNIST are")
     ap.add_argument("--datasets", default=",".join(STUDIES), help=f"any of {', '.join(STUDIES)}")
     ap.add_argument("--inits", default=",".join(INITS), help="init specs, comma-separated")
-    ap.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated")
+    ap.add_argument("--seeds", default="3", help="a count (3 → seeds 0,1,2) or a list (0,4,7)")
     ap.add_argument("--steps", type=int, default=400, help="optimiser steps of every run (default 400)")
     ap.add_argument("--out", default="runs/data-size", help="where the runs go (resumable)")
     ap.add_argument("--figures", default="docs/figures", help="where the three figures go")
@@ -330,7 +312,11 @@ def main() -> None:
         print(report_from(studies, inits, args.from_json))
         return
     if not args.report_only:
-        run_study(studies, inits, [int(s) for s in args.seeds.split(",")], args.steps, out, args.data_dir)
+        try:
+            seeds = parse_seeds(args.seeds)
+        except ValueError as err:
+            sys.exit(f"error: {err}")
+        run_study(studies, inits, seeds, args.steps, out, args.data_dir)
     print(report(studies, inits, out, Path(args.figures)))
 
 

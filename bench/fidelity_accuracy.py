@@ -24,15 +24,12 @@ import sys
 from pathlib import Path
 
 import torch
+from common import DATA_DIR, cifar_test_images, pyplot
 
 import structinit as si
 from structinit.harness.config import ImageConfig
 from structinit.harness.summary import primary_metric
 from structinit.harness.tasks.image import load_train_split, plan_model
-from structinit.utils.optional_imports import require
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from init_bench import load_cifar_test  # the same exact test images as init_bench
 
 
 def finished_runs(folders: list[Path]) -> dict[str, list[dict]]:
@@ -61,14 +58,14 @@ def fidelity_at_init(cfg: ImageConfig, train_ds, images, offsets) -> tuple[si.Fi
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=Path, nargs="+", required=True, help="compare output folder(s)")
-    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets"))
+    ap.add_argument("--data-dir", type=Path, default=DATA_DIR)
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--figure", type=Path, default=None,
                     help="PNG path (default: <first --runs>/fidelity_accuracy.png)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     runs = finished_runs(args.runs)
-    images = load_cifar_test(args.data_dir / "cifar-10-batches-py", args.images)
+    images = cifar_test_images(args.data_dir, args.images)
     # Impulse runs first, so that inits without offsets are measured against a real impulse draw.
     order = sorted(runs, key=lambda k: runs[k][0]["config"]["init"] != "impulse")
     rows, offsets, datasets = [], None, {}
@@ -98,8 +95,7 @@ def main() -> None:
 
 
 def plot(rows, path: Path) -> None:
-    require("matplotlib", "the figure").use("Agg")
-    plt = require("matplotlib.pyplot", "the figure")
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     for ax, (col, name) in zip(axes, [(8, "argmax hit on target, mean over layers"),
                                        (7, "attention mass on target, mean over layers")]):

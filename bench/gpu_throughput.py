@@ -6,8 +6,8 @@ card says "peak unknown", ``--peak-tflops`` sets one).
 
 The step is the one ``structinit train`` takes: each model is built and initialised by the
 harness (``paper-cifar``'s settings at the model's size and batch) and stepped by
-:class:`structinit.harness.run.step.TrainStep` (fused AdamW on CUDA, label smoothing 0.1,
-gradient clipping at 3). A plain row trains on one fixed random batch, so its numbers are the
+:class:`structinit.harness.run.step.TrainStep` (fused AdamW on CUDA; the recipe's label
+smoothing and gradient clipping). A plain row trains on one fixed random batch, so its numbers are the
 model's and the optimiser's alone. ``--warmup`` steps run first (the compile happens there,
 and its time is its own column); then ``--steps`` steps are queued as the training loop
 queues them, with one synchronisation at the end. The table is rewritten after every row, so

@@ -17,50 +17,22 @@ scale ``pe_scale=4`` (the structure survives real content in every layer), and a
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import DATA_DIR, cifar_test_images, fidelity_row, timed_init
 
 import structinit as si
-from structinit.data import DATASET_STATS, DatasetFormatError, DatasetNotFoundError, load_dataset
 
 GD_STEPS = 10_000
-
-
-def load_cifar_test(root: Path, n: int) -> torch.Tensor:
-    """First ``n`` images of CIFAR-10's ``test_batch``, normalised with the training-set
-    statistics, (n, 3, 32, 32) float32. ``root``: the ``cifar-10-batches-py`` folder, the
-    folder that contains it, or the ``.tar.gz`` archive (read by the library's safe loader,
-    which never unpickles code)."""
-    try:
-        test = load_dataset("cifar10", root, "test")
-    except (DatasetNotFoundError, DatasetFormatError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}\n(--data-dir: the cifar-10-batches-py folder, its parent folder, or the archive)")
-    mean, std = DATASET_STATS["cifar10"]
-    x = test.images[:n].float() / 255
-    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
 
 
 def fresh(name: str, seed: int):
     model = si.create_model(name)
     si.init_(model, "pytorch", seed=seed)  # the 2024 setting: everything else at PyTorch defaults
     return model
-
-
-def timed_init(name: str, opts: dict, seed: int, repeats: int):
-    """Median wall time of ``init_(model, 'impulse', **opts)`` over ``repeats`` fresh models."""
-    times, model = [], None
-    for _ in range(repeats):
-        model = fresh(name, seed)
-        start = time.perf_counter()
-        si.init_(model, "impulse", seed=seed, **opts)
-        times.append(time.perf_counter() - start)
-    return model, statistics.median(times)
 
 
 def gd_seconds_per_step(name: str, seed: int, steps: int = 30) -> float:
@@ -71,17 +43,12 @@ def gd_seconds_per_step(name: str, seed: int, steps: int = 30) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def summarise(fid: dict) -> tuple[float, float, float, float]:
-    """(mass L1, hit L1, mass mean, hit mean), as :func:`structinit.fidelity_summary`."""
-    return dataclasses.astuple(si.fidelity_summary(fid))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models",
                     default="vit_cpu_patch4_32,vit_tiny_patch2_32,vit_tiny_patch16_224,vit_base_patch16_224")
-    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets/cifar-10-batches-py"),
-                    help="the CIFAR-10 python batches folder, the folder that contains it, or the .tar.gz")
+    ap.add_argument("--data-dir", default=DATA_DIR,
+                    help="the folder that holds cifar-10-batches-py, that folder itself, or the .tar.gz")
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fidelity-pe-scale", type=float, default=4.0,
@@ -97,7 +64,7 @@ def main() -> None:
     if args.quick:
         args.images, args.gd_fidelity_steps, args.gd_full_model = 16, 100, ""
         models = [m for m in models if "base" not in m]
-    images32 = load_cifar_test(args.data_dir, args.images)
+    images32 = cifar_test_images(args.data_dir, args.images)
 
     rows, speed = [], {}
     for name in models:
@@ -115,14 +82,14 @@ def main() -> None:
         gd_steps = GD_STEPS if full_gd else args.gd_fidelity_steps
         variants.append((f"gd ({gd_steps} steps)", {"solver": "gd", "steps": gd_steps}, 1))
         for label, opts, repeats in [v for v in variants if v[1]["solver"] in args.solvers.split(",")]:
-            model, seconds = timed_init(name, opts, args.seed, repeats)
+            model, seconds = timed_init(lambda: fresh(name, args.seed), "impulse", args.seed, repeats, lambda _: opts)
             time_note = ""
             if opts["solver"] == "gd" and not full_gd:
                 seconds = gd_seconds_per_step(name, args.seed) * GD_STEPS
                 time_note = " (per-step × 10k)"
             speed[(name, opts["solver"], label)] = seconds
-            pe = summarise(si.impulse_fidelity(model))
-            real = summarise(si.impulse_fidelity(model, images))
+            pe = fidelity_row(si.impulse_fidelity(model))
+            real = fidelity_row(si.impulse_fidelity(model, images))
             rows.append((name, label, f"{seconds:.3f}{time_note}", *pe, *real))
             print(f"[{name}] {label}: {seconds:.3f}s  PE {pe}  real {real}", file=sys.stderr, flush=True)
 

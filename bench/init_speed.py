@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 
-from timing import median_seconds
+from common import median_seconds
 
 MODELS = "timm/vit_tiny_patch16_224,timm/vit_base_patch16_224,timm/vit_large_patch16_224"
 SCHEMES = "impulse,mimetic,timm,pytorch,jax,xavier"

@@ -1,4 +1,4 @@
-"""The empirical side of issue #15's certificate: PGD's lower bound on the local ℓ₂ Lipschitz
+"""The empirical side of the Lipschitz certificate: PGD's lower bound on the local ℓ₂ Lipschitz
 constant (:func:`structinit.empirical_lipschitz`) of trained KWLarge networks, Cayley against
 plain convs, at init and after training.
 
@@ -18,6 +18,7 @@ import argparse
 import statistics
 
 import torch
+from common import DATA_DIR
 
 from structinit.analysis.certify import empirical_lipschitz
 from structinit.data import load_dataset
@@ -31,7 +32,7 @@ def estimate(model: torch.nn.Module, x: torch.Tensor, steps: int, seed: int) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("folders", nargs="+", help="compare folders (or run folders) of KWLarge runs")
-    ap.add_argument("--data-dir", default="../shared/datasets")
+    ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--steps", type=int, default=20)
     args = ap.parse_args()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from timing import median_seconds
+from common import median_seconds
 
 from structinit.functional.mimetic import circular_factors, mimetic_noise
 

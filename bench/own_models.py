@@ -1,5 +1,5 @@
 """The inits on models structinit did not build: a Hugging Face ``transformers`` ViT from a
-config (image 32, patch 4, hidden 192, 3 heads, 4 layers, class token; the model of issue #10)
+config (image 32, patch 4, hidden 192, 3 heads, 4 layers, class token)
 next to the structinit ViT of the same size, in one run.
 
 For each row: the layout structinit found (grid, prefix tokens, where the PE lives), the init
@@ -14,17 +14,11 @@ hit rate, layer 1 and mean over layers) on the first ``--images`` CIFAR-10 test 
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
+from common import DATA_DIR, cifar_test_images, fidelity_row, timed_init
 
 import structinit as si
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from init_bench import load_cifar_test, summarise
 
 CONFIG = dict(image_size=32, patch_size=4, hidden_size=192, num_attention_heads=3, num_hidden_layers=4,
               intermediate_size=768, num_labels=10)
@@ -49,37 +43,31 @@ def hinted_options(model) -> dict:
     return dict(grid=(8, 8), num_prefix_tokens=1, pos_embed=pe, pe_scale=None, reserve="none")
 
 
-ROWS = [  # (label, model builder, scheme, options or a function of the model giving them)
+ROWS = [  # (label, model builder, scheme, the options: a function of the model)
     ("HF ViT: impulse, HF learned PE kept (old hints)", hf_vit, "impulse", hinted_options),
-    ("HF ViT: impulse, no hints (defaults)", hf_vit, "impulse", {}),
-    ("structinit ViT same size: impulse defaults", structinit_vit, "impulse", {}),
+    ("HF ViT: impulse, no hints (defaults)", hf_vit, "impulse", lambda model: {}),
+    ("structinit ViT same size: impulse defaults", structinit_vit, "impulse", lambda model: {}),
 ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, default=Path("../shared/datasets"))
+    ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--images", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    images = load_cifar_test(args.data_dir, args.images)
+    images = cifar_test_images(args.data_dir, args.images)
     print(f"{args.images} CIFAR-10 test images, seed {args.seed}, init time = median of {args.repeats}\n")
     print("| model and init | layout found | init s | mass L1 | hit L1 | mass mean | hit mean |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for label, build, scheme, options in ROWS:
-        times = []
-        for _ in range(args.repeats):
-            model = build(args.seed)
-            opts = options(model) if callable(options) else options
-            start = time.perf_counter()
-            si.init_(model, scheme, seed=args.seed, **opts)
-            times.append(time.perf_counter() - start)
+        model, seconds = timed_init(lambda: build(args.seed), scheme, args.seed, args.repeats, options)
         layout = si.infer_layout(model)
         where = si.find_position_embedding(model).pos_embed_name
-        row = summarise(si.impulse_fidelity(model, images))
+        row = fidelity_row(si.impulse_fidelity(model, images))
         print(f"| {label} | {layout.grid[0]}×{layout.grid[1]} + {layout.num_prefix_tokens} prefix, `{where}` | "
-              f"{statistics.median(times):.3f} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+              f"{seconds:.3f} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Issue #13's benchmark: default vs mimetic init on Mamba and on a causal Transformer of
+"""The sequence benchmark: default vs mimetic init on Mamba and on a causal Transformer of
 matched size, on copying (three lengths) and multi-query associative recall (three (pairs,
 length) settings), the same step budget per setting (recipe ``seq-cpu``), 5 seeds.
 
@@ -30,15 +30,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
+
+from common import pyplot
 
 from structinit.harness.compare import compare
 from structinit.harness.recipes import sequence_recipe
-from structinit.harness.specs import spec_label
+from structinit.harness.specs import parse_seeds, spec_label
 
 # MQAR's vocabulary is 64 (keys from 31, values from 32 tokens): with Zoology's larger ones
-# (256+) neither Mamba-2×64 init learned 8 pairs in 1,000 steps in a probe (≈ 12 %, the rate of
-# guessing one of the 8 values in context), so the settings could not tell the inits apart.
+# (256+) neither Mamba-2×64 init got past the rate of guessing one of the 8 values in context
+# in 1,000 steps of a probe, so the settings could not tell the inits apart.
 SETTINGS = {"copy": [dict(length=8, vocab=16), dict(length=16, vocab=16), dict(length=32, vocab=16)],
             "mqar": [dict(pairs=4, length=32, vocab=64), dict(pairs=8, length=48, vocab=64),
                      dict(pairs=12, length=64, vocab=64)]}
@@ -53,7 +56,7 @@ SSM_INITS = ()
 # the B/C constants moved to either side of the attention lead α = β = 0.7.
 ABLATION = ("mimetic:conv_identity=True", "mimetic:bc=False", "mimetic:a_log=None,delta=None",
             "mimetic:a_log=None", "mimetic:alpha=0.0,beta=1.0", "mimetic:alpha=1.0,beta=0.3")
-ABLATION_FLAGS = dict(seeds=3, settings="2", models="mamba_seq_2x64", ssm_inits=";".join(ABLATION),
+ABLATION_FLAGS = dict(seeds="3", settings="2", models="mamba_seq_2x64", ssm_inits=";".join(ABLATION),
                       table="ablation.md")
 
 
@@ -70,21 +73,22 @@ def folder(out: Path, task: str, options: dict, model: str) -> Path:
     return out / spec_label(task_spec(task, options)) / model
 
 
-def run_all(out: Path, settings: dict, models, inits, ssm_inits, seeds: int, overrides: dict, progress: bool) -> None:
-    for n in range(1, seeds + 1):  # seed-major over the whole benchmark
+def run_all(out: Path, settings: dict, models, inits, ssm_inits, seeds: list[int], overrides: dict,
+            progress: bool) -> None:
+    for n in range(1, len(seeds) + 1):  # seed-major over the whole benchmark
         for task, options_list in settings.items():
             for options in options_list:
                 for model in models:
                     base = sequence_recipe("seq-cpu", model=model, task=task, task_options=options, precision="fp32",
                                            **overrides)
-                    print(f"=== seed {n - 1}: {task_spec(task, options)} {model}", flush=True)
-                    compare(base, inits_of(model, inits, ssm_inits), list(range(n)), folder(out, task, options, model),
+                    print(f"=== seed {seeds[n - 1]}: {task_spec(task, options)} {model}", flush=True)
+                    compare(base, inits_of(model, inits, ssm_inits), seeds[:n], folder(out, task, options, model),
                             progress=progress)
 
 
 def collect(out: Path, settings: dict, models, inits, ssm_inits) -> list[dict]:
     """One row per (task setting, model, init): the finished seeds' final held-out metrics."""
-    from structinit.data.sequence_tasks import make_task
+    from structinit.data.sequence_tasks import make_sequence_problem
 
     rows = []
     for task, options_list in settings.items():
@@ -97,7 +101,8 @@ def collect(out: Path, settings: dict, models, inits, ssm_inits) -> list[dict]:
                         continue
                     acc = [r["final"]["holdout_acc"] for r in results]
                     exact = [r["final"]["holdout_exact"] for r in results]
-                    rows.append({"task": task, "options": options, "seq_len": make_task(task, **options).seq_len,
+                    rows.append({"task": task, "options": options,
+                                 "seq_len": make_sequence_problem(task, **options).seq_len,
                                  "model": model, "init": init, "acc": acc, "exact": exact,
                                  "minutes": statistics.median(r["wall_s"] for r in results) / 60, "results": results})
     return rows
@@ -160,13 +165,9 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
     and against step at each task's longest setting (mean line, one thin line per seed). Bands
     are min–max, not ±1 std: MQAR outcomes are bimodal, and ±std would leave [0, 100] and hide
     that each seed either solved the setting or stayed at chance."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from structinit.analysis.curves import seed_curves
 
+    plt = pyplot()
     where.mkdir(parents=True, exist_ok=True)
     tasks = [t for t in settings if any(r["task"] == t for r in rows)]
     lines = sorted({(r["model"], r["init"]) for r in rows})
@@ -222,7 +223,8 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/sequence-benchmark")
-    parser.add_argument("--seeds", type=int, default=None, help="default 5 (3 with --ablation)")
+    parser.add_argument("--seeds", default=None, help="a count (5 → seeds 0 … 4) or a list (0,4,7); default 5 "
+                        "(3 with --ablation)")
     parser.add_argument("--models", default=None, help=f"default {','.join(MODELS)}")
     parser.add_argument("--tasks", default="copy,mqar")
     parser.add_argument("--inits", default=";".join(INITS),
@@ -240,12 +242,16 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="train nothing; tabulate what has finished")
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args()
-    preset = ABLATION_FLAGS if args.ablation else dict(seeds=5, models=",".join(MODELS), ssm_inits=";".join(SSM_INITS),
-                                                       table="benchmark.md")
+    preset = ABLATION_FLAGS if args.ablation else dict(seeds="5", models=",".join(MODELS),
+                                                       ssm_inits=";".join(SSM_INITS), table="benchmark.md")
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     out = Path(args.out)
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
     settings = {t: (QUICK if args.quick else SETTINGS)[t] for t in args.tasks.split(",")}
     if args.settings is not None:
         picks = [int(i) for i in args.settings.split(",")]
@@ -255,7 +261,7 @@ def main() -> None:
     ssm_inits = [spec.strip() for spec in args.ssm_inits.split(";") if spec.strip()]
     overrides = dict(steps=60, eval_every=20, heldout_size=64) if args.quick else {}
     if not args.report_only:
-        run_all(out, settings, models, inits, ssm_inits, args.seeds, overrides, args.progress)
+        run_all(out, settings, models, inits, ssm_inits, seeds, overrides, args.progress)
     rows = collect(out, settings, models, inits, ssm_inits)
     text = table(rows)
     (out / args.table).write_text(text)

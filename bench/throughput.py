@@ -22,14 +22,13 @@ import time
 from pathlib import Path
 
 import torch
+from common import DATA_DIR
 
 from structinit.data import load_dataset, stratified_subset
 from structinit.harness.recipes import recipe
 from structinit.harness.run.device import Placement, resolve_precision
 from structinit.harness.tasks import train
 from structinit.harness.tasks.image import image_step
-
-DEFAULT_DATA = "../shared/datasets"
 
 
 def step_rates(cfg, ds, epochs: int, keep_model: bool = False):
@@ -58,7 +57,7 @@ def loop_rates(cfg, epochs: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default=DEFAULT_DATA)
+    ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--models", default="vit_tiny_patch4_32,vit_cpu_patch4_32")
     ap.add_argument("--images", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=3)

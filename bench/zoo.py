@@ -26,26 +26,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import DATA_DIR
 from torch import nn
-from zoo_catalogue import BY_NAME, CATALOGUE, PACKAGES, ZooModel  # noqa: F401  (re-exported for tests/zoo)
+from zoo_catalogue import BY_NAME, CATALOGUE, ZooModel  # noqa: F401  (CATALOGUE: re-exported for tests/zoo)
 
 import structinit
 
 SCHEMES = ("impulse", "mimetic", "timm", "pytorch", "jax", "xavier")
-CIFAR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "cifar-10-batches-py"
-
-
-def require_packages() -> None:
-    """Fail the calling test module when a zoo package is missing: tests/zoo runs in the zoo venv
-    only (scripts/test_zoo.sh), where a missing package is a broken install, not a reason to skip."""
-    import importlib.util
-
-    import pytest
-
-    missing = [p for p in PACKAGES if importlib.util.find_spec(p) is None]
-    if missing:
-        pytest.fail(f"the zoo venv lacks {', '.join(missing)}: run bash scripts/setup_zoo.sh (ci/zoo-constraints.txt "
-                    "pins them); tests/zoo runs only there", pytrace=False)
+CIFAR = Path(DATA_DIR) / "cifar-10-batches-py"
 
 
 def build(entry: ZooModel, seed: int = 0) -> nn.Module:

@@ -143,11 +143,12 @@ def test_the_figure_draws_the_paired_gains(folders, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ("[1]", "--model-kwargs '[1]': expected a JSON object"),
-    ("{x", "--model-kwargs '{x': not a JSON object"),
-    ('{"weight_init": "jax"}', "weight_init='jax': expected 'timm'"),
+    ("[1]", "--set 'model_kwargs=[1]': model_kwargs takes dict"),
+    ("{x", "--set 'model_kwargs={x': model_kwargs takes dict"),
+    ('{"weight_init": "jax"}', "--model: weight_init='jax': expected 'timm'"),
 ])
 def test_data_efficiency_names_bad_model_kwargs_before_training(tmp_path, kwargs, message):
+    # the script is compare with the cpu-cifar defaults: compare's flags and compare's messages
     import subprocess
     import sys
     from pathlib import Path
@@ -157,7 +158,7 @@ def test_data_efficiency_names_bad_model_kwargs_before_training(tmp_path, kwargs
     write_cifar10(tmp_path / "data")
     script = Path(__file__).resolve().parent.parent / "bench" / "data_efficiency.py"
     done = subprocess.run([sys.executable, str(script), "--data-dir", str(tmp_path / "data"), "--model",
-                           "swin_cpu_patch2_32", "--model-kwargs", kwargs, "--out", str(tmp_path / "runs")],
+                           "swin_cpu_patch2_32", "--set", f"model_kwargs={kwargs}", "--out", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and message in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))

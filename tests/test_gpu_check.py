@@ -180,3 +180,16 @@ def test_the_benchmark_times_the_training_loops_own_batches_and_step(tmp_path, b
     weights = load_file(tmp_path / "run" / "model.safetensors")
     assert weights.keys() == step.model.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in step.model.state_dict().items())
+
+
+def test_the_benchmarks_step_settings_are_the_recipes(bench):
+    # The step is paper-cifar's: the benchmark sets only the model, its batch, the data it
+    # makes up and how long it runs; the loss, clipping and optimiser stay the recipe's.
+    from structinit.harness.recipes import recipe
+
+    paper = recipe("paper-cifar").to_dict()
+    mine = bench.bench_config(bench.MODELS["vit_tiny_patch2_32"], False, "impulse", "none").to_dict()
+    changed = {k for k in paper if mine[k] != paper[k]}
+    assert changed <= {"model", "model_kwargs", "batch_size", "compile", "init", "augment", "precision", "epochs",
+                       "warmup_epochs", "data_dir", "test_prefix", "test_every", "cpu_prefetch"}, changed
+    assert {"label_smoothing", "grad_clip", "lr", "weight_decay"} <= paper.keys() - changed

@@ -13,8 +13,6 @@ from rejection import check_rejected
 from structinit.adapters import FusedLinearAdapter
 from structinit.adapters.position_input import position_only_input
 
-zoo.require_packages()
-
 
 def test_torchvision_class_token_is_found_by_tracing():
     model = zoo.build(zoo.BY_NAME["tv_vit_b_32"])

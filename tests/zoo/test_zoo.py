@@ -17,8 +17,6 @@ from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.verify import real_maps
 from structinit.schemes.checks import diagonal_strength
 
-zoo.require_packages()
-
 N_IMAGES = 8  # enough rows for a hit rate: 8 images × every grid row × every head
 
 
