@@ -1,0 +1,74 @@
+"""The ``structinit`` command before the package is imported: its entry point is
+``structinit_cli.main``, a module outside the package, so that Ctrl-C while torch loads ends in
+one line and exit status 130, not in a traceback."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+import structinit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A sitecustomize that makes `import structinit` wait a minute after saying so on stdout: the
+# start-up window of a real run (torch loading), made long and observable, so that SIGINT is
+# sent exactly while the package is being imported.
+SLOW_IMPORT = '''
+import sys
+import time
+
+
+class SlowStructinit:
+    def find_spec(self, name, path=None, target=None):
+        if name == "structinit":
+            print("importing structinit", flush=True)
+            time.sleep(60)
+        return None
+
+
+sys.meta_path.insert(0, SlowStructinit())
+'''
+
+
+def console_script() -> Path:
+    """The ``structinit`` command this environment's install made (beside its python)."""
+    script = Path(sys.executable).parent / "structinit"
+    assert script.is_file(), f"{script}: no structinit command; install the package (bash scripts/setup.sh)"
+    return script
+
+
+def test_the_command_is_the_launcher_outside_the_package():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["scripts"] == {"structinit": "structinit_cli:main"}
+    assert project["tool"]["setuptools"]["py-modules"] == ["structinit_cli"]
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name="structinit")
+    assert entry.value == "structinit_cli:main"  # the environment's install, as set up
+    loaded = subprocess.run([sys.executable, "-c", "import sys, structinit_cli; print(sorted(m for m in sys.modules "
+                             "if m.split('.')[0] in ('structinit', 'torch')))"],
+                            capture_output=True, text=True, cwd=ROOT, check=True)
+    assert loaded.stdout.strip() == "[]"  # importing the launcher loads neither the package nor torch
+    done = subprocess.run([str(console_script()), "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == f"structinit {structinit.__version__}"
+
+
+def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([str(console_script()), "demo"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "importing structinit\n", proc.communicate(timeout=60)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (130, "structinit: interrupted while starting; nothing was run\n")
