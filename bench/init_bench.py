@@ -22,7 +22,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from common import DATA_DIR, cifar_test_images, fidelity_row, timed_init
+from common import DATA_DIR, cifar_test_images, fidelity_row, markdown, timed_init
 
 import structinit as si
 
@@ -101,13 +101,10 @@ def main() -> None:
         print(f"| {name} | {label} | {secs} | {pm1:.3f} | {pmm:.3f} | {ph1:.3f} | {phm:.3f} "
               f"| {rm1:.3f} | {rmm:.3f} | {rh1:.3f} | {rhm:.3f} |")
     print("\n### Speed-up of analytic over closed_form (same run)\n")
-    print("| model | analytic (s) | closed_form (s) | ratio |")
-    print("|---|---:|---:|---:|")
-    for name in models:
-        if (name, "closed_form", "closed_form") not in speed or (name, "analytic", "analytic") not in speed:
-            continue
-        a, c = speed[(name, "analytic", "analytic")], speed[(name, "closed_form", "closed_form")]
-        print(f"| {name} | {a:.3f} | {c:.3f} | {c / a:.0f}× |")
+    both = [(n, speed[n, "analytic", "analytic"], speed[n, "closed_form", "closed_form"]) for n in models
+            if (n, "closed_form", "closed_form") in speed and (n, "analytic", "analytic") in speed]
+    print(markdown(["model", "analytic (s)", "closed_form (s)", "ratio"], "lrrr",
+                   [[n, f"{a:.3f}", f"{c:.3f}", f"{c / a:.0f}×"] for n, a, c in both]))
 
 
 if __name__ == "__main__":

@@ -148,8 +148,9 @@ def _seeds(rows: list[dict]) -> dict[tuple[str, str], int]:
     return out
 
 
-def _legend_below(fig, axes) -> None:
-    """One legend for all panels, below them (in the axes it hid the MQAR curves)."""
+def _save(plt, fig, axes, path: Path) -> Path:
+    """``fig`` with one legend for all panels below them (in the axes it hid the MQAR curves),
+    written to ``path``."""
     handles, labels = {}, []
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -158,6 +159,9 @@ def _legend_below(fig, axes) -> None:
                 labels.append(label)
     fig.legend([handles[k] for k in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(len(labels), 2), fontsize=8, frameon=False)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
@@ -172,7 +176,6 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
     tasks = [t for t in settings if any(r["task"] == t for r in rows)]
     lines = sorted({(r["model"], r["init"]) for r in rows})
     seeds = _seeds(rows)
-    paths = []
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.8), dpi=110, squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for model, init in lines:
@@ -193,10 +196,7 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
-    _legend_below(fig, axes[0])
-    paths.append(where / "sequence_accuracy_vs_length.png")
-    fig.savefig(paths[-1], bbox_inches="tight")
-    plt.close(fig)
+    paths = [_save(plt, fig, axes[0], where / "sequence_accuracy_vs_length.png")]
 
     longest_rows = [r for r in rows if r["seq_len"] == max(q["seq_len"] for q in rows if q["task"] == r["task"])]
     seeds = _seeds(longest_rows)
@@ -213,11 +213,7 @@ def figures(rows: list[dict], settings: dict, where: Path) -> list[Path]:
         setting = ", ".join(f"{k}={v}" for k, v in task_rows[0]["options"].items())
         ax.set(title=f"{task} ({setting})", xlabel="step", ylabel="held-out token accuracy (%)", ylim=(-2, 102))
         ax.grid(alpha=0.3)
-    _legend_below(fig, axes[0])
-    paths.append(where / "sequence_accuracy_vs_step.png")
-    fig.savefig(paths[-1], bbox_inches="tight")
-    plt.close(fig)
-    return paths
+    return [*paths, _save(plt, fig, axes[0], where / "sequence_accuracy_vs_step.png")]
 
 
 def main() -> None:
