@@ -110,6 +110,33 @@ def test_init_rejects_non_module():
         structinit.init_({}, "impulse")
 
 
+@pytest.mark.parametrize("call", ["init_", "plan_init", "direct"])
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic", "timm", "pytorch"])
+def test_a_meta_device_model_is_refused_saying_how_to_materialise_it(scheme, call):
+    # A write to a meta tensor does nothing: before this check 'timm' and 'pytorch' returned as if done.
+    with torch.device("meta"):
+        model = structinit.create_model("vit_micro_patch2_16", img_size=8)
+    fn = {"init_": lambda: structinit.init_(model, scheme, seed=0),
+          "plan_init": lambda: structinit.plan_init(model, scheme, seed=0),
+          "direct": lambda: getattr(structinit, f"{scheme}_init_")(model, seed=0)}[call]
+    with pytest.raises(ValueError, match=r"^model: 31 tensors \(pos_embed, …\) are on the meta device.*to_empty"):
+        fn()
+    assert all(t.is_meta for t in model.state_dict().values())
+
+
+def test_deferred_initialisation_to_empty_then_init_gives_the_eager_models_weights():
+    with torch.device("meta"):
+        deferred = structinit.create_model("vit_micro_patch2_16", img_size=8)
+    deferred.to_empty(device="cpu")  # uninitialised memory: every value comes from the inits below
+    eager = structinit.create_model("vit_micro_patch2_16", img_size=8)
+    for model in (deferred, eager):
+        structinit.init_(model, "timm", seed=1)
+        structinit.init_(model, "impulse", seed=2)
+    want = eager.state_dict()
+    assert all(torch.equal(t, want[k]) for k, t in deferred.state_dict().items())
+    assert structinit.fidelity_summary(structinit.impulse_fidelity(deferred)).hit_first == 1.0
+
+
 # ---------------------------------------------------------------------------------------------
 # unknown names and options
 # ---------------------------------------------------------------------------------------------

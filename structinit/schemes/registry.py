@@ -174,13 +174,25 @@ def _numbers(options: dict) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in options.items() if is_number(v) and k != "seed")
 
 
+def _check_model(model: object) -> None:
+    """``model`` is an ``nn.Module`` whose tensors hold values: one on the meta device (deferred
+    initialisation) has none to read or write, and a write there would silently do nothing."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if meta:
+        raise ValueError(f"model: {len(meta)} tensors ({meta[0]}, …) are on the meta device and hold no values; "
+                         "nothing was written. Materialise the model first, model.to_empty(device='cpu') (or your "
+                         "device), then initialise it: a whole-model scheme such as 'timm' gives every weight a value, "
+                         "and an attention or conv scheme after it reads them")
+
+
 def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str) -> Plan:
     """``scheme.plan(model, *args, **options)``, its options checked first and its plan after:
     every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
     naming the numeric options given, raised before anything is written."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model)
     _check_options(scheme, args, options, what)
     try:
         plan = scheme.plan(model, *args, **options)
@@ -286,8 +298,7 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     A scheme registered with :func:`register_scheme` is checked against its signature only
     (names, not types), and its plan runs it at commit.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model)
     entry, options = resolve_scheme(model, scheme, options)
     return _plan(entry, model, (), options, f"scheme {scheme!r}")
 
