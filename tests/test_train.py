@@ -149,6 +149,45 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.dtype.is_floating_point)
 
 
+PATCH_16 = ("model='convmixer_cpu_128_6' (--model): its patch, 16 (stem), is larger than the 8x8 image and leaves no "
+            "token; pass a smaller patch_size in model_kwargs, e.g. model_kwargs={'patch_size': 2} (--set "
+            "\"model_kwargs={'patch_size': 2}\")")
+
+
+def test_a_patch_larger_than_the_image_is_refused_naming_the_model_and_its_patch_size(tmp_path, capsys):
+    """A 16-pixel patch on the 8×8 digits leaves no token: the error names --model and the
+    patch_size that fixes it (it was a convolution's RuntimeError in the first step here, and
+    an init's riddle 'grid=(0, 0)' with a ViT of timm's), before anything is trained."""
+    from structinit.harness.cli import main as cli
+
+    cfg = digits(tmp_path, model="convmixer_cpu_128_6", model_kwargs={"patch_size": 16}, epochs=1)
+    with pytest.raises(ValueError) as refused:
+        train(cfg, progress=False)
+    assert str(refused.value) == PATCH_16 and not (tmp_path / "run/checkpoint.pt").exists()
+    args = ["train", "--recipe", "digits", "--model", "convmixer_cpu_128_6", "--set",
+            "model_kwargs={'patch_size': 16}", "--out", str(tmp_path / "cli"), "--no-progress"]
+    assert cli.main(args) == 2
+    assert capsys.readouterr().err == f"structinit train: error: {PATCH_16}\n"
+
+
+def test_any_first_convolution_larger_than_the_image_is_refused():
+    from torch import nn
+
+    from structinit.harness.run.lifecycle import check_fits_image
+
+    wide = nn.Sequential(nn.Conv2d(1, 4, 9), nn.Flatten())
+    with pytest.raises(ValueError, match=r"model='wide' \(--model\): its first convolution, 0 \(9 kernel, stride 1\), "
+                                         r"is larger than the 8x8 image"):
+        check_fits_image("wide", wide, 8, 1)
+    check_fits_image("wide", wide, 9, 1)  # one output pixel: it fits
+    check_fits_image("padded", nn.Sequential(nn.Conv2d(1, 4, 9, padding=1)), 8, 1)
+    check_fits_image("same", nn.Sequential(nn.Conv2d(1, 4, 9, padding="same")), 8, 1)
+    check_fits_image("on tokens", nn.Sequential(nn.Conv2d(32, 32, 9)), 8, 1)  # not a convolution of the image
+    patch = nn.Sequential(nn.Conv2d(3, 8, (4, 16), stride=(4, 16)))
+    with pytest.raises(ValueError, match=r"its patch, 4x16 \(0\), is larger than the 32x8 image.*'patch_size': 2\}"):
+        check_fits_image("tall", patch, (32, 8), 3)
+
+
 def test_checkpoint_atomic_and_safe(tmp_path):
     path = tmp_path / "ck.pt"
     save_checkpoint(path, {"a": torch.arange(3), "n": 1})

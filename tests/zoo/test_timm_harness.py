@@ -40,3 +40,16 @@ def test_structinit_train_and_compare_take_a_timm_model(tmp_path, capsys):
     assert cli(["compare", *args, "--inits", "pytorch,mimetic", "--seeds", "1", "--out", out]) in (0, None)
     summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
     assert set(summary) >= {"pytorch", "mimetic"}
+
+
+def test_a_timm_vit_whose_patch_is_larger_than_the_image_is_refused_naming_the_model(tmp_path, capsys):
+    """timm's vit_tiny_patch16_224 on the 8×8 digits: its 16-pixel patch leaves no token. The
+    error names --model and the patch_size that fixes it (it named --init's grid=(0, 0))."""
+    args = ["train", "--recipe", "digits", "--model", "timm/vit_tiny_patch16_224", "--out", str(tmp_path / "run"),
+            "--no-progress"]
+    assert cli(args) == 2
+    assert capsys.readouterr().err == (
+        "structinit train: error: model='timm/vit_tiny_patch16_224' (--model): its patch, 16 (patch_embed.proj), is "
+        "larger than the 8x8 image and leaves no token; pass a smaller patch_size in model_kwargs, e.g. "
+        "model_kwargs={'patch_size': 2} (--set \"model_kwargs={'patch_size': 2}\")\n")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -55,7 +55,7 @@ from structinit.harness.run.step import TrainStep
 from structinit.schemes.plan import Plan
 from structinit.utils.optional_imports import require
 
-__all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "check_run", "construct_and_plan", "run_task"]
+__all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "check_fits_image", "check_run", "construct_and_plan", "run_task"]
 
 CHECKPOINT, RESULT = "checkpoint.pt", "result.json"
 
@@ -127,8 +127,39 @@ def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
     with torch.random.fork_rng(devices=[]), user_input("model"):  # construction draws from the global RNG
         torch.manual_seed(seed)
         model = create_model(cfg.model, **kwargs)
+    if "img_size" in kwargs:
+        with user_input("model"):
+            check_fits_image(cfg.model, model, kwargs["img_size"], kwargs.get("in_chans"))
     with user_input("init"):
         return model, plan_init(model, cfg.init, seed=seed, **cfg.init_options)
+
+
+def check_fits_image(name: str, model: nn.Module, img_size: int | tuple[int, int], in_chans: int | None) -> None:
+    """Refuse ``model`` (built as ``name``) when its first convolution on the image, a ViT's
+    patch embedding or a ConvMixer's stem, is larger than the ``img_size`` image: it would make
+    no token at all, which surfaces later as a riddle (an init's ``grid=(0, 0)``, a convolution's
+    error in the first step). A ``ValueError`` naming the model and the ``model_kwargs`` that fix it."""
+    first = next(((n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
+    if first is None or (in_chans is not None and first[1].in_channels != in_chans) or first[1].padding == "same":
+        return
+    where, conv = first
+    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+    padding = (0, 0) if conv.padding == "valid" else conv.padding
+    out = [(n + 2 * p - d * (k - 1) - 1) // s + 1
+           for n, p, d, k, s in zip((h, w), padding, conv.dilation, conv.kernel_size, conv.stride)]
+    if min(out) >= 1:
+        return
+    kh, kw = conv.kernel_size
+    size = f"{kh}" if kh == kw else f"{kh}x{kw}"
+    if conv.kernel_size != conv.stride:  # not a patch embedding: no patch_size to suggest
+        raise ValueError(f"model={name!r} (--model): its first convolution, {where} ({size} kernel, stride "
+                         f"{conv.stride[0]}), is larger than the {h}x{w} image and leaves nothing of it; choose a "
+                         "model made for larger images, or set its size in model_kwargs (--set model_kwargs=…)")
+    side = math.gcd(h, w)
+    patch = max(p for p in range(1, side + 1) if side % p == 0 and (side // p >= 4 or p == 1))
+    raise ValueError(f"model={name!r} (--model): its patch, {size} ({where}), is larger than the {h}x{w} image and "
+                     f"leaves no token; pass a smaller patch_size in model_kwargs, e.g. model_kwargs={{'patch_size': "
+                     f"{patch}}} (--set \"model_kwargs={{'patch_size': {patch}}}\")")
 
 
 def check_run(task: Task, where: Placement) -> torch.dtype | None:
