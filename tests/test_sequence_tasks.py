@@ -1,4 +1,4 @@
-"""The synthetic sequence tasks (copy, mqar) of structinit.data.sequence_tasks."""
+"""The synthetic sequence problems (copy, mqar) of structinit.data.sequence_tasks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from structinit.data import IGNORE_INDEX, SEQUENCE_TASKS, CopyTask, MQARTask, make_task, sequence_accuracy
+from structinit.data import (
+    IGNORE_INDEX,
+    SEQUENCE_PROBLEMS,
+    CopyProblem,
+    MQARProblem,
+    make_sequence_problem,
+    sequence_accuracy,
+)
 
 
 def gen(seed: int) -> torch.Generator:
@@ -25,26 +32,26 @@ def oracle_logits(targets: torch.Tensor, vocab_size: int, wrong: bool = False) -
     return F.one_hot(labels, vocab_size).float()
 
 
-def check_copy(task: CopyTask, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    n, length = inputs.shape[0], task.length
-    assert inputs.shape == targets.shape == (n, 2 * length) == (n, task.seq_len)
+def check_copy(problem: CopyProblem, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    n, length = inputs.shape[0], problem.length
+    assert inputs.shape == targets.shape == (n, 2 * length) == (n, problem.seq_len)
     assert inputs.dtype == targets.dtype == torch.long
-    assert inputs.min() >= 0 and inputs.max() < task.vocab_size
+    assert inputs.min() >= 0 and inputs.max() < problem.vocab_size
     s = inputs[:, :length]
-    assert s.max() < task.vocab  # the alphabet never contains the separator
-    assert (inputs[:, length] == task.separator).all()
+    assert s.max() < problem.vocab  # the alphabet never contains the separator
+    assert (inputs[:, length] == problem.separator).all()
     assert torch.equal(inputs[:, length + 1:], s[:, :-1])  # teacher forcing on the copy
     assert (targets[:, :length] == IGNORE_INDEX).all()
     assert torch.equal(targets[:, length:], s)
     assert ((targets != IGNORE_INDEX).sum(1) == length).all()
 
 
-def check_mqar(task: MQARTask, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-    n, p, half = inputs.shape[0], task.pairs, task.vocab // 2
-    assert inputs.shape == targets.shape == (n, task.length) == (n, task.seq_len)
-    assert inputs.min() >= 0 and inputs.max() < task.vocab_size
+def check_mqar(problem: MQARProblem, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    n, p, half = inputs.shape[0], problem.pairs, problem.vocab // 2
+    assert inputs.shape == targets.shape == (n, problem.length) == (n, problem.seq_len)
+    assert inputs.min() >= 0 and inputs.max() < problem.vocab_size
     keys, values = inputs[:, 0:2 * p:2], inputs[:, 1:2 * p:2]
-    assert keys.min() >= 1 and keys.max() < half and values.min() >= half and values.max() < task.vocab
+    assert keys.min() >= 1 and keys.max() < half and values.min() >= half and values.max() < problem.vocab
     assert (keys.sort(1).values.diff(dim=1) > 0).all()  # distinct keys
     assert (values.sort(1).values.diff(dim=1) > 0).all()
     scored = targets != IGNORE_INDEX
@@ -56,42 +63,42 @@ def check_mqar(task: MQARTask, inputs: torch.Tensor, targets: torch.Tensor) -> N
         assert sorted(queried.tolist()) == sorted(keys[i].tolist())  # each key queried once
         pairing = dict(zip(keys[i].tolist(), values[i].tolist()))
         assert targets[i, pos].tolist() == [pairing[k] for k in queried.tolist()]
-        if not task.noise:  # the rest of the remainder is pad
-            rest = torch.ones(task.length, dtype=torch.bool)
+        if not problem.noise:  # the rest of the remainder is pad
+            rest = torch.ones(problem.length, dtype=torch.bool)
             rest[: 2 * p] = False
             rest[pos] = False
             assert (inputs[i, rest] == 0).all()
 
 
 def test_registry_and_defaults():
-    assert SEQUENCE_TASKS.names() == ["copy", "mqar"]
-    copy, mqar = make_task("copy"), make_task("mqar")
+    assert SEQUENCE_PROBLEMS.names() == ["copy", "mqar"]
+    copy, mqar = make_sequence_problem("copy"), make_sequence_problem("mqar")
     assert copy.options() == {"length": 32, "vocab": 16} and copy.name == "copy"
     assert (copy.vocab_size, copy.seq_len) == (17, 64)
     assert mqar.options() == {"pairs": 8, "length": 64, "vocab": 256, "noise": False} and mqar.name == "mqar"
     assert (mqar.vocab_size, mqar.seq_len) == (256, 64)
-    for task in (copy, mqar):
-        json.dumps(task.options())
-        assert make_task(task.name, **task.options()) == task
+    for problem in (copy, mqar):
+        json.dumps(problem.options())
+        assert make_sequence_problem(problem.name, **problem.options()) == problem
 
 
 def test_copy_batch_structure():
-    task = make_task("copy", length=10, vocab=5)
-    check_copy(task, *task.batch(32, gen(0)))
+    problem = make_sequence_problem("copy", length=10, vocab=5)
+    check_copy(problem, *problem.batch(32, gen(0)))
 
 
 @pytest.mark.parametrize("noise", [False, True])
 def test_mqar_batch_structure(noise):
-    task = make_task("mqar", pairs=6, length=40, vocab=32, noise=noise)
-    inputs, targets = task.batch(32, gen(1))
-    check_mqar(task, inputs, targets)
+    problem = make_sequence_problem("mqar", pairs=6, length=40, vocab=32, noise=noise)
+    inputs, targets = problem.batch(32, gen(1))
+    check_mqar(problem, inputs, targets)
     if noise:
         assert (inputs[:, 12:] != 0).float().mean() > 0.5
 
 
 def test_mqar_query_order_and_positions_vary():
-    task = make_task("mqar", pairs=4, length=32, vocab=64)
-    inputs, targets = task.batch(200, gen(2))
+    problem = make_sequence_problem("mqar", pairs=4, length=32, vocab=64)
+    inputs, targets = problem.batch(200, gen(2))
     positions = {tuple((targets[i] != IGNORE_INDEX).nonzero().flatten().tolist()) for i in range(200)}
     assert len(positions) > 100
     # the first query is not always the first key
@@ -102,34 +109,34 @@ def test_mqar_query_order_and_positions_vary():
 
 @pytest.mark.parametrize("name,options", [("copy", dict(length=8, vocab=4)), ("mqar", dict(pairs=3, length=16))])
 def test_determinism_by_generator(name, options):
-    task = make_task(name, **options)
-    a, b, c = task.batch(16, gen(5)), task.batch(16, gen(5)), task.batch(16, gen(6))
+    problem = make_sequence_problem(name, **options)
+    a, b, c = problem.batch(16, gen(5)), problem.batch(16, gen(5)), problem.batch(16, gen(6))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], c[0])
     g = gen(5)  # a stream: consecutive batches differ
-    assert not torch.equal(task.batch(16, g)[0], task.batch(16, g)[0])
+    assert not torch.equal(problem.batch(16, g)[0], problem.batch(16, g)[0])
 
 
 @pytest.mark.parametrize("name,options", [("copy", dict(length=12, vocab=8)), ("mqar", dict(pairs=4, length=32))])
 def test_heldout_fixed_and_apart_from_training_streams(name, options):
-    task = make_task(name, **options)
-    x, y = task.heldout(64)
-    x2, y2 = make_task(name, **options).heldout(64, seed=0)
+    problem = make_sequence_problem(name, **options)
+    x, y = problem.heldout(64)
+    x2, y2 = make_sequence_problem(name, **options).heldout(64, seed=0)
     assert torch.equal(x, x2) and torch.equal(y, y2)
-    assert not torch.equal(task.heldout(64, seed=1)[0], x)
+    assert not torch.equal(problem.heldout(64, seed=1)[0], x)
     held = {tuple(row) for row in x.tolist()}
     for seed in range(20):  # the seeds a training loop would use
-        train = task.batch(64, gen(seed))[0]
+        train = problem.batch(64, gen(seed))[0]
         assert not torch.equal(train, x)
         assert held.isdisjoint(tuple(row) for row in train.tolist())
 
 
 @pytest.mark.parametrize("name,options", [("copy", dict(length=6, vocab=4)), ("mqar", dict(pairs=3, length=16))])
 def test_accuracy_oracle_and_wrong(name, options):
-    task = make_task(name, **options)
-    _, targets = task.batch(20, gen(0))
-    assert sequence_accuracy(oracle_logits(targets, task.vocab_size), targets) == (1.0, 1.0)
-    assert sequence_accuracy(oracle_logits(targets, task.vocab_size, wrong=True), targets) == (0.0, 0.0)
+    problem = make_sequence_problem(name, **options)
+    _, targets = problem.batch(20, gen(0))
+    assert sequence_accuracy(oracle_logits(targets, problem.vocab_size), targets) == (1.0, 1.0)
+    assert sequence_accuracy(oracle_logits(targets, problem.vocab_size, wrong=True), targets) == (0.0, 0.0)
 
 
 def test_accuracy_partial():
@@ -156,36 +163,36 @@ def test_accuracy_bad_input():
     ("mqar", dict(pairs=8, vocab=17), "vocab=17.*vocab ≥ 18"),
     ("mqar", dict(noise="yes"), "noise="),
     ("mqar", dict(pairs=True), "pairs=True"),
-    ("nope", {}, "unknown sequence task 'nope'"),
+    ("nope", {}, "unknown sequence problem 'nope'"),
 ])
 def test_bad_options_raise_clearly(name, options, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        make_task(name, **options)
+        make_sequence_problem(name, **options)
 
 
 def test_bad_batch_arguments():
-    task = make_task("copy")
+    problem = make_sequence_problem("copy")
     with pytest.raises(TypeError, match="generator=0"):
-        task.batch(4, 0)
+        problem.batch(4, 0)
     with pytest.raises(ValueError, match="n=0"):
-        task.batch(0, gen(0))
+        problem.batch(0, gen(0))
     with pytest.raises(ValueError, match="seed=-1"):
-        task.heldout(4, seed=-1)
+        problem.heldout(4, seed=-1)
 
 
 def test_tasks_are_frozen():
-    task = make_task("copy")
+    problem = make_sequence_problem("copy")
     with pytest.raises(AttributeError):
-        task.length = 3
+        problem.length = 3
 
 
 @settings(max_examples=40, deadline=None)
 @given(length=st.integers(1, 40), vocab=st.integers(2, 50), pairs=st.integers(1, 10), seed=st.integers(0, 2**31))
 def test_property_tasks(length, vocab, pairs, seed):
-    copy = make_task("copy", length=length, vocab=vocab)
+    copy = make_sequence_problem("copy", length=length, vocab=vocab)
     check_copy(copy, *copy.batch(3, gen(seed)))
     mqar_length, mqar_vocab = 4 * pairs + length, 2 * pairs + 2 + vocab
-    mqar = make_task("mqar", pairs=pairs, length=mqar_length, vocab=mqar_vocab, noise=bool(seed % 2))
+    mqar = make_sequence_problem("mqar", pairs=pairs, length=mqar_length, vocab=mqar_vocab, noise=bool(seed % 2))
     inputs, targets = mqar.batch(3, gen(seed))
     check_mqar(mqar, inputs, targets)
     assert sequence_accuracy(oracle_logits(targets, mqar.vocab_size), targets) == (1.0, 1.0)

@@ -17,11 +17,11 @@ from structinit.data.download import SOURCES, DownloadError, RemoteFile, Source,
 from structinit.data.registry import DATASET_LOADERS, DATASETS, DatasetLoader, default_root, load_dataset
 from structinit.data.sequence_tasks import (
     IGNORE_INDEX,
-    SEQUENCE_TASKS,
-    CopyTask,
-    MQARTask,
-    SequenceTask,
-    make_task,
+    SEQUENCE_PROBLEMS,
+    CopyProblem,
+    MQARProblem,
+    SequenceProblem,
+    make_sequence_problem,
     sequence_accuracy,
 )
 from structinit.data.splits import holdout_split, stable_permutation, stratified_indices, stratified_subset
@@ -32,5 +32,6 @@ __all__ = [
     "stratified_subset", "stratified_indices", "holdout_split", "stable_permutation",
     "download", "SOURCES", "Source", "RemoteFile",
     "DatasetFormatError", "DatasetNotFoundError", "DownloadError",
-    "SEQUENCE_TASKS", "SequenceTask", "CopyTask", "MQARTask", "make_task", "sequence_accuracy", "IGNORE_INDEX",
+    "SEQUENCE_PROBLEMS", "SequenceProblem", "CopyProblem", "MQARProblem", "make_sequence_problem", "sequence_accuracy",
+    "IGNORE_INDEX",
 ]  # fmt: skip

@@ -1,6 +1,7 @@
-"""Synthetic sequence tasks for sequence models (the experiments on the mimetic init of Mamba).
+"""Synthetic sequence problems for sequence models (the experiments on the mimetic init of Mamba):
+what a sequence run trains on, the one its config's ``task`` field names.
 
-Each task draws whole batches of token sequences on the CPU from a ``torch.Generator`` (no
+Each problem draws whole batches of token sequences on the CPU from a ``torch.Generator`` (no
 Python loop per token or per example), for next-token training with ``ignore_index=-100``:
 
 * ``copy`` (Jelassi et al. 2024, "Repeat After Me"): a random string, a separator, the string again;
@@ -8,11 +9,11 @@ Python loop per token or per example), for next-token training with ``ignore_ind
 * ``mqar`` (Arora et al. 2023, Zoology): key–value pairs, then every key queried once at
   random positions; only the answers (the paired values) are scored.
 
-    from structinit.data import make_task, sequence_accuracy
-    task = make_task("copy", length=32, vocab=16)
-    inputs, targets = task.batch(64, torch.Generator().manual_seed(0))   # (64, 64) each
+    from structinit.data import make_sequence_problem, sequence_accuracy
+    problem = make_sequence_problem("copy", length=32, vocab=16)
+    inputs, targets = problem.batch(64, torch.Generator().manual_seed(0))   # (64, 64) each
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-    val_inputs, val_targets = task.heldout(1000)                          # the same for every seed
+    val_inputs, val_targets = problem.heldout(1000)                          # the same for every seed
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from structinit.utils import Registry, check_int, check_options, derived_generat
 from structinit.utils.checks import check_bool
 from structinit.utils.seeding import check_generator
 
-__all__ = ["IGNORE_INDEX", "SEQUENCE_TASKS", "CopyTask", "MQARTask", "SequenceTask", "make_task",
-           "sequence_accuracy"]
+__all__ = ["IGNORE_INDEX", "SEQUENCE_PROBLEMS", "CopyProblem", "MQARProblem", "SequenceProblem",
+           "make_sequence_problem", "sequence_accuracy"]
 
 IGNORE_INDEX = -100  # targets that are not scored (torch's cross_entropy default)
 _HELDOUT_KEY = 0x5E9_4E1D  # derived_generator(_HELDOUT_KEY, seed): never a plain manual_seed(s) stream
 
-SEQUENCE_TASKS: Registry[type] = Registry("sequence task")
+SEQUENCE_PROBLEMS: Registry[type] = Registry("sequence problem")
 
 
 def _permutations(n: int, size: int, generator: torch.Generator) -> torch.Tensor:
@@ -41,8 +42,8 @@ def _permutations(n: int, size: int, generator: torch.Generator) -> torch.Tensor
     return torch.rand(n, size, generator=generator).argsort(dim=1)
 
 
-class SequenceTask:
-    """The interface every task follows (a frozen dataclass of its options, validated on creation).
+class SequenceProblem:
+    """The interface every problem follows (a frozen dataclass of its options, validated on creation).
 
     Attributes:
         name: the registry name.
@@ -68,8 +69,8 @@ class SequenceTask:
         targets are ``IGNORE_INDEX`` (−100) where nothing is scored.
 
         Examples:
-            >>> task = make_task("copy", length=4, vocab=3)
-            >>> inputs, targets = task.batch(2, torch.Generator().manual_seed(0))
+            >>> problem = make_sequence_problem("copy", length=4, vocab=3)
+            >>> inputs, targets = problem.batch(2, torch.Generator().manual_seed(0))
             >>> inputs.shape, int((targets != -100).sum())
             (torch.Size([2, 8]), 8)
         """
@@ -87,8 +88,8 @@ class SequenceTask:
         return self._draw(n, derived_generator(_HELDOUT_KEY, seed))
 
     def options(self) -> dict[str, Any]:
-        """The task's options as a JSON-able dict (``make_task(task.name, **task.options())``
-        rebuilds it)."""
+        """The problem's options as a JSON-able dict (``make_sequence_problem(problem.name,
+        **problem.options())`` rebuilds it)."""
         return dataclasses.asdict(self)
 
     def __post_init__(self) -> None:
@@ -98,9 +99,9 @@ class SequenceTask:
         raise NotImplementedError
 
 
-@SEQUENCE_TASKS.register("copy")
+@SEQUENCE_PROBLEMS.register("copy")
 @dataclass(frozen=True)
-class CopyTask(SequenceTask):
+class CopyProblem(SequenceProblem):
     """Copying (Jelassi et al. 2024): ``s  SEP  s`` with s a uniform random string.
 
     Tokens 0 … vocab−1 are the alphabet and ``vocab`` is the separator, so ``vocab_size =
@@ -114,8 +115,8 @@ class CopyTask(SequenceTask):
         vocab: the alphabet size (≥ 2).
 
     Examples:
-        >>> task = CopyTask(length=3, vocab=5)
-        >>> x, y = task.batch(1, torch.Generator().manual_seed(0))
+        >>> problem = CopyProblem(length=3, vocab=5)
+        >>> x, y = problem.batch(1, torch.Generator().manual_seed(0))
         >>> bool((y[0, 3:] == x[0, :3]).all()) and bool((y[0, :3] == -100).all())
         True
     """
@@ -149,9 +150,9 @@ class CopyTask(SequenceTask):
         return inputs, targets
 
 
-@SEQUENCE_TASKS.register("mqar")
+@SEQUENCE_PROBLEMS.register("mqar")
 @dataclass(frozen=True)
-class MQARTask(SequenceTask):
+class MQARProblem(SequenceProblem):
     """Multi-query associative recall (Zoology, Arora et al. 2023).
 
     Token 0 is the pad token; keys come from [1, vocab//2) and values from [vocab//2, vocab)
@@ -172,8 +173,8 @@ class MQARTask(SequenceTask):
         noise: fill non-query positions of the remainder with random tokens instead of 0.
 
     Examples:
-        >>> task = MQARTask(pairs=2, length=8, vocab=16)
-        >>> x, y = task.batch(1, torch.Generator().manual_seed(0))
+        >>> problem = MQARProblem(pairs=2, length=8, vocab=16)
+        >>> x, y = problem.batch(1, torch.Generator().manual_seed(0))
         >>> keys, values = x[0, 0:4:2], x[0, 1:4:2]
         >>> answered = {int(x[0, t]): int(y[0, t]) for t in range(8) if y[0, t] != -100}
         >>> answered == dict(zip(keys.tolist(), values.tolist()))
@@ -225,16 +226,16 @@ class MQARTask(SequenceTask):
         return inputs, targets
 
 
-def make_task(name: str, **options: Any) -> SequenceTask:
-    """The task ``name`` (one of ``SEQUENCE_TASKS``: ``copy``, ``mqar``) with ``options``.
+def make_sequence_problem(name: str, **options: Any) -> SequenceProblem:
+    """The problem ``name`` (one of ``SEQUENCE_PROBLEMS``: ``copy``, ``mqar``) with ``options``.
 
     Examples:
-        >>> task = make_task("mqar", pairs=4, length=32, vocab=64)
-        >>> task.vocab_size, task.seq_len, task.options()
+        >>> problem = make_sequence_problem("mqar", pairs=4, length=32, vocab=64)
+        >>> problem.vocab_size, problem.seq_len, problem.options()
         (64, 32, {'pairs': 4, 'length': 32, 'vocab': 64, 'noise': False})
     """
-    cls = SEQUENCE_TASKS.get(name)
-    check_options(cls, options, f"make_task({name!r})", valid=[f.name for f in dataclasses.fields(cls)])
+    cls = SEQUENCE_PROBLEMS.get(name)
+    check_options(cls, options, f"make_sequence_problem({name!r})", valid=[f.name for f in dataclasses.fields(cls)])
     return cls(**options)
 
 
@@ -260,7 +261,7 @@ def sequence_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[floa
     scored = targets != IGNORE_INDEX
     total = int(scored.sum())
     if total == 0:
-        raise ValueError("targets score no position (all are -100); pass the targets of a task's batch")
+        raise ValueError("targets score no position (all are -100); pass the targets of a problem's batch")
     right = (logits.argmax(dim=-1) == targets) & scored
     token = right.sum().item() / total
     sequence = (right | ~scored).all(dim=1).double().mean().item()

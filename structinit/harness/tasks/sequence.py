@@ -1,9 +1,10 @@
-"""Synthetic sequence tasks (copying, multi-query associative recall): the task of a
-:class:`~structinit.harness.config.SequenceConfig` run.
+"""Sequence prediction: the task of a :class:`~structinit.harness.config.SequenceConfig` run,
+trained on a synthetic problem of :mod:`structinit.data.sequence_tasks` (copying, multi-query
+associative recall) that the config's ``task`` field names.
 
-There is no dataset: every step draws a fresh batch from the task's generator, seeded by
+There is no dataset: every step draws a fresh batch from the problem's generator, seeded by
 (seed, step), so a resumed run sees exactly the batches it would have seen. The held-out set
-is fixed per task configuration (the same for every training seed and init). A chunk of the
+is fixed per problem configuration (the same for every training seed and init). A chunk of the
 run is ``eval_every`` steps, after which it evaluates and checkpoints. Token accuracy is
 scored on the answer positions only (targets of other positions are -100).
 """
@@ -22,15 +23,16 @@ from structinit.harness.run.device import Placement
 from structinit.harness.run.lifecycle import Chunk
 from structinit.utils import derived_generator
 
-__all__ = ["SequenceTask", "evaluate_sequences", "make_task"]
+__all__ = ["SequenceTask", "evaluate_sequences", "sequence_problem"]
 
 
-def make_task(cfg: SequenceConfig):
-    """The task of ``cfg`` (:func:`structinit.data.sequence_tasks.make_task`); errors are input errors."""
-    from structinit.data.sequence_tasks import make_task as _make
+def sequence_problem(cfg: SequenceConfig):
+    """The problem ``cfg`` trains on (:func:`structinit.data.sequence_tasks.make_sequence_problem`
+    of its ``task`` and ``task_options``); errors are input errors."""
+    from structinit.data.sequence_tasks import make_sequence_problem
 
     with user_input("task"):
-        return _make(cfg.task, **cfg.task_options)
+        return make_sequence_problem(cfg.task, **cfg.task_options)
 
 
 @torch.no_grad()
@@ -68,15 +70,15 @@ class SequenceTask:
         self.cfg = cfg
 
     def check(self) -> str:
-        self.task = make_task(self.cfg)
+        self.problem = sequence_problem(self.cfg)
         return self.cfg.precision
 
     def model_sizes(self) -> dict[str, int]:
-        task = getattr(self, "task", None) or make_task(self.cfg)  # check() has built it, unless called first
-        return {"vocab_size": task.vocab_size, "max_len": task.seq_len}
+        problem = getattr(self, "problem", None) or sequence_problem(self.cfg)  # check() built it, if called first
+        return {"vocab_size": problem.vocab_size, "max_len": problem.seq_len}
 
     def prepare(self, where: Placement) -> dict[str, int]:
-        held_x, held_y = self.task.heldout(self.cfg.heldout_size)
+        held_x, held_y = self.problem.heldout(self.cfg.heldout_size)
         self.held = held_x.to(where.device), held_y.to(where.device)
         return self.model_sizes()
 
@@ -88,7 +90,7 @@ class SequenceTask:
 
     def batches(self, chunk: Chunk, where: Placement):
         for step in range(chunk.first, chunk.last):
-            x, y = self.task.batch(self.cfg.batch_size, derived_generator(self.cfg.seed, step))
+            x, y = self.problem.batch(self.cfg.batch_size, derived_generator(self.cfg.seed, step))
             yield x[where.rank :: where.world].to(where.device), y[where.rank :: where.world].to(where.device)
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -107,6 +109,6 @@ class SequenceTask:
 
     def result(self, history: list[dict]) -> dict[str, Any]:
         last = history[-1] if history else {}
-        return {"kind": "sequence", "task": self.task.name, "task_options": self.task.options(),
+        return {"kind": "sequence", "task": self.problem.name, "task_options": self.problem.options(),
                 "steps_done": last.get("step", 0),
                 "final": {k: v for k, v in last.items() if k.startswith("holdout_")}}
