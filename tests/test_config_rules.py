@@ -64,3 +64,18 @@ def test_any_value_of_any_field_is_accepted_by_its_rule_or_refused_in_one_value_
     rule = facts(config, field.name).check
     if value is not None and not isinstance(rule, tuple) and not callable(rule):
         assert RULES[rule][0](value), (field.name, value)
+
+
+def test_a_kind_names_only_fields_of_its_config():
+    """A kind's selector, data and budget are fields of its config: a misspelt one, or a default
+    recipe it does not have, is refused when the kind is built (at import), not in a report."""
+    image = KINDS["image"]
+    for kind in KINDS.values():
+        fields = {f.name for f in dataclasses.fields(kind.config)}
+        assert {kind.data, kind.budget} | ({kind.selector} - {None}) <= fields
+    with pytest.raises(ValueError, match="datasets not fields of ImageConfig"):
+        dataclasses.replace(image, data="datasets")
+    with pytest.raises(ValueError, match="default_recipe='nope'"):
+        dataclasses.replace(image, default_recipe="nope")
+    with pytest.raises(TypeError):  # built with names, never by position
+        type(image)(*(getattr(image, f.name) for f in dataclasses.fields(image)))

@@ -9,13 +9,14 @@ the report and run folders then handle it with no other change.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from structinit.harness.config import RunConfig, SequenceConfig, ImageConfig
+from structinit.harness.config import ImageConfig, RunConfig, SequenceConfig
 from structinit.harness.recipes import RECIPES, SEQUENCE_RECIPES
-from structinit.harness.run.lifecycle import run_task
+from structinit.harness.run.lifecycle import Task, run_task
 from structinit.harness.tasks.image import ImageTask
 from structinit.harness.tasks.sequence import SequenceTask
 from structinit.utils import Registry
@@ -23,29 +24,47 @@ from structinit.utils import Registry
 __all__ = ["KINDS", "Kind", "kind_of", "make_task", "train"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Kind:
-    """A kind of task, and all that the command line and the report need to know of it."""
+    """A kind of run (image, sequence), and all that the command line and the report need to
+    know of it; built with keyword arguments. The config fields it names (``selector``,
+    ``data``, ``budget``) and its default recipe are checked on construction, so that a
+    misspelt one fails when the module is imported, not in a report."""
 
-    name: str
+    name: str  # its key in KINDS, and a result.json's "kind"
     config: type[RunConfig]
-    task: Callable[[Any], Any]
+    task: Callable[[Any], Task]  # the config → the task that trains it
     recipes: Registry
     default_recipe: str
-    selector: str | None  # the config field whose flag picks this kind (None: the default kind)
-    data: str  # the field that names the data ("dataset", "task")
-    budget: str  # the field that sets how long a run trains ("epochs", "steps")
-    subject: str  # what the init acts on, in a report's words
-    title: str  # a report's title
+    # Fields of ``config`` that the command line and the report read:
+    selector: str | None  # the one whose flag picks this kind (None: the default kind)
+    data: str  # the one that names the data
+    budget: str  # the one that sets how long a run trains
+    # The report's words:
+    subject: str  # what the init acts on
+    title: str  # the page's title
     attention_figures: bool  # whether a report can draw its attention maps
 
+    def __post_init__(self) -> None:
+        fields = {f.name for f in dataclasses.fields(self.config)}
+        named = [self.data, self.budget, *([self.selector] if self.selector is not None else [])]
+        unknown = [name for name in named if name not in fields]
+        if unknown:
+            raise ValueError(f"kind {self.name!r}: {', '.join(unknown)} not fields of {self.config.__name__}")
+        if self.default_recipe not in self.recipes:
+            raise ValueError(f"kind {self.name!r}: default_recipe={self.default_recipe!r} is not one of its recipes")
 
-KINDS: dict[str, Kind] = {
-    "image": Kind("image", ImageConfig, ImageTask, RECIPES, "digits", None, "dataset", "epochs",
-                  "attention layers of a Vision Transformer", "Attention initialisation", True),
-    "sequence": Kind("sequence", SequenceConfig, SequenceTask, SEQUENCE_RECIPES, "seq-cpu", "task", "task", "steps",
-                     "layers of a sequence model", "Sequence-model initialisation", False),
-}
+
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (
+    Kind(name="image", config=ImageConfig, task=ImageTask, recipes=RECIPES, default_recipe="digits",
+         selector=None, data="dataset", budget="epochs",
+         subject="attention layers of a Vision Transformer", title="Attention initialisation",
+         attention_figures=True),
+    Kind(name="sequence", config=SequenceConfig, task=SequenceTask, recipes=SEQUENCE_RECIPES,
+         default_recipe="seq-cpu", selector="task", data="task", budget="steps",
+         subject="layers of a sequence model", title="Sequence-model initialisation",
+         attention_figures=False),
+)}
 
 
 def kind_of(config_or_result: RunConfig | dict) -> Kind:
@@ -60,13 +79,13 @@ def kind_of(config_or_result: RunConfig | dict) -> Kind:
 
 
 def make_task(cfg: RunConfig):
-    """The task that trains ``cfg``."""
+    """The task that trains ``cfg``: its kind's (:class:`Kind`) task built on it."""
     return kind_of(cfg).task(cfg)
 
 
 def train(cfg: RunConfig, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
     """Train ``cfg`` (a :class:`~structinit.harness.config.ImageConfig` for images, a
-    :class:`~structinit.harness.config.SequenceConfig` for sequence tasks), evaluating and
+    :class:`~structinit.harness.config.SequenceConfig` for sequence prediction), evaluating and
     checkpointing as it goes; return the result, also written to ``out_dir/result.json``.
 
     ``resume=True`` returns a finished run's result and continues a half-finished one from its
