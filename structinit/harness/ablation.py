@@ -1,8 +1,8 @@
 """The ablations of ``structinit ablate NAME`` (what each measures: that command's help): one
 reviewer question each, as variants. A variant is an init spec (``impulse:kernel_size=5``)
 and, where the question is about the architecture, model keyword arguments (``num_heads``).
-The ``gd`` variants fit ``--steps`` steps: the published 10,000 take minutes a variant on
-2 CPU cores, so an ablation runs a reduced fit and says so."""
+The ``gd`` variants fit ``--steps`` steps, by default a tenth of the published fit so that an
+ablation stays short; its table says so and scales each gd time to the published length."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ __all__ = ["ABLATIONS", "PUBLISHED_GD_STEPS", "Ablation", "Variant", "ablate", "
            "format_table", "plot_ablation", "variants"]
 
 PUBLISHED_GD_STEPS = 10_000  # the 2024 paper's fit length
+DEFAULT_STEPS = 1000  # an ablation's gd fit length unless --steps says otherwise
+# The config fields each command sets from its own flags (field: the flag), which --set must not.
+OWNED = {"train": {"out_dir": "--out", "init": "--init", "init_options": "--init", "seed": "--seed"},
+         "compare": {"out_dir": "--out", "init": "--inits", "seed": "--seeds"},
+         "ablate": {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}}
 
 
 @dataclass(frozen=True)
@@ -112,14 +117,12 @@ ABLATIONS: dict[str, Ablation] = {
 }
 
 
-def variants(name: str, steps: int = 1000) -> list[Variant]:
+def variants(name: str, steps: int = DEFAULT_STEPS) -> list[Variant]:
     """The variants of the ablation ``name``, its gd variants fitted for ``steps`` steps."""
     if name not in ABLATIONS:
         raise ValueError(f"ablation {name!r}: unknown; valid: {', '.join(ABLATIONS)}")
     return ABLATIONS[name].build(steps)
 
-
-DEFAULT_STEPS = 1000  # gd steps: well under a second a fit on vit_cpu_patch4_32 (2 cores); published: 10,000
 
 # (JSON key, column head) of the numbers measured per variant and seed, in table order.
 METRICS = (("pe_mass_l1", "PE mass L1"), ("pe_hit_l1", "PE hit L1"), ("pe_mass_mean", "PE mass mean"),
@@ -129,8 +132,6 @@ METRICS = (("pe_mass_l1", "PE mass L1"), ("pe_hit_l1", "PE hit L1"), ("pe_mass_m
 # What the figure shows, real images: (key, legend).
 FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean over layers"),
                ("real_mass_l1", "mass, layer 1"), ("real_mass_mean", "mass, mean over layers"))
-# ImageConfig fields the command sets itself (--set must not).
-OWNED = {"out_dir": "--out", "init": "NAME", "init_options": "NAME", "seed": "--seeds"}
 
 
 def _count(name: str, value: Any, flag: str) -> int:
@@ -176,31 +177,34 @@ def _variant_base(base, variant: Variant):
     return dataclasses.replace(base, model_kwargs={**base.model_kwargs, **variant.model_kwargs})
 
 
-def _check_variant(ablation: str, variant: Variant, cfg, shape, classes) -> None:
-    """Plan the variant on its model (gd with 0 steps: the options, not the fit), so that a
-    variant the model cannot take fails before anything is measured."""
-    from structinit.harness.tasks.image import plan_model
+def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_dir: Path) -> None:
+    """Plan every variant on its model as :func:`~structinit.harness.compare.check_specs` does (gd
+    with 0 steps: the options, not the fit): a variant the model cannot take fails before any measuring."""
+    from structinit.harness.compare import check_specs
 
-    options = {**cfg.init_options, **({"steps": 0} if cfg.init_options.get("solver") == "gd" else {})}
-    try:
-        plan_model(dataclasses.replace(cfg, init_options=options), shape, classes)
-    except (TypeError, ValueError) as err:
-        if input_parameter(err) != "init":  # the model itself, not this variant: the same for every variant
-            raise
-        with user_input("model"):
-            model = cfg.model + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "")
-            raise ValueError(f"ablation {ablation!r}, variant {variant.label!r} ({variant.spec}) does not fit model "
-                             f"{model}: {err}; choose another model (--model) or its size (--set model_kwargs=…)"
-                             ) from err
+    unfitted = ABLATIONS[ablation].build(0)  # the same variants in the same order, gd with 0 steps
+    for variant, check in zip(found, unfitted):
+        cfg = _variant_base(base, variant)
+        try:
+            check_specs(cfg, [check.spec], [seed], runs_dir / variant.key)
+        except (TypeError, ValueError) as err:
+            if input_parameter(err) != "init":  # the model itself, not this variant: the same for every variant
+                raise
+            reason = err.__cause__ or err  # check_specs names the spec; the message names the variant
+            with user_input("model"):
+                model = cfg.model + (f" {cfg.model_kwargs}" if cfg.model_kwargs else "")
+                raise ValueError(f"ablation {ablation!r}, variant {variant.label!r} ({variant.spec}) does not fit "
+                                 f"model {model}: {reason}; choose another model (--model) or its size "
+                                 "(--set model_kwargs=…)") from err
 
 
-def _timed_init(cfg, shape, classes):
-    """The variant's model at init exactly as its run builds it, and the seconds the init
-    took on the freshly constructed model (construction not counted)."""
-    from structinit.harness.tasks.image import plan_model
+def _timed_init(cfg, sizes: dict[str, Any]):
+    """The variant's model at init exactly as its run builds it on ``sizes`` (what the data decides),
+    and the seconds the init took on the freshly constructed model (construction not counted)."""
+    from structinit.harness.run.lifecycle import construct_and_plan
     from structinit.schemes.registry import plan_init
 
-    model, _ = plan_model(dataclasses.replace(cfg, init="pytorch", init_options={}), shape, classes)  # not applied
+    model, _ = construct_and_plan(dataclasses.replace(cfg, init="pytorch", init_options={}), sizes)  # not applied
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
     start = time.perf_counter()
     with user_input("init"):
@@ -208,13 +212,13 @@ def _timed_init(cfg, shape, classes):
     return model, time.perf_counter() - start
 
 
-def _measure(cfg, shape, classes, images, repeats: int) -> tuple[dict[str, float], list[float]]:
+def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str, float], list[float]]:
     """Fidelity and attention metrics of one variant and seed, and its init times."""
     from structinit.analysis import attention_metrics, fidelity_summary, impulse_fidelity
 
     model, seconds = None, []
     for _ in range(repeats):
-        model, s = _timed_init(cfg, shape, classes)
+        model, s = _timed_init(cfg, sizes)
         seconds.append(s)
     pe = fidelity_summary(impulse_fidelity(model))
     real = fidelity_summary(impulse_fidelity(model, images))
@@ -338,7 +342,7 @@ def _write(result: dict[str, Any], out: Path) -> None:
 def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None = None, seeds: int | list[int] = 1,
            images: int = 256, train: bool = False, out: str | Path | None = None, steps: int = DEFAULT_STEPS,
            progress: bool = False, repeats: int = 3, wait: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Run the ablation ``name`` (see :data:`~structinit.harness.ablation.variants.ABLATIONS`) and
+    """Run the ablation ``name`` (see :data:`ABLATIONS`) and
     write ``ablation.md``, ``ablation.json`` and ``ablation.png`` into ``out`` (default
     ``runs/ablate-<name>-<recipe>``). Returns what ``ablation.json`` holds: ``rows`` (one per
     variant: ``metrics`` {key: mean, std, per_seed}, ``init_s``, ``accuracy`` or None),
@@ -354,13 +358,14 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     from structinit.harness.compare import compare
     from structinit.harness.recipes import recipe as make_recipe
     from structinit.harness.run.folder import check_out_dir
-    from structinit.harness.tasks.image import check_data, test_images
+    from structinit.harness.tasks import kind_of
+    from structinit.harness.tasks.image import test_images  # the images structinit attention and cka read
 
     ablation_variants = variants(name, _count("steps", steps, "--steps"))
     seed_list, n_images = parse_seeds(seeds), _count("images", images, "--images")
     repeats = _count("repeats", repeats, "--repeats")
     with user_input("set"):
-        owned = sorted(set(overrides) & set(OWNED))
+        owned = sorted(set(overrides) & set(OWNED["ablate"]))
         if owned:
             raise TypeError(f"ablate sets {', '.join(owned)} itself (the variants, the seeds and out); "
                             "do not pass them as training options")
@@ -368,12 +373,12 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     out = Path(out if out is not None else f"runs/ablate-{name}-{recipe}")
     with user_input("out_dir"):
         check_out_dir(out)
-    check_data(cfg)
-    x, _, classes = test_images(cfg.dataset, cfg.data_dir, n_images, download=cfg.download)
-    shape, runs_dir = tuple(x.shape[1:]), out / "runs"
+    task = kind_of(cfg).task(cfg)
+    task.check()
+    x, _, _ = test_images(cfg.dataset, cfg.data_dir, n_images, download=cfg.download)
+    sizes, runs_dir = task.model_sizes(), out / "runs"
+    _check_variants(name, cfg, ablation_variants, seed_list[0], runs_dir)
     configs = {v.key: [_variant_config(cfg, v, seed, runs_dir) for seed in seed_list] for v in ablation_variants}
-    for v in ablation_variants:
-        _check_variant(name, v, configs[v.key][0], shape, classes)
 
     settings = {"ablation": name, "title": ABLATIONS[name].title, "question": ABLATIONS[name].question,
                 "recipe": recipe, "data_dir": None if data_dir is None else str(data_dir), "config": cfg.to_dict(),
@@ -385,7 +390,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
         per_seed, seconds = [], []
         for i, vcfg in enumerate(configs[v.key]):
             once = i > 0 or vcfg.init_options.get("solver") == "gd"
-            values, secs = _measure(vcfg, shape, classes, x, 1 if once else repeats)
+            values, secs = _measure(vcfg, sizes, x, 1 if once else repeats)
             per_seed.append(values)
             seconds += secs
         result["rows"].append(_row(v, per_seed, seconds, steps))

@@ -1,6 +1,6 @@
 """``structinit ablate NAME``: one reviewer question, answered at CPU scale.
 
-    structinit ablate kernel --recipe cpu-cifar --data-dir ../shared/datasets
+    structinit ablate kernel --recipe cpu-cifar --data-dir DIR
     structinit ablate solvers --recipe digits --seeds 3
     structinit ablate sharpness --recipe digits --train --set epochs=10
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.download:
         overrides["download"] = True
     for item in args.set:
-        key, value = check_set_item(item, OWNED, ImageConfig)
+        key, value = check_set_item(item, OWNED[COMMAND], ImageConfig)
         overrides[key] = value
     result = ablate(args.name, recipe=args.recipe, data_dir=args.data_dir, seeds=args.seeds,
                     images=args.images, train=args.train, out=args.out, steps=args.steps, repeats=args.repeats,
