@@ -1,4 +1,4 @@
-"""Orthogonal convolutions by the Cayley transform (issue 15): each invariant of the reference
+"""Orthogonal convolutions by the Cayley transform: each invariant of the reference
 notes (section E.6) is a test, plus the layers, the KWLarge model and the certification helpers."""
 
 import math

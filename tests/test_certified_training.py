@@ -1,4 +1,4 @@
-"""Certified-robustness training and evaluation in the harness (issue #15): the hinge loss,
+"""Certified-robustness training and evaluation in the harness: the hinge loss,
 certified accuracy in pixel space (with the normalisation's Lipschitz factor), the final ℓ₂
 PGD accuracy, the --loss/--certify flags and the cpu-cifar-lipschitz recipe."""
 

@@ -1,4 +1,4 @@
-"""The conv-init scheme 'orthogonal' (issue 15): delta-orthogonal (exact) and truncated Cayley
+"""The conv-init scheme 'orthogonal': delta-orthogonal (exact) and truncated Cayley
 (measured) kernels for the groups == 1 convolutions of a model."""
 
 import itertools

@@ -8,29 +8,28 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from structinit.harness.config import SequenceConfig, ImageConfig
+from structinit.harness.config import ImageConfig, SequenceConfig
 from structinit.utils import Registry
 
 RECIPES: Registry[dict[str, Any]] = Registry("recipe")
 
 # The 2024 paper's CIFAR setting (Zheng, Li, Lucey): ViT-Ti/2 on 32×32, no class token,
 # average pooling, fixed sin-cos PE; AdamW with eps 1e-3; 10 warm-up epochs; RandAugment
-# m9 (std 0.5) and flips, no crop; label smoothing 0.1; 200 epochs. Test images 0–1016 are the
-# exact ones of the shared CIFAR-10 copy (the rest are JPEG re-encodings): they are scored every
-# epoch, the whole test set every 10 epochs and at the end, so evaluation stays a small part of an epoch.
+# m9 (std 0.5) and flips, no crop; label smoothing 0.1; 200 epochs. The first 1,017 test images
+# are scored every epoch, the whole test set every 10 epochs and at the end, so that evaluation
+# stays a small part of an epoch.
 RECIPES.register("paper-cifar", dict(
     model="vit_tiny_patch2_32", dataset="cifar10", epochs=200, batch_size=512, lr=1e-3, eps=1e-3,
     weight_decay=0.01, grad_clip=3.0, min_lr=1e-6, warmup_epochs=10, warmup_lr=1e-5,
     augment="flip,ra2-9-0.5", label_smoothing=0.1, precision="auto", test_prefix=1017, test_every=10,
 ))
-# This project's 2-core CPU scale (the calibration in shared/reference): ViT dim 128, depth
-# 6, 4 heads, patch 4; 5,000 class-stratified images from CIFAR-10 batches 1–4, evaluated on
-# the last 10,000 training images (lossless); 30 epochs, about 9 minutes a run.
+# CPU scale: ViT dim 128, depth 6, 4 heads, patch 4; 5,000 class-stratified images from
+# CIFAR-10 batches 1–4, evaluated on the last 10,000 training images (lossless); 30 epochs.
 RECIPES.register("cpu-cifar", dict(
     model="vit_cpu_patch4_32", dataset="cifar10", epochs=30, batch_size=128, lr=1e-3, eps=1e-8,
     weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="crop4,flip",
     label_smoothing=0.1, precision="auto", train_size=5000, holdout=10000, holdout_mode="last",
-    eval_every=3,  # evaluating 10k images costs ~8 s; every epoch would add ~4 min a run
+    eval_every=3,  # evaluating 10k held-out images costs a fair share of a 5k-image epoch
 ))
 # The embedded demo: scikit-learn's 8×8 digits, no download, seconds per run. 300 training
 # images (30 per class) put it in the small-data regime where the init matters.
@@ -41,8 +40,8 @@ RECIPES.register("digits", dict(
 ))
 
 # Where locality matters more: the paper's 16×16 token grid (patch 2 on 32×32) at CPU scale.
-# Same data and held-out protocol as cpu-cifar; ViT D 96, depth 4, 3 heads; 25 epochs, so that
-# a run takes under 15 minutes on 2 cores (≈185 training images/s in bf16).
+# Same data and held-out protocol as cpu-cifar; ViT D 96, depth 4, 3 heads; 25 epochs, fewer
+# than cpu-cifar's since its 16×16 grid has four times the tokens.
 RECIPES.register("cpu-cifar16", dict(
     model="vit_cpu_patch2_32", dataset="cifar10", epochs=25, batch_size=128, lr=1e-3, eps=1e-8,
     weight_decay=0.05, grad_clip=1.0, min_lr=1e-5, warmup_epochs=2, augment="crop4,flip",
@@ -56,9 +55,8 @@ RECIPES.register("cpu-cifar16", dict(
 # gradient clipping, no label smoothing, crop and flip, fp32 (bf16 breaks orthogonality).
 # Same data protocol as cpu-cifar. The paper mean-centres only; the harness also divides by
 # std, which the certificate and the margin account for exactly (train.input_lipschitz).
-# Measured while another benchmark used the other core: ≈ 570 training images/s and ≈ 2,600
-# evaluation images/s with one thread, so 50 epochs ≈ 7.5 min, evaluations ≈ 40 s and the
-# final PGD (1,000 images, 10 steps) ≈ 20 s: about 8.5 minutes a run, less with two threads.
+# Evaluation every 5 epochs and the final PGD on 1,000 images (10 steps) keep the robustness
+# checks a small part of the run.
 # The plain-conv baseline: --set "model_kwargs={'conv': 'plain'}".
 RECIPES.register("cpu-cifar-lipschitz", dict(
     model="kwlarge_cpu", dataset="cifar10", epochs=50, batch_size=128, lr=1e-3, eps=1e-8,
@@ -93,13 +91,13 @@ def recipe(name: str, **overrides: Any) -> ImageConfig:
     return preset(RECIPES, ImageConfig, name, overrides)
 
 
-# Sequence tasks (copying and multi-query associative recall, Mamba and a causal
-# Transformer of matched size). The task and its options come from `--task copy:length=64`;
+# Sequence runs (copying and multi-query associative recall, Mamba and a causal
+# Transformer of matched size). The problem and its options come from `--task copy:length=64`;
 # a recipe fixes the optimisation: one step budget per setting, the same for every init.
 SEQUENCE_RECIPES: Registry[dict[str, Any]] = Registry("sequence recipe")
-# seq-cpu: 1,000 steps of 32 sequences; Mamba-2×64 takes ≈ 0.04 / 0.11 / 0.24 / 0.87 s a step on
-# one core at sequence lengths 16 / 32 / 64 / 128 (mambapy's parallel scan; the Transformer
-# is 10–20× faster), so a run is 1–4 minutes up to length 64.
+# seq-cpu: 1,000 steps of 32 sequences, the same for every init. A Mamba step (mambapy's
+# parallel scan) costs several Transformer steps and grows with the sequence length, so
+# CPU-scale runs keep sequences short.
 SEQUENCE_RECIPES.register("seq-cpu", dict(
     model="mamba_seq_2x64", task="copy", steps=1000, batch_size=32, lr=2e-3, min_lr=1e-5, warmup_steps=50,
     weight_decay=0.1, grad_clip=1.0, eval_every=100, heldout_size=512,

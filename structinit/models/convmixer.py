@@ -84,7 +84,7 @@ PRESETS = {
     "convmixer_cpu_128_6": (
         dict(dim=128, depth=6, kernel_size=5, patch_size=2, num_classes=10),
         "ConvMixer-128/6, k 5, p 2, 10 classes (0.125 M params), sized for 25-epoch runs on 5,000 32×32 images "
-        "on 2 CPU cores."),
+        "on a CPU."),
     "convmixer_1536_20": (dict(dim=1536, depth=20, kernel_size=9, patch_size=7, num_classes=1000),
                           "ConvMixer-1536/20, k 9, p 7, ImageNet (51.63 M params)."),
     "convmixer_768_32": (dict(dim=768, depth=32, kernel_size=7, patch_size=7, num_classes=1000, act=nn.ReLU),

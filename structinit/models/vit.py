@@ -253,7 +253,7 @@ def vit_base_patch16_224(**kwargs) -> VisionTransformer:
     return _vit(dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12), kwargs)
 
 
-# CPU-scale models for this project's 2-core machines.
+# CPU-scale models, small enough that the CPU recipes train them on a few cores.
 @register_model
 def vit_cpu_patch4_32(**kwargs) -> VisionTransformer:
     """The ``cpu-cifar`` model: 32×32 images, 8×8 tokens, D 128, depth 6, 4 heads, MLP ×2."""
@@ -271,7 +271,7 @@ def vit_cpu_patch2_8(**kwargs) -> VisionTransformer:
 @register_model
 def vit_cpu_patch2_32(**kwargs) -> VisionTransformer:
     """The ``cpu-cifar16`` model: 32×32 images, 16×16 tokens (the paper's grid), D 96, depth 4,
-    3 heads, MLP ×2 (sized for 5k-image, 25-epoch runs on 2 CPU cores)."""
+    3 heads, MLP ×2 (sized for 5k-image, 25-epoch runs on a CPU)."""
     return _vit(dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
                      num_classes=10, **_SMALL_DATA), kwargs)
 

@@ -1,7 +1,7 @@
 """``structinit attention``: pictures of the attention, at init or before and after training.
 
     structinit attention --model vit_cpu_patch4_32 --init impulse,mimetic,pytorch \\
-        --dataset cifar10 --data-dir ../shared/datasets
+        --dataset cifar10 --data-dir DIR
     structinit attention --run runs/compare-cpu-cifar/impulse/seed0
 
 With ``--model`` and ``--init``: for every init, the N×N map of every head at the chosen
