@@ -18,6 +18,32 @@ import json
 import os
 from pathlib import Path
 
+import structinit
+from structinit.adapters import infer_layout
+from structinit.analysis.capture import attention_maps
+from structinit.analysis.curves import curves_figure
+from structinit.analysis.figures import comparison_figure
+from structinit.harness.config import facts
+from structinit.harness.errors import user_input
+from structinit.harness.finished import find_runs, models_of
+from structinit.harness.report.html import (
+    config_html,
+    esc,
+    figure,
+    figure_png,
+    json_html,
+    markdown,
+    note,
+    page,
+    split_config,
+    table,
+    versions_html,
+)
+from structinit.harness.run.checkpoint import atomic_write_bytes
+from structinit.harness.specs import spec_label
+from structinit.harness.summary import primary_metric, summarise
+from structinit.harness.tasks.image import eval_images
+
 REPORT = "report.html"
 ABLATION_FILES = ("ablation.json", "ablation.md", "ablation.png")
 EVAL_IMAGES = 8  # evaluation images the attention maps are averaged over
@@ -31,9 +57,6 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     ``folder/report.html``; a folder means ``out/report.html``) and return its path. A folder
     without results is a FileNotFoundError naming it; a place the page cannot be written is an
     OSError, raised before anything is drawn."""
-    from structinit.harness.errors import user_input
-    from structinit.harness.finished import find_runs
-    from structinit.harness.report.html import page
 
     folder = Path(folder).expanduser()
     ablation = any((folder / name).is_file() for name in ABLATION_FILES)
@@ -43,7 +66,6 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
         target = report_path(folder, out)
     make = _ablation_page if ablation else _compare_page
     text = page(*make(folder, runs), footer_html=_footer(folder))
-    from structinit.harness.run.checkpoint import atomic_write_bytes
 
     with user_input("out_dir"):
         atomic_write_bytes(target, lambda f: f.write(text.encode("utf-8")))
@@ -71,7 +93,6 @@ def group_runs(runs, specs=()) -> dict[str, list]:
     """The runs by init spec, in the comparison's order (``specs``, from summary.json): a run in
     ``<label>/seed<k>`` belongs to the spec whose folder label is ``<label>``; any other run is
     grouped by its init and options. Each group is sorted by seed."""
-    from structinit.harness.specs import spec_label
 
     by_label = {spec_label(spec): spec for spec in specs}
     groups: dict[str, list] = {spec: [] for spec in specs}
@@ -106,9 +127,6 @@ def _summarised(groups: dict[str, list], summary: dict[str, set[int]]) -> tuple[
 
 # ----------------------------------------------------------------------------- compare
 def _compare_page(folder: Path, runs):
-    from structinit.harness.config import facts
-    from structinit.harness.report.html import config_html, esc, note, split_config, versions_html
-    from structinit.harness.summary import summarise
 
     listed = _summary(folder)
     groups, left_out = _summarised(group_runs(runs, listed), listed)
@@ -164,7 +182,6 @@ def _minutes(seconds: float) -> str:
 def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
     import statistics
 
-    from structinit.harness.report.html import esc, note, table
 
     means = sorted((s["mean"] for s in summary.values()), reverse=True)
     best = max(summary, key=lambda s: summary[s]["mean"]) if len(means) > 1 and means[0] > means[1] else None
@@ -187,9 +204,6 @@ def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
 
 
 def _curves_html(groups, unit: str = "epoch", examples: str = "images") -> str:
-    from structinit.analysis.curves import curves_figure
-    from structinit.harness.report.html import esc, figure, figure_png, note
-    from structinit.harness.summary import primary_metric
 
     try:
         key = primary_metric(next(iter(groups.values()))[0].result["final"])
@@ -211,8 +225,6 @@ def _curves_html(groups, unit: str = "epoch", examples: str = "images") -> str:
 def _attention_html(groups) -> str:
     """The first layer's maps of every init's first-seed run, at init and trained, averaged over
     a few evaluation images; each init that cannot be drawn gets a visible note instead."""
-    from structinit.analysis.figures import comparison_figure
-    from structinit.harness.report.html import esc, figure, figure_png, note
 
     maps = {"at initialisation": {}, "after training": {}}
     notes, cache, shown = [], {}, ""
@@ -262,7 +274,6 @@ def _eval_images(cfg, cache: dict):
 
 
 def _load_eval_images(cfg):
-    from structinit.harness.tasks.image import eval_images
 
     return eval_images(cfg, EVAL_IMAGES)
 
@@ -271,9 +282,6 @@ def _first_layer_maps(run, images, num_classes):
     """[(layout, (heads, T, T) mean map)] of the first attention layer at init and trained."""
     import torch
 
-    from structinit.adapters import infer_layout
-    from structinit.analysis.capture import attention_maps
-    from structinit.harness.finished import models_of
 
     models = models_of(run, tuple(images.shape[1:]), num_classes)
     with torch.no_grad():
@@ -288,8 +296,6 @@ def _first_line(err: BaseException) -> str:
 def _footer(folder: Path) -> str:
     import datetime
 
-    import structinit
-    from structinit.harness.report.html import esc
 
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (f"Written by <code>structinit report</code> (structinit {esc(structinit.__version__)}) from "
@@ -299,7 +305,6 @@ def _footer(folder: Path) -> str:
 
 # ----------------------------------------------------------------------------- ablate
 def _ablation_page(folder: Path, runs):
-    from structinit.harness.report.html import config_html, figure, json_html, markdown, note, versions_html
 
     data, problems = _read_ablation_json(folder / "ablation.json")
     md_path, png_path = folder / "ablation.md", folder / "ablation.png"
