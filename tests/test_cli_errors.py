@@ -308,7 +308,7 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("an internal mistake")
 
-    monkeypatch.setattr("structinit.harness.tasks.train", broken)
+    monkeypatch.setattr("structinit.harness.cli.main.train", broken)
     with pytest.raises(ValueError, match="internal mistake"):
         main(["train", *FAST, "--out", str(tmp_path / "run")])
 

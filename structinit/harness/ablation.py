@@ -16,10 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from structinit.analysis import attention_metrics, fidelity_summary, impulse_fidelity
+from structinit.harness.compare import check_specs, compare, run_config
 from structinit.harness.errors import input_parameter, user_input
+from structinit.harness.recipes import recipe as make_recipe
+from structinit.harness.run.checkpoint import atomic_write_bytes, write_json, write_png
 from structinit.harness.run.device import versions
-from structinit.harness.specs import parse_seeds
+from structinit.harness.run.folder import check_out_dir
+from structinit.harness.run.lifecycle import construct_and_plan
+from structinit.harness.specs import parse_init_spec, parse_literal, parse_seeds
 from structinit.harness.summary import mean_std
+from structinit.harness.tasks import kind_of
+from structinit.harness.tasks.image import test_images
+from structinit.schemes.registry import plan_init
+from structinit.utils import is_int
+from structinit.utils.optional_imports import require
 
 __all__ = ["ABLATIONS", "PUBLISHED_GD_STEPS", "Ablation", "Variant", "ablate", "command_line", "format_markdown",
            "format_table", "plot_ablation", "variants"]
@@ -135,7 +146,6 @@ FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean ove
 
 
 def _count(name: str, value: Any, flag: str) -> int:
-    from structinit.utils import is_int
 
     with user_input(name):
         if not is_int(value) or value < 1:
@@ -145,7 +155,6 @@ def _count(name: str, value: Any, flag: str) -> int:
 
 def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any]) -> str:
     """The ``structinit ablate`` command that reproduces these settings."""
-    from structinit.harness.specs import parse_literal
 
     s = settings
     seeds = str(len(s["seeds"])) if s["seeds"] == list(range(len(s["seeds"]))) else ",".join(map(str, s["seeds"]))
@@ -164,8 +173,6 @@ def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any])
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
     """The ImageConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
-    from structinit.harness.compare import run_config
-    from structinit.harness.specs import parse_init_spec
 
     with user_input("init"):
         name, options = parse_init_spec(variant.spec)
@@ -180,7 +187,6 @@ def _variant_base(base, variant: Variant):
 def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_dir: Path) -> None:
     """Plan every variant on its model as :func:`~structinit.harness.compare.check_specs` does (gd
     with 0 steps: the options, not the fit): a variant the model cannot take fails before any measuring."""
-    from structinit.harness.compare import check_specs
 
     unfitted = ABLATIONS[ablation].build(0)  # the same variants in the same order, gd with 0 steps
     for variant, check in zip(found, unfitted):
@@ -201,8 +207,6 @@ def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_d
 def _timed_init(cfg, sizes: dict[str, Any]):
     """The variant's model at init exactly as its run builds it on ``sizes`` (what the data decides),
     and the seconds the init took on the freshly constructed model (construction not counted)."""
-    from structinit.harness.run.lifecycle import construct_and_plan
-    from structinit.schemes.registry import plan_init
 
     model, _ = construct_and_plan(dataclasses.replace(cfg, init="pytorch", init_options={}), sizes)  # not applied
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
@@ -214,7 +218,6 @@ def _timed_init(cfg, sizes: dict[str, Any]):
 
 def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str, float], list[float]]:
     """Fidelity and attention metrics of one variant and seed, and its init times."""
-    from structinit.analysis import attention_metrics, fidelity_summary, impulse_fidelity
 
     model, seconds = None, []
     for _ in range(repeats):
@@ -232,7 +235,6 @@ def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str
 
 
 def _row(variant: Variant, per_seed: list[dict[str, float]], seconds: list[float], steps: int) -> dict[str, Any]:
-    from structinit.harness.specs import parse_init_spec
 
     gd = parse_init_spec(variant.spec)[1].get("solver") == "gd"
     init_s = statistics.median(seconds)
@@ -291,8 +293,6 @@ def format_markdown(result: dict[str, Any]) -> str:
 def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     """Grouped bars of the real-image fidelity per variant (± std over seeds), and the
     accuracy per variant when trained."""
-    from structinit.harness.run.checkpoint import write_png
-    from structinit.utils.optional_imports import require
 
     require("matplotlib", "the ablation figure").use("Agg")
     plt = require("matplotlib.pyplot", "the ablation figure")
@@ -332,7 +332,6 @@ def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
 
 
 def _write(result: dict[str, Any], out: Path) -> None:
-    from structinit.harness.run.checkpoint import atomic_write_bytes, write_json
 
     write_json(out / "ablation.json", result)
     atomic_write_bytes(out / "ablation.md", lambda f: f.write(format_markdown(result).encode()))
@@ -355,11 +354,6 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     ``out`` and the data are checked, and every variant planned on its model, before anything
     is measured; training reuses finished runs and resumes interrupted ones (:func:`compare`).
     """
-    from structinit.harness.compare import compare
-    from structinit.harness.recipes import recipe as make_recipe
-    from structinit.harness.run.folder import check_out_dir
-    from structinit.harness.tasks import kind_of
-    from structinit.harness.tasks.image import test_images  # the images structinit attention and cka read
 
     ablation_variants = variants(name, _count("steps", steps, "--steps"))
     seed_list, n_images = parse_seeds(seeds), _count("images", images, "--images")

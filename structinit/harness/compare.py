@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from structinit.analysis.curves import curves_figure
 from structinit.harness.config import RunConfig, check_config
 from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.report import page as report_page
@@ -119,7 +120,6 @@ def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:
     """Held-out (or test) accuracy and loss per epoch for every init, the mean over seeds with a
     ±1 std band (:func:`structinit.curves_figure`), written atomically to ``path``."""
     require("matplotlib", "the accuracy plot").use("Agg")  # render to a file; there may be no display
-    from structinit.analysis.curves import curves_figure
 
     fig = curves_figure(runs, title="mean over seeds, band ±1 std")
     write_png(path, fig, bbox_inches="tight")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from typing import Any
 
+from structinit.harness.errors import user_input
 from structinit.schemes.registry import lookup
 from structinit.utils.checks import check_annotated
 
@@ -122,7 +123,6 @@ def _check(name: str, value: Any, rule: str | tuple | Callable | None, expected:
 
 def check_config(cfg: RunConfig) -> None:
     """Check every field that declares a check; errors are input errors naming the field."""
-    from structinit.harness.errors import user_input
 
     for field in dataclasses.fields(cfg):
         with user_input(field.name):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from structinit.data import DatasetFormatError, DatasetNotFoundError, DownloadError
 from structinit.utils import OptionError
 
 __all__ = ["NonFiniteLossError", "RunIOError", "RunLockedError", "input_parameter", "user_input"]
@@ -50,7 +51,6 @@ def user_input(parameter: str) -> Iterator[None]:
 def input_parameter(err: BaseException) -> str | None:
     """The parameter an input error concerns (``""`` when it is not known), or None when
     ``err`` is not an input error: a bug, or a failure of the run itself."""
-    from structinit.data import DatasetFormatError, DatasetNotFoundError, DownloadError  # the data stack is heavy
 
     mark = getattr(err, _MARK, None)
     if mark is not None:

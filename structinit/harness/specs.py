@@ -7,6 +7,9 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from structinit.harness.errors import user_input
+from structinit.utils import is_int
+
 __all__ = ["parse_init_spec", "parse_literal", "parse_seeds", "spec_label", "split_init_specs"]
 
 
@@ -84,8 +87,6 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
         >>> parse_seeds("3"), parse_seeds("0,4,7"), parse_seeds([5])
         ([0, 1, 2], [0, 4, 7], [5])
     """
-    from structinit.harness.errors import user_input
-    from structinit.utils import is_int
 
     value = parse_literal(seeds) if isinstance(seeds, str) else seeds  # "3" → 3, "0,4,7" → (0, 4, 7)
     with user_input("seeds"):

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import argparse
 
-from structinit.harness.cli.flags import out_path
+from structinit.harness.ablation import ABLATIONS, DEFAULT_STEPS, OWNED, PUBLISHED_GD_STEPS, ablate, format_table
+from structinit.harness.cli.flags import check_set_item, out_path
+from structinit.harness.config import ImageConfig
+from structinit.harness.recipes import RECIPES
 
 COMMAND = "ablate"
 HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init, init time, optionally accuracy"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from structinit.harness.ablation import ABLATIONS, DEFAULT_STEPS, PUBLISHED_GD_STEPS
-    from structinit.harness.recipes import RECIPES
 
     p.add_argument("name", choices=list(ABLATIONS), metavar="NAME",
                    help=f"the ablation: {', '.join(ABLATIONS)}")
@@ -55,9 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from structinit.harness.ablation import OWNED, ablate, format_table
-    from structinit.harness.cli.flags import check_set_item
-    from structinit.harness.config import ImageConfig
 
     overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
     if args.download:

@@ -24,7 +24,35 @@ import argparse
 import json
 from pathlib import Path
 
-from structinit.harness.cli.flags import out_path
+from structinit.adapters import (
+    TokenLayout,
+    adapter_for,
+    find_attention_layers,
+    find_token_mixing_layers,
+    is_token_mixing,
+    select_layers,
+    token_grid,
+)
+from structinit.analysis import (
+    attention_figure,
+    attention_maps,
+    attention_metrics,
+    comparison_figure,
+    impulse_fidelity,
+    overlay_figure,
+)
+from structinit.analysis.fidelity import layer_layouts, position_only_layers
+from structinit.analysis.figures import COLORBAR_LABEL, MIXING_LABEL
+from structinit.analysis.token_mixing import token_mixing_fidelity, token_mixing_maps
+from structinit.harness.cli.flags import UsageError, out_path
+from structinit.harness.errors import user_input
+from structinit.harness.finished import load_run, models_of
+from structinit.harness.run.folder import check_out_dir
+from structinit.harness.specs import parse_init_spec, spec_label, split_init_specs
+from structinit.harness.tasks.image import test_images
+from structinit.models import create_model
+from structinit.schemes.records import get_record, set_record
+from structinit.schemes.registry import init_
 
 COMMAND = "attention"
 HELP = "attention-map figures of inits (--model/--init) or of a run before and after training (--run)"
@@ -45,7 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
-    from structinit.harness.cli.flags import UsageError
 
     if text is None:
         return None
@@ -57,14 +84,12 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
     """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-    from structinit.harness.tasks.image import test_images
 
     return (None, None) if dataset is None else test_images(dataset, data_dir, n)[:2]
 
 
 def _is_mixer(model) -> bool:
     """No attention, token-mixing MLPs: its maps are the MLPs' (structinit.analysis.token_mixing)."""
-    from structinit.adapters import adapter_for, is_token_mixing
 
     return (not any(adapter_for(m) is not None for m in model.modules())
             and any(is_token_mixing(m) for m in model.modules()))
@@ -76,12 +101,6 @@ def _maps(model, layers, images):
     class token that joins later, another window); whether one map covers the whole image (so
     it can be laid over it); and the colour bar's label. A Mixer's maps are signed Jacobians,
     drawn by magnitude."""
-    from structinit.adapters import TokenLayout, find_attention_layers, select_layers, token_grid
-    from structinit.analysis import attention_maps
-    from structinit.analysis.fidelity import layer_layouts, position_only_layers
-    from structinit.analysis.figures import COLORBAR_LABEL, MIXING_LABEL
-    from structinit.analysis.token_mixing import token_mixing_maps
-    from structinit.harness.errors import user_input
 
     if _is_mixer(model):  # one map per layer, shown as one head
         maps = token_mixing_maps(model, None if images is None else images[:1], layers)
@@ -101,8 +120,6 @@ def _maps(model, layers, images):
 def _resolve_layers(model, layers: list[int] | None) -> list[int]:
     """The chosen layer indices (attention, or a Mixer's token-mixing MLPs), checked and
     non-negative (default: first, middle, last)."""
-    from structinit.adapters import find_attention_layers, find_token_mixing_layers, select_layers
-    from structinit.harness.errors import user_input
 
     found = find_token_mixing_layers(model) if _is_mixer(model) else find_attention_layers(model)
     if layers is None:
@@ -116,8 +133,6 @@ def _metrics(model, images, layers, offsets=None) -> dict:
     """Per chosen layer and head: impulse fidelity (when the model has impulse offsets) and the
     attention metrics, on ``images`` (or position only: fidelity alone). A Mixer's token-mixing
     maps get fidelity only (they are not probabilities)."""
-    from structinit.analysis import attention_metrics, impulse_fidelity
-    from structinit.analysis.token_mixing import token_mixing_fidelity
 
     out = {}
     try:
@@ -151,11 +166,6 @@ TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches)
 def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
     import torch
 
-    from structinit.analysis import attention_figure, comparison_figure, overlay_figure
-    from structinit.harness.errors import user_input
-    from structinit.harness.specs import parse_init_spec, spec_label, split_init_specs
-    from structinit.models import create_model
-    from structinit.schemes.registry import init_
 
     with user_input("init"):
         specs = split_init_specs(args.init)
@@ -187,7 +197,6 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
 
 
 def _queries(args, layout) -> list[int]:
-    from structinit.harness.cli.flags import UsageError
 
     q = _ints(args.queries, "--queries")
     h, w = layout.grid
@@ -197,11 +206,6 @@ def _queries(args, layout) -> list[int]:
 
 
 def _run_figures(args, out: Path, layers) -> list[str]:
-    from structinit.adapters import find_attention_layers
-    from structinit.analysis import comparison_figure, overlay_figure
-    from structinit.harness.errors import user_input
-    from structinit.harness.finished import load_run, models_of
-    from structinit.schemes.records import get_record
 
     with user_input("run"):
         run = load_run(args.run)
@@ -239,16 +243,12 @@ def _run_figures(args, out: Path, layers) -> list[str]:
 def _copy_mixer_records(initial, trained) -> None:
     """The init's impulse records of each token-mixing MLP, set on the trained twin (a record
     lives only in the process that initialised the model)."""
-    from structinit.adapters import find_token_mixing_layers
-    from structinit.schemes.records import get_record, set_record
 
     for (_, a), (_, b) in zip(find_token_mixing_layers(initial), find_token_mixing_layers(trained)):
         set_record(b, "impulse", get_record(a, "impulse"))
 
 
 def run(args: argparse.Namespace) -> int:
-    from structinit.harness.errors import user_input
-    from structinit.harness.run.folder import check_out_dir
 
     name = args.model or Path(args.run).resolve().name
     out = Path(args.out or f"runs/attention-{name}")

@@ -15,7 +15,12 @@ import argparse
 import json
 from pathlib import Path
 
+from structinit.analysis import cka_figure, cka_matrix
 from structinit.harness.cli.flags import out_path
+from structinit.harness.errors import user_input
+from structinit.harness.finished import load_run, models_of
+from structinit.harness.run.folder import check_out_dir
+from structinit.harness.tasks.image import test_images
 
 COMMAND = "cka"
 HELP = "layer-by-layer linear CKA between two finished runs (after training, or --at-init)"
@@ -34,11 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from structinit.analysis import cka_figure, cka_matrix
-    from structinit.harness.errors import user_input
-    from structinit.harness.finished import load_run, models_of
-    from structinit.harness.run.folder import check_out_dir
-    from structinit.harness.tasks.image import test_images
 
     with user_input("run"):
         runs = [load_run(args.run_a), load_run(args.run_b)]

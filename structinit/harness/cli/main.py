@@ -26,17 +26,21 @@ import sys
 import threading
 
 import structinit
-from structinit.harness.ablation import OWNED  # the config fields each command sets from its own flags
+from structinit.analysis.fidelity import fidelity_rows, format_fidelity_table
+from structinit.harness.ablation import OWNED
 from structinit.harness.cli import ablate, attention, cka
 from structinit.harness.cli.flags import add_training_flags, config_from_args, out_path, run_name
 from structinit.harness.cli.messages import exit_code, format_error
+from structinit.harness.compare import compare
 from structinit.harness.errors import user_input
+from structinit.harness.report.page import write_report
 from structinit.harness.specs import parse_init_spec, parse_seeds, spec_label, split_init_specs
+from structinit.harness.summary import format_summary
+from structinit.harness.tasks import train
 from structinit.models import list_models
 
 # Commands in a module of their own: each has COMMAND (its name), HELP (one line),
-# add_arguments(parser) and run(args) -> exit status; heavy imports stay inside run(), so that
-# `structinit --help` stays fast.
+# add_arguments(parser) and run(args) -> exit status.
 MODULE_COMMANDS = [attention, cka, ablate]
 # The demo's inits (label, scheme, options); gd fits a tenth of the published 10,000 steps, so that the demo is quick.
 DEMO_INITS: list[tuple[str, str, dict]] = [
@@ -98,7 +102,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from structinit.harness.tasks import train
 
     with user_input("init"):
         init, options = parse_init_spec(args.init)
@@ -111,8 +114,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from structinit.harness.compare import compare
-    from structinit.harness.summary import format_summary
 
     with user_input("init"):
         inits = split_init_specs(args.inits) + args.init
@@ -125,7 +126,6 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from structinit.analysis.fidelity import fidelity_rows, format_fidelity_table
 
     print(format_fidelity_table(fidelity_rows(args.model, DEMO_INITS, seed=args.seed),
                                 f"{args.model}: attention at init, position-only pseudo input"))
@@ -133,7 +133,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from structinit.harness.report.page import write_report
 
     print(f"→ {write_report(args.folder, args.out)}")
     return 0

@@ -16,6 +16,7 @@ import re
 
 from structinit.harness.cli.flags import UsageError, field_flags
 from structinit.harness.errors import NonFiniteLossError, RunIOError, input_parameter
+from structinit.harness.tasks import KINDS
 
 __all__ = ["exit_code", "format_error", "to_flags"]
 
@@ -52,7 +53,6 @@ def _field_phrases() -> list[tuple[re.Pattern, str]]:
 
 @functools.cache
 def _config_fields() -> list[str]:
-    from structinit.harness.tasks import KINDS
 
     return list(dict.fromkeys(f.name for kind in KINDS.values() for f in dataclasses.fields(kind.config)))
 

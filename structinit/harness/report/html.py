@@ -18,6 +18,10 @@ import re
 from collections.abc import Iterable, Sequence
 from importlib import resources
 
+from structinit.harness.config import facts
+from structinit.harness.tasks import KINDS
+from structinit.utils.optional_imports import require
+
 __all__ = ["config_html", "esc", "figure", "figure_png", "json_html", "markdown", "note", "page",
            "split_config", "table", "versions_html"]
 
@@ -34,7 +38,6 @@ def esc(value: object) -> str:
 
 def figure_png(fig) -> bytes:
     """A matplotlib Figure rendered to PNG bytes in memory (and closed)."""
-    from structinit.utils.optional_imports import require
 
     plt = require("matplotlib.pyplot", "the report's figures")
     buffer = io.BytesIO()
@@ -191,14 +194,12 @@ def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
 
 def _field_order(key: str) -> tuple[int, str]:
     """The config classes' own order (model and init first, output last); unknown keys after."""
-    from structinit.harness.tasks import KINDS
 
     order = list(dict.fromkeys(f.name for kind in KINDS.values() for f in dataclasses.fields(kind.config)))
     return (order.index(key), "") if key in order else (len(order), key)
 
 
 def _meaning(config: type, key: str) -> str:
-    from structinit.harness.config import facts
 
     try:
         return facts(config, key).help
