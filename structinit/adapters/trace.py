@@ -23,8 +23,16 @@ import weakref
 import torch
 from torch import nn
 
-from structinit.adapters.position import POSITION_FINDERS, Discovery, _grid_from, square_side, use_traced_discovery
+from structinit.adapters.position import (
+    POSITION_FINDERS,
+    Discovery,
+    _grid_from,
+    find_position_embedding,
+    square_side,
+    use_traced_discovery,
+)
 from structinit.adapters.probe import _patch, _rows, _taken_size, probe_inputs, probe_sizes, token_candidates
+from structinit.adapters.registry import find_attention_layers
 from structinit.utils.memo import kept
 
 _TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (tensors, Discovery)
@@ -36,7 +44,6 @@ class _Stop(Exception):
 
 def first_layer(model: nn.Module):
     """(name, adapter) of the model's first attention layer, or None when it has none."""
-    from structinit.adapters.registry import find_attention_layers  # registry → fused → attention
 
     try:
         return find_attention_layers(model)[0]
@@ -243,7 +250,6 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
 
 
 def _pe_of(model: nn.Module) -> torch.Tensor | None:
-    from structinit.adapters.position import find_position_embedding
 
     return find_position_embedding(model).pos_embed
 

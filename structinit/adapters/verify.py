@@ -33,6 +33,7 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
+from structinit.adapters.relative import reachable
 from structinit.utils.memo import kept
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -373,7 +374,6 @@ def real_maps(model: nn.Module, inputs, chosen: list[tuple[str, AttentionAdapter
     (:func:`~structinit.adapters.observe.observe`; or read from its ``calls``, already
     observed). RuntimeError, naming the layer, when one is not called or forms no square map
     over its tokens."""
-    from structinit.adapters.relative import reachable
 
     if calls is None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])

@@ -11,21 +11,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import (
-    TokenLayout,
-    find_attention_layers,
-    infer_layout,
-    is_token_mixing,
-    select_layers,
-)
+from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, is_token_mixing, select_layers
 from structinit.adapters.position_input import layer_position_input, position_only_maps
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
 from structinit.adapters.token_order import canonical, out_of_order
 from structinit.adapters.verify import RealMap, real_maps
-from structinit.functional.targets import Offset, target_index
+from structinit.functional.targets import Offset, enumerated_offsets, target_index
+from structinit.models import create_model
 from structinit.schemes.records import get_record
+from structinit.schemes.registry import init_, schemes
 
 
 def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
@@ -302,9 +298,6 @@ def fidelity_rows(model_name: str, inits: Sequence[tuple[str, str, dict]], image
     the chance level to beat; schemes not registered are skipped."""
     import time
 
-    from structinit.functional.targets import enumerated_offsets
-    from structinit.models import create_model
-    from structinit.schemes.registry import init_, schemes
 
     rows = []
     for label, scheme, opts in inits:

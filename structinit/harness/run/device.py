@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import structinit
+
 __all__ = ["Placement", "describe_device", "placement", "resolve_precision", "versions"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -101,7 +103,6 @@ def describe_device(device: torch.device) -> dict[str, Any]:
 
 def versions() -> dict[str, str]:
     """The versions a result records (``cuda``: the CUDA torch was built with, or None)."""
-    import structinit
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
             "structinit": structinit.__version__, "platform": platform.platform()}

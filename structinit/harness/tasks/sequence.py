@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from structinit.data.sequence_tasks import make_sequence_problem, sequence_accuracy
 from structinit.harness.config import SequenceConfig
 from structinit.harness.errors import user_input
 from structinit.harness.run.device import Placement
@@ -29,7 +30,6 @@ __all__ = ["SequenceTask", "evaluate_sequences", "sequence_problem"]
 def sequence_problem(cfg: SequenceConfig):
     """The problem ``cfg`` trains on (:func:`structinit.data.sequence_tasks.make_sequence_problem`
     of its ``task`` and ``task_options``); errors are input errors."""
-    from structinit.data.sequence_tasks import make_sequence_problem
 
     with user_input("task"):
         return make_sequence_problem(cfg.task, **cfg.task_options)
@@ -40,7 +40,6 @@ def evaluate_sequences(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
                        dtype=None) -> dict[str, float]:
     """Held-out token accuracy (over scored positions), exact-match rate (every scored position
     of an example right) and mean loss per scored token."""
-    from structinit.data.sequence_tasks import sequence_accuracy
 
     model.eval()
     correct = scored = exact = loss_sum = 0.0
