@@ -1,28 +1,17 @@
-"""Training throughput on a GPU: images/s of the harness's own training step (forward +
-backward + AdamW in bf16 autocast), eager and under ``torch.compile``, with the FLOPs of an
-image (forward + backward, counted by ``torch.utils.flop_counter.FlopCounterMode``), the
-TFLOP/s that makes, and its fraction of the card's dense bf16 peak (:data:`PEAKS`; another
-card says "peak unknown", ``--peak-tflops`` sets one).
-
-The step is the one ``structinit train`` takes: each model is built and initialised by the
-harness (``paper-cifar``'s settings at the model's size and batch) and stepped by
-:class:`structinit.harness.run.step.TrainStep` (fused AdamW on CUDA; the recipe's label
-smoothing and gradient clipping). A plain row trains on one fixed random batch, so its numbers are the
-model's and the optimiser's alone. ``--warmup`` steps run first (the compile happens there,
-and its time is its own column); then ``--steps`` steps are queued as the training loop
-queues them, with one synchronisation at the end. The table is rewritten after every row, so
-a run cut short keeps what it measured.
-
-``--pipeline AUGMENT`` adds a row per model whose batches come from the harness's own
-``ImageTask.batches``: a permutation of random uint8 images on the device, augmented by
-``AUGMENT`` and normalised. Its gap to the plain row is what the data pipeline costs.
+"""Training throughput of the harness's own step (``TrainStep``, as ``structinit train`` takes
+it): images/s eager and under ``torch.compile``, FLOPs per image (forward + backward), TFLOP/s
+and the share of the card's dense bf16 peak (:data:`PEAKS`, or ``--peak-tflops``).
+``--pipeline AUGMENT`` adds a row whose batches come from ``ImageTask.batches``. Instead,
+``--loop`` (CPU) times the step against the whole ``structinit train`` loop, fp32 and bf16, and
+``--augment-only`` times each augmentation alone.
 
     .venv/bin/python bench/gpu_throughput.py                                  # cuda, the default models
-    .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32:1024 --no-compile
     .venv/bin/python bench/gpu_throughput.py --models vit_tiny_patch2_32 --pipeline flip,ra2-9-0.5  # paper-cifar's step
     .venv/bin/python bench/gpu_throughput.py --device cpu --models vit_micro_patch2_16:16 --steps 3 --warmup 1 \\
         --no-compile                                                          # a smoke run on the CPU
     .venv/bin/python bench/gpu_throughput.py --from docs/results/data/gpu/h100-throughput.json  # a saved table
+    .venv/bin/python bench/gpu_throughput.py --loop                           # CPU: step against loop
+    .venv/bin/python bench/gpu_throughput.py --device cpu --augment-only      # the augmentations alone
 
 ``--models`` takes names from :data:`MODELS` or any registered structinit ViT (``vit_*``), each
 with an optional ``:batch``.
@@ -35,21 +24,26 @@ import json
 import math
 import os
 import re
+import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import DATA_DIR, markdown, median_seconds
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import structinit
 from structinit.augment import Augment
+from structinit.data import load_dataset, stratified_subset
 from structinit.data.datasets import ArrayDataset
 from structinit.harness.config import ImageConfig
 from structinit.harness.recipes import recipe
-from structinit.harness.run.device import Placement
+from structinit.harness.run.device import Placement, resolve_precision
+from structinit.harness.tasks import train
 from structinit.harness.tasks.image import image_step
 
 
@@ -70,6 +64,8 @@ MODELS = {
     "vit_base_patch16_224": Spec("ViT-B/16", "vit_base_patch16_224", 128),
 }
 DEFAULT_MODELS = ",".join(MODELS)
+AUGMENTS = ("crop4", "flip", "crop4,flip", "ra2-9-0.5", "ra2-9-0.5,crop4,flip")  # --augment-only's
+LOOP_MODELS = "vit_tiny_patch4_32,vit_cpu_patch4_32"  # --loop's: cpu-cifar's ViT and a smaller one
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from the vendor's datasheets, matched
 # against torch.cuda.get_device_name() in order, the first match wins. NVL parts and other cards
@@ -111,14 +107,6 @@ def parse_models(text: str) -> list[Spec]:
     return specs
 
 
-def build(spec: Spec, init: str | None = None) -> torch.nn.Module:
-    """The model of ``spec``; initialised with ``structinit.init_(model, init)`` unless init is None."""
-    model = structinit.create_model(spec.model, **spec.overrides)
-    if init is not None:
-        structinit.init_(model, init, seed=0)
-    return model
-
-
 def input_shape(model: torch.nn.Module) -> tuple[int, int, int]:
     """(channels, height, width) of one image the model takes."""
     proj = model.patch_embed.proj
@@ -138,7 +126,7 @@ def flops_per_image(spec: Spec, batch: int = 2) -> tuple[float, tuple[int, int, 
     """(forward + backward FLOPs of one image, the image's shape), counted on the meta device
     (no memory, no compute)."""
     with torch.device("meta"):
-        model = build(spec)
+        model = structinit.create_model(spec.model, **spec.overrides)
         x = torch.empty(batch, *input_shape(model))
         y = torch.zeros(batch, dtype=torch.long)
     return train_flops(model, x, y) / batch, input_shape(model)
@@ -147,7 +135,7 @@ def flops_per_image(spec: Spec, batch: int = 2) -> tuple[float, tuple[int, int, 
 def input_shape_and_classes(spec: Spec) -> tuple[tuple[int, int, int], int]:
     """(the image shape, the class count) of ``spec``'s model, read on the meta device."""
     with torch.device("meta"):
-        model = build(spec)
+        model = structinit.create_model(spec.model, **spec.overrides)
     return input_shape(model), model.head.out_features
 
 
@@ -220,10 +208,71 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
     return {"images_per_s": steps * spec.batch / seconds, "warmup_s": warm_s, "peak_memory_gib": memory}
 
 
-def release(device: torch.device) -> None:
-    torch._dynamo.reset()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+def step_rates(cfg, ds, epochs: int, keep_model: bool = False):
+    """Images/s per epoch of the run's own step on its own batches (on the CPU), and nothing
+    more; with ``keep_model`` also the model it trained (tests compare it with the loop's)."""
+    device = torch.device("cpu")
+    task, step = image_step(cfg.__class__(**{**cfg.to_dict(), "epochs": epochs}), ds, device)
+    chunks, _, _ = task.schedule()
+    rates = []
+    for chunk in chunks:
+        start, seen = time.perf_counter(), 0
+        for i, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, Placement(1, 0, device))):
+            step(i, x, y)
+            seen += len(x)
+        rates.append(seen / (time.perf_counter() - start))
+    return (rates, step.model) if keep_model else rates
+
+
+def loop_rates(cfg, epochs: int) -> list[float]:
+    """Images/s per epoch of ``structinit.train``, which adds the metrics, the progress
+    accounting and a checkpoint each epoch to the step (its history's own count)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(cfg.__class__(**{**cfg.to_dict(), "epochs": epochs, "out_dir": str(Path(tmp) / "r"),
+                                     "eval_every": 10**6}), progress=False)
+    return [row["images_per_s"] for row in run["history"]]
+
+
+def loop_tables(args) -> None:
+    """--loop: per model and precision, the step's images/s against the whole loop's, on the
+    same CIFAR-10 images in memory, no augmentation; medians over the epochs after the first."""
+    torch.set_num_threads(2)
+    ds = stratified_subset(load_dataset("cifar10", args.data_dir, "train"), args.images, seed=0)
+    names = [spec.model for spec in parse_models(args.models or LOOP_MODELS)]
+    print(f"default precision on this CPU: {resolve_precision('auto', torch.device('cpu'))}\n")
+    print("| model | precision | step (img/s) | loop (img/s) | loop's cost beyond its step |")
+    print("|---|---|---:|---:|---:|")
+    rates = {}
+    for name in names:
+        for precision in ("fp32", "bf16"):
+            # A 256-image holdout keeps the loop's one end-of-run evaluation short.
+            cfg = recipe("cpu-cifar", model=name, precision=precision, augment="none", train_size=args.images,
+                         data_dir=args.data_dir, holdout=256)
+            bare, whole = [], []
+            for _ in range(args.repeats):  # alternate so both see the same machine state
+                bare += step_rates(cfg, ds, args.epochs)[1:]
+                whole += loop_rates(cfg, args.epochs)[1:]
+            s, w = statistics.median(bare), statistics.median(whole)
+            rates[(name, precision)] = w
+            print(f"| {name} | {precision} | {s:.0f} | {w:.0f} | {100 * (s / w - 1):+.1f}% |", flush=True)
+    print("\n| model | bf16 / fp32 (loop) |\n|---|---:|")
+    for name in names:
+        print(f"| {name} | {rates[(name, 'bf16')] / rates[(name, 'fp32')]:.2f}× |")
+
+
+def augment_table(specs: list[Spec], device: torch.device, steps: int, warmup: int) -> str:
+    """--augment-only: images/s of each of :data:`AUGMENTS` alone, on a random uint8 batch of
+    each model's batch size and image shape on ``device``; the median of ``steps`` calls."""
+    rows = []
+    for spec in specs:
+        shape, _ = input_shape_and_classes(spec)
+        x = torch.randint(0, 256, (spec.batch, *shape), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        x = x.to(device)
+        for spec_text in AUGMENTS:
+            augment, generator = Augment.parse(spec_text), torch.Generator().manual_seed(0)
+            seconds = median_seconds(lambda: augment(x, generator), steps, warmup, sync=lambda: synchronize(device))
+            rows.append([spec.label, spec.batch, spec_text, f"{spec.batch / seconds:,.0f}", f"{1000 * seconds:.2f}"])
+    return markdown(["model", "batch", "augment", "images/s", "ms/batch"], "lrlrr", rows)
 
 
 def _fmt(value: float | None) -> str:
@@ -246,7 +295,7 @@ def table_row(row: dict, peak: float | None) -> str:
     return "| " + " | ".join([*head, *cells]) + " |"
 
 
-def markdown(rows: list[dict], header: str, peak: float | None) -> str:
+def throughput_table(rows: list[dict], header: str, peak: float | None) -> str:
     lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     return "\n".join([*lines, *(table_row(r, peak) for r in rows)]) + "\n"
 
@@ -265,7 +314,8 @@ def device_header(device: torch.device, card: str | None, peak: float | None, ar
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    p.add_argument("--models", default=DEFAULT_MODELS, help=f"name[:batch],… (default {DEFAULT_MODELS})")
+    p.add_argument("--models", default=None,
+                   help=f"name[:batch],… (default {DEFAULT_MODELS}; with --loop {LOOP_MODELS})")
     p.add_argument("--steps", type=int, default=20, help="timed steps per cell")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile happens here)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
@@ -280,19 +330,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-file", type=Path, default=None, metavar="PATH",
                    help="after warming up, write PATH.ready.<pid> and time only once PATH exists (to time "
                    "concurrent processes over one window)")
-    p.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
+    p.add_argument("--out", type=Path, default=None, help="write the table here (markdown), again after every row")
     p.add_argument("--json", type=Path, default=None, help="write the rows here (JSON)")
     p.add_argument("--from", dest="saved", type=Path, default=None, metavar="JSON",
                    help="print the table of a saved --json run (measures nothing)")
+    p.add_argument("--loop", action="store_true",
+                   help="CPU: the step against the whole `structinit train` loop, fp32 and bf16, on CIFAR-10")
+    p.add_argument("--data-dir", default=DATA_DIR, help="--loop: the folder that holds cifar-10-batches-py")
+    p.add_argument("--images", type=int, default=2048, help="--loop: training images")
+    p.add_argument("--epochs", type=int, default=3, help="--loop: epochs per measurement (the first is not counted)")
+    p.add_argument("--repeats", type=int, default=2, help="--loop: measurements of each, step and loop alternating")
+    p.add_argument("--augment-only", action="store_true",
+                   help="time each augmentation of AUGMENTS alone on a uint8 batch of each model's batch and shape")
     args = p.parse_args(argv)
     if args.saved is not None:
         saved = json.loads(args.saved.read_text())
-        print(markdown(saved["rows"], saved["header"], saved["peak_tflops"]), end="")
+        print(throughput_table(saved["rows"], saved["header"], saved["peak_tflops"]), end="")
+        return 0
+    if args.loop:
+        loop_tables(args)
         return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; use --device cpu")
-    specs = parse_models(args.models)
+    specs = parse_models(args.models or DEFAULT_MODELS)
+    if args.augment_only:
+        print(f"uint8 batches on {device}, {torch.get_num_threads()} CPU threads, torch {torch.__version__}\n")
+        print(augment_table(specs, device, args.steps, args.warmup))
+        return 0
     if (args.pipeline_only or args.cpu_prefetch) and args.pipeline is None:
         raise SystemExit("--pipeline-only and --cpu-prefetch are about the --pipeline row: give --pipeline AUGMENT too")
     if args.cpu_prefetch < 0:
@@ -315,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = modes[-1:]
     counted = [flops_per_image(spec) for spec in specs]  # (FLOPs per image, image shape)
     cells, failed, start = {}, False, time.perf_counter()
-    text = markdown([], header, peak)
+    text = throughput_table([], header, peak)
     for m, mode in enumerate(modes):  # every eager cell first: they are quick; --budget-s cuts the compiled ones
         for i, (spec, (flops, shape)) in enumerate(zip(specs, counted)):
             row = {"label": spec.label, "model": spec.model, "overrides": spec.overrides, "batch": spec.batch,
@@ -332,12 +397,14 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as error:  # one bad cell fails the run, the others are still measured
                     row["status"] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
                     failed = True
-                finally:
-                    release(device)
+                finally:  # the next cell compiles and allocates afresh
+                    torch._dynamo.reset()
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
             print(table_row(row, peak), flush=True)
             cells[i, m] = row
             rows = [cells[key] for key in sorted(cells)]  # in the order of --models, eager before compile
-            text = markdown(rows, header, peak)
+            text = throughput_table(rows, header, peak)
             if args.out is not None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 args.out.write_text(text)

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh on the CPU (it must skip the CUDA steps, saying so, and still measure a
-tiny throughput), and bench/gpu_throughput.py's FLOP counting and peak table."""
+tiny throughput), and bench/gpu_throughput.py's FLOP counting, peak table and step."""
 
 import importlib.util
 import json
@@ -180,6 +180,27 @@ def test_the_benchmark_times_the_training_loops_own_batches_and_step(tmp_path, b
     weights = load_file(tmp_path / "run" / "model.safetensors")
     assert weights.keys() == step.model.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in step.model.state_dict().items())
+
+
+def test_the_loop_comparisons_step_trains_what_the_loop_trains(tmp_path, bench):
+    # --loop times the step ``structinit train`` takes, not a copy of it: the same batches
+    # through the same step make the same weights as a run of the loop.
+    from safetensors.torch import load_file
+
+    from structinit.harness.recipes import recipe
+    from structinit.harness.tasks import train
+    from structinit.harness.tasks.image import load_data
+
+    cfg = recipe("digits", epochs=2, train_size=128, out_dir=str(tmp_path / "run"))
+    train(cfg, progress=False)
+    trained = load_file(tmp_path / "run" / "model.safetensors")
+    data, _ = load_data(cfg)
+    rates, model = bench.step_rates(cfg, data, epochs=2, keep_model=True)
+    assert len(rates) == 2 and all(r > 0 for r in rates)
+    mine = model.state_dict()
+    assert trained.keys() == mine.keys()
+    for name, value in trained.items():
+        torch.testing.assert_close(mine[name], value, rtol=0, atol=0, msg=name)
 
 
 def test_the_benchmarks_step_settings_are_the_recipes(bench):
