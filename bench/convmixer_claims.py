@@ -1,18 +1,11 @@
-"""The ConvMixer claims, tested on a finished ConvMixer comparison (recipe ``cpu-cifar-convmixer``).
-
-Reads every ``<init>/seed<k>/result.json`` under the comparison folder, prints the table of all
-rows (mean ± std over seeds, difference to the learned default) and then each claim with the
-two means, their difference, the difference's standard error (√(s₁²/n₁ + s₂²/n₂)) and a verdict:
-
-- frozen impulse filters are within 1 point of learned ones (|Δ| ≤ 1);
-- covariance (trainable) ≥ the default init, trained the same way;
-- covariance beats the default when frozen: frozen covariance > frozen random (PyTorch's
-  uniform default, frozen).
-
-"holds" is the plain comparison of means; "within noise" flags a difference smaller than two
-standard errors, which three seeds cannot call either way.
+"""The ConvMixer results of a finished ``cpu-cifar-convmixer`` comparison (docs/results/convmixer.md):
+every init's accuracy and the claims (:data:`CLAIMS`), each with its difference's standard error
+(√(s₁²/n₁ + s₂²/n₂)) and a verdict ("within noise": under two standard errors); or, with
+``--calibrate``, the ``covariance`` init's defaults (σ₀, v_σ) fitted to the trained runs'
+depthwise filters (``fit_kronecker_sigma`` per layer, ``fit_depth_schedule`` over depth).
 
     .venv/bin/python bench/convmixer_claims.py runs/cm
+    .venv/bin/python bench/convmixer_claims.py --calibrate runs/cm/pytorch
 """
 
 from __future__ import annotations
@@ -24,7 +17,11 @@ from pathlib import Path
 
 from common import markdown
 
-from structinit.harness.finished import find_runs
+from structinit.adapters.conv import find_depthwise_convs
+from structinit.functional.conv_filters import estimate_covariance, fit_depth_schedule, fit_kronecker_sigma
+from structinit.harness.finished import find_runs, load_trained_weights
+from structinit.harness.run.checkpoint import WEIGHTS, load_weights
+from structinit.models import create_model
 
 LEARNED = "pytorch"
 CLAIMS = (  # (claim, a, b, test on the difference of means a − b in points)
@@ -77,11 +74,60 @@ def claims(rows: dict[str, list[float]]) -> str:
     return "\n".join([markdown(["claim", "a", "b", "a − b (points)", "std. error", "verdict"], "lrrrrl"), *lines])
 
 
+DEFAULT_TRACE = 1 / 3  # PyTorch's default depthwise init: k² taps of variance 1/(3k²)
+
+
+def layer_fits(run) -> list[dict]:
+    """Per depthwise layer of the run's trained model: σ_l, the fit's residual and tr Σ̂_l / default."""
+    cfg = run.config
+    tensors, _ = load_weights(run.path / WEIGHTS)
+    in_chans = int(tensors["stem.weight"].shape[1]) if "stem.weight" in tensors else 3  # ConvMixer's stem
+    model = create_model(cfg.model, num_classes=run.num_classes, in_chans=in_chans, **cfg.model_kwargs)
+    load_trained_weights(model, run.path / WEIGHTS)
+    rows = []
+    for layer, (name, conv) in enumerate(find_depthwise_convs(model)):
+        cov = estimate_covariance(conv.weight)
+        sigma, residual = fit_kronecker_sigma(cov)
+        rows.append({"layer": layer, "name": name, "sigma": sigma, "residual": residual,
+                     "trace_ratio": float(cov.trace()) / DEFAULT_TRACE})
+    return rows
+
+
+def calibrate(folders: list[Path]) -> str:
+    """The per-layer fits, averaged over the runs in ``folders``, and the depth schedule through them."""
+    runs = [run for folder in folders for run in find_runs(folder)]
+    fits = [layer_fits(run) for run in runs]
+    depth = len(fits[0])
+    if any(len(f) != depth for f in fits):
+        raise SystemExit("the runs have different depths; calibrate one architecture at a time")
+    rows, sigmas = [], []
+    for layer in range(depth):
+        per_run = [f[layer] for f in fits]
+        sigmas.append(statistics.fmean(r["sigma"] for r in per_run))
+        rows.append([layer, f"{sigmas[-1]:.3f}", ", ".join(f"{r['sigma']:.3f}" for r in per_run),
+                     f"{statistics.fmean(r['residual'] for r in per_run):.3f}",
+                     f"{statistics.fmean(r['trace_ratio'] for r in per_run):.2f}"])
+    sigma0, v_sigma = fit_depth_schedule(sigmas)
+    return "\n".join([
+        f"{len(runs)} trained run(s): {', '.join(str(r.path) for r in runs)}\n",
+        markdown(["layer", "σ_l (mean over runs)", "σ_l per run", "fit residual (mean)", "tr Σ̂ / default"], "rrlrr",
+                 rows),
+        f"\nleast-squares schedule: sigma0={sigma0:.3f}, v_sigma={v_sigma:.3f} "
+        f"(σ from {sigma0:.3f} at layer 0 to {sigma0 + v_sigma:.3f} at layer {depth - 1})"])
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("folder", type=Path, help="the compare folder of the cpu-cifar-convmixer runs")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folders", type=Path, nargs="+",
+                    help="the compare folder of the cpu-cifar-convmixer runs (--calibrate: run or compare folders)")
+    ap.add_argument("--calibrate", action="store_true", help="fit the covariance init's defaults instead")
     args = ap.parse_args()
-    rows = load_rows(args.folder)  # find_runs: a clear error if the folder holds no finished run
+    if args.calibrate:
+        print(calibrate(args.folders))
+        return
+    if len(args.folders) > 1:
+        ap.error("the claims read one comparison folder")
+    rows = load_rows(args.folders[0])  # find_runs: a clear error if the folder holds no finished run
     print(table(rows), "", claims(rows), sep="\n")
 
 

@@ -1,17 +1,17 @@
 import doctest
 
+import proposition1 as prop1
 import pytest
 import torch
 import torch.nn.functional as F
-
-import proposition1_maths as prop1
-from proposition1_maths import (
+from proposition1 import (
     channel_assignment,
     filter_output,
     impulse_features,
     mixing_residual,
     proposition1_curve,
 )
+
 from structinit.functional.targets import impulse_matrix, kernel_offsets
 
 GRID = (8, 8)
