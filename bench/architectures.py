@@ -1,29 +1,12 @@
-"""Structured init across architectures: the ``cpu-cifar`` comparison of each model side by side.
+"""Structured init across architectures: the ``cpu-cifar`` comparison of each model side by side
+(docs/results/architectures.md). Trains nothing: it reads each architecture's ``structinit
+compare`` folder (or its ``summary.json``) and prints held-out accuracy, each init's gain paired
+by seed (over ``pytorch`` and ``timm``, and impulse against mimetic) and the cost; ``--figure``
+draws the gains. ``NAME=A+B`` reads each init from the first of the folders that has it.
 
-Trains nothing: it reads the run folders ``bench/data_efficiency.py`` wrote, one per
-architecture, and prints three tables:
-
-1. held-out accuracy of every init on every architecture (mean ± std over seeds, per seed);
-2. each structured init's gain over ``pytorch``, and impulse against mimetic, paired by seed:
-   the question is whether structure pays more or less where the architecture already has a
-   locality bias (Swin's windows) or mixes tokens with an MLP (Mixer);
-3. the cost: the model's parameters, minutes per run and CPU core-hours;
-
-and with ``--figure PATH`` the gains as a bar chart (a bar per architecture and init, a dot
-per seed).
-
-    .venv/bin/python bench/data_efficiency.py --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin
-    .venv/bin/python bench/data_efficiency.py --model mixer_cpu_patch4_32 --out runs/cpu-cifar-mixer
+    structinit compare --recipe cpu-cifar --precision fp32 --data-dir ../shared/datasets \\
+        --model swin_cpu_patch2_32 --out runs/cpu-cifar-swin          # one per architecture
     .venv/bin/python bench/architectures.py --runs swin=runs/cpu-cifar-swin --runs mixer=runs/cpu-cifar-mixer
-
-Add ``--runs vit=runs/data-efficiency`` for the ViT's own folder. ``NAME=A+B`` reads each init
-from the first of the folders that has it: e.g. a Swin built with PyTorch's Linear defaults
-(``--set 'model_kwargs={"weight_init": "pytorch"}'``) trains only mimetic and impulse, and takes
-the baselines from the default Swin's folder, since ``pytorch`` and ``timm`` rewrite every
-weight and give the same model either way. In place of a folder,
-``NAME=FILE.json`` reads the ``summary.json`` a comparison wrote (per init: ``accs`` and
-``seeds``), so a table can be remade without the runs; such a column has no cost row. An
-architecture's column shows what has finished; a run still training is left out.
 """
 
 from __future__ import annotations
@@ -86,12 +69,8 @@ BASES = ("pytorch", "timm")
 
 def gain_rows(inits=INITS) -> list[tuple[str, str]]:
     """(init, base) pairs of the gain table: every other init against each baseline of ``BASES``
-    that ran, then impulse against mimetic.
-
-    Both baselines, because a structured init writes only its own layers and leaves the rest as
-    the model was built, and models are built differently: this package's ViT and Mixer with
-    PyTorch's defaults, its Swin (as timm's and the Swin authors') with trunc-normal 0.02.
-    Structure's own effect is the difference from the baseline that matches the rest."""
+    that ran, then impulse against mimetic. Both baselines, because a structured init leaves the
+    rest of the model as built, and models are built differently (docs/results/architectures.md)."""
     bases = [b for b in BASES if b in inits]
     rows = [(init, base) for base in bases for init in inits if init not in bases]
     rows += [(other, base) for i, base in enumerate(bases) for other in bases[i + 1:]]
@@ -195,7 +174,7 @@ def parse_runs(specs: list[str]) -> dict[str, tuple[Path, ...]]:
                 raise FileNotFoundError(f"--runs {spec!r}: no file {path}; expected a comparison's summary.json")
             if path.suffix != ".json" and not path.is_dir():
                 raise FileNotFoundError(f"--runs {spec!r}: {path} is not a folder; train it first with "
-                                        f"bench/data_efficiency.py --model MODEL --out {path}")
+                                        f"structinit compare --recipe cpu-cifar --model MODEL --out {path}")
         folders[name] = paths
     return folders
 

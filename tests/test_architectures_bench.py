@@ -78,7 +78,7 @@ def test_cost_counts_threads_and_builds_the_runs_model(folders):
 def test_bad_folders_are_named(tmp_path):
     with pytest.raises(ValueError, match="NAME=FOLDER"):
         parse_runs(["runs/cpu-cifar-swin"])
-    with pytest.raises(FileNotFoundError, match=r"nowhere.*data_efficiency\.py --model MODEL --out"):
+    with pytest.raises(FileNotFoundError, match=r"nowhere.*structinit compare --recipe cpu-cifar --model MODEL --out"):
         parse_runs([f"swin={tmp_path / 'nowhere'}"])
     with pytest.raises(FileNotFoundError, match="no such folder"):
         seed_accuracies(tmp_path / "nowhere")
@@ -143,24 +143,21 @@ def test_the_figure_draws_the_paired_gains(folders, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ("[1]", "--set 'model_kwargs=[1]': model_kwargs takes dict"),
-    ("{x", "--set 'model_kwargs={x': model_kwargs takes dict"),
+    ("[1]", "--set 'model_kwargs=[1]': expected a dict"),
+    ("{x", "--set 'model_kwargs={x': expected a dict"),
     ('{"weight_init": "jax"}', "--model: weight_init='jax': expected 'timm'"),
 ])
-def test_data_efficiency_names_bad_model_kwargs_before_training(tmp_path, kwargs, message):
-    # the script is compare with the cpu-cifar defaults: compare's flags and compare's messages
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_the_pages_compare_names_bad_model_kwargs_before_training(tmp_path, capsys, kwargs, message):
+    # the command docs/results/architectures.md trains each column with
     from test_data import write_cifar10
 
+    from structinit.harness.cli.main import main
+
     write_cifar10(tmp_path / "data")
-    script = Path(__file__).resolve().parent.parent / "bench" / "data_efficiency.py"
-    done = subprocess.run([sys.executable, str(script), "--data-dir", str(tmp_path / "data"), "--model",
-                           "swin_cpu_patch2_32", "--set", f"model_kwargs={kwargs}", "--out", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and message in done.stderr, done.stderr
+    argv = ["compare", "--recipe", "cpu-cifar", "--precision", "fp32", "--data-dir", str(tmp_path / "data"),
+            "--model", "swin_cpu_patch2_32", "--set", f"model_kwargs={kwargs}", "--out", str(tmp_path / "runs")]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("result.json"))
 
 
