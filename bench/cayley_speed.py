@@ -1,14 +1,9 @@
-"""Speed of the Cayley orthogonal convolution against nn.Conv2d at the KWLarge layer sizes.
-
-For every conv of ``kwlarge_cpu`` (channels 16, 32) and ``kwlarge`` (32, 64) on 32×32 inputs,
-one markdown table with, side by side: the forward+backward time of a batch through
-``CayleyConv2d`` and through the plain circular-padded ``nn.Conv2d`` of the same shape (the
-layer of the same model built with ``conv="plain"``) and their ratio; the eval-mode forward with the
-per-frequency matrices recomputed at every call and with them cached (what
-``CayleyConv2d`` does in eval mode); and the per-frequency Cayley solve of the layer's
-(n·(n/2+1)) stack of matrices by the three ways of writing it: ``inv`` (one batched inverse
-and two products, the library's), ``solve`` (two batched ``torch.linalg.solve``) and ``lu``
-(one ``lu_factor``, two ``lu_solve``). Each cell is the median of ``--repeats`` timings.
+"""Speed of the Cayley orthogonal convolution against nn.Conv2d at the KWLarge layer sizes
+(docs/results/speed.md#cayley-convolutions): per conv of ``kwlarge_cpu`` and ``kwlarge`` on
+32×32 inputs, forward+backward of ``CayleyConv2d`` against the plain circular-padded conv of
+the same model built with ``conv="plain"``; the eval forward with the per-frequency matrices
+recomputed and cached; and the per-frequency Cayley solve written three ways (``inv``, the
+library's; ``solve``; ``lu``). Each cell is the median of ``--repeats`` timings.
 
     .venv/bin/python bench/cayley_speed.py              # batch 128, 2 threads
     .venv/bin/python bench/cayley_speed.py --quick      # batch 32, 1 thread, a few repeats (a smoke run)
@@ -17,6 +12,7 @@ and two products, the library's), ``solve`` (two batched ``torch.linalg.solve``)
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from functools import partial
 
 import torch
@@ -112,9 +108,7 @@ def main() -> None:
     for model in args.models.split(","):
         for r in measure(model, args.batch, args.repeats):
             ms = {k: 1e3 * v for k, v in r.items() if k != "layer"}
-            for k, v in ms.items():
-                totals.setdefault(model, {}).setdefault(k, 0.0)
-                totals[model][k] += v
+            totals.setdefault(model, Counter()).update(ms)  # Counter.update adds: the four convs' sums
             print(f"| {model} | {r['layer']} | {ms['train_cayley']:.2f} | {ms['train_plain']:.2f} | "
                   f"{ms['train_cayley'] / ms['train_plain']:.1f}× | {ms['eval_nocache']:.2f} | "
                   f"{ms['eval_cached']:.2f} | "

@@ -1,9 +1,7 @@
 """What the benchmarks share: where the data is, the one timing rule, the exact CIFAR-10 test
-images, the fidelity columns, markdown tables and the figures' pyplot.
-
-A script run as ``.venv/bin/python bench/x.py`` has ``bench/`` on its import path, so each one
-imports this module by name (the tests' conftest puts ``bench/`` on the path too). structinit
-is imported where it is used: ``bench/init_speed.py --against`` times another checkout's.
+images, the fidelity columns, markdown tables and the figures' pyplot. Each script imports it by
+name (``bench/`` is on a script's import path, and the tests' conftest adds it); structinit is
+imported where it is used: ``bench/init_speed.py --against`` times another checkout's.
 """
 
 from __future__ import annotations

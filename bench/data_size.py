@@ -1,42 +1,13 @@
-"""Where structured init pays: held-out accuracy against training-set size, on three datasets.
-
-Protocol (every run):
-- model ``vit_cpu_patch4_32`` (the ``cpu-cifar`` ViT: D 128, depth 6, 4 heads, patch 4), sized
-  to the data: 8×8 tokens on CIFAR-10, 7×7 on the 28×28 MNISTs;
-- a class-stratified training subset of ``size`` images, drawn per seed from the training
-  split minus its last 10,000 images, which are the held-out set every run is judged on;
-- the same optimiser budget for every size: ``--steps`` AdamW steps of 125 images, 10 % of
-  them warm-up, then cosine decay (the ``cpu-cifar`` optimiser settings). With 125 images a
-  batch, every size below divides into whole batches and the budget into whole epochs, so
-  each run takes exactly the same steps and sees the same number of images: the size is the
-  only variable. A fixed number of epochs instead would give the large sets more steps.
-  The default 400 steps (50,000 images: 100 epochs of 500, 5 of 10,000) are a third of the
-  ``cpu-cifar`` budget (30 epochs of 5,000), so accuracies sit below that recipe's;
-- augmentation that fits the data: crop (pad 4) and horizontal flips on CIFAR-10 and
-  Fashion-MNIST (its classes are left-right symmetric), crop only on MNIST (a flipped digit is
-  another glyph);
-- inits ``pytorch``, ``timm``, ``mimetic``, ``impulse`` at their defaults, 3 seeds; fp32.
-
-Sizes: CIFAR-10 1k–10k, the MNISTs 500–5k (10× each). Runs go seed-major through
-``compare`` into ``--out``/<dataset>-<size>, so an interrupted study continues where it
-stopped (rerun the same command) and a complete table for seed 0 comes first.
+"""Where structured init pays: held-out accuracy against training-set size on CIFAR-10, MNIST and
+Fashion-MNIST, the ``cpu-cifar`` ViT with every init at its defaults (the protocol:
+docs/results/data-size.md). Every run takes the same ``--steps`` AdamW steps of 125 images, so
+the size is the only variable. Runs go seed-major through ``compare`` into
+``--out``/<dataset>-<size> (rerun the same command to continue); the report is ``data_size.md``
+and ``data_size.json`` there, and three figures in ``--figures``.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/data_size.py --data-dir ../shared/datasets
     .venv/bin/python bench/data_size.py --report-only        # table and figures from finished runs
     .venv/bin/python bench/data_size.py --from docs/results/data/data-size.json   # the tables, from a clone
-
-On 2 cores, two one-thread processes over disjoint seeds (``OMP_NUM_THREADS=1`` with
-``--seeds 0,1`` and ``--seeds 2,``, a list of one) train more images a second than one
-two-thread process; each run's lock keeps them off each other's runs. Two processes of two
-threads each oversubscribe the cores and slow down many times over.
-
-Writes ``data_size.json`` (every run's accuracy), ``data_size.md`` (accuracy by size with an
-init per column; the full table, per seed, with the final training loss and the CPU time the
-runs took; then, per dataset, each init's gain over ``pytorch`` and impulse against mimetic at
-every size, and their change from the smallest size to the largest) and three figures into
-``--figures``: accuracy against size (log x, band = min–max over seeds), each init's gain over
-``pytorch`` (paired by seed), and the training loss against step at each dataset's smallest
-and largest size.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The empirical side of the Lipschitz certificate: PGD's lower bound on the local ℓ₂ Lipschitz
-constant (:func:`structinit.empirical_lipschitz`) of trained KWLarge networks, Cayley against
-plain convs, at init and after training.
-
-For each finished run under the given comparison folders it rebuilds the model at init and
-loads the trained weights (:func:`structinit.harness.finished.models_of`), then runs the PGD
-ascent of ‖f(x + δ) − f(x)‖/‖δ‖ on the first ``--images`` CIFAR-10 test images, in the
-model's input space (the normalised images; the pixel-space constant is this times 1/min(std)).
-A Cayley network declares a bound of 1 (``model.lipschitz_bound``), so every estimate must be
-≤ 1; a plain-conv network has no bound, and the estimate says how far it is from one.
+"""The empirical side of the Lipschitz certificate (docs/results/lipschitz.md): PGD's lower
+bound on the local ℓ₂ Lipschitz constant (:func:`structinit.empirical_lipschitz`) of each
+finished run's network under the given comparison folders, at init and trained, on the first
+``--images`` CIFAR-10 test images in the model's input space. A Cayley network declares a bound
+of 1 (``model.lipschitz_bound``), so its every estimate must be ≤ 1.
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/lipschitz_check.py runs/lip-cayley runs/lip-plain
 """
@@ -17,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import torch
 from common import DATA_DIR
 
 from structinit.analysis.certify import empirical_lipschitz
@@ -25,12 +19,8 @@ from structinit.data import load_dataset
 from structinit.harness.finished import find_runs, models_of
 
 
-def estimate(model: torch.nn.Module, x: torch.Tensor, steps: int, seed: int) -> float:
-    return empirical_lipschitz(model.eval(), x, steps=steps, seed=seed)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", help="compare folders (or run folders) of KWLarge runs")
     ap.add_argument("--data-dir", default=DATA_DIR)
     ap.add_argument("--images", type=int, default=256)
@@ -52,8 +42,8 @@ def main() -> None:
         for run in runs:
             initial, trained = models_of(run, tuple(x.shape[1:]), test.num_classes)
             bound = getattr(trained, "lipschitz_bound", None)
-            init_l.append(estimate(initial, x, args.steps, seed=run.result["seed"]))
-            trained_l.append(estimate(trained, x, args.steps, seed=run.result["seed"]))
+            init_l.append(empirical_lipschitz(initial.eval(), x, steps=args.steps, seed=run.result["seed"]))
+            trained_l.append(empirical_lipschitz(trained.eval(), x, steps=args.steps, seed=run.result["seed"]))
         kind = cfg.model_kwargs.get("conv", "cayley")
         print(f"| {cfg.model} ({kind}) | {'none' if bound is None else bound} | {statistics.fmean(init_l):.3f} | "
               f"{', '.join(f'{v:.3f}' for v in trained_l)} | {max(trained_l):.3f} |", flush=True)

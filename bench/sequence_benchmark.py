@@ -1,28 +1,16 @@
-"""The sequence benchmark: default vs mimetic init on Mamba and on a causal Transformer of
-matched size, on copying (three lengths) and multi-query associative recall (three (pairs,
-length) settings), the same step budget per setting (recipe ``seq-cpu``), 5 seeds.
+"""The sequence benchmark (docs/results/sequence.md): default vs mimetic init on Mamba and on a
+causal Transformer of matched size, on copying and multi-query associative recall at three
+settings each (recipe ``seq-cpu``), 5 seeds. Each (setting, model) is a ``structinit compare``
+folder under ``--out``, run seed-major and resumable; it prints the table (also
+``--out``/benchmark.md) and draws accuracy against length and against step.
 
-Every (setting, model) is a ``structinit compare`` folder under ``--out``; the seeds run
-outermost (all settings for seed 0, then seed 1, …) and finished runs are skipped, so a
-killed benchmark continues where it stopped and a partial one already has a full table for
-its first seeds. At the end it prints a markdown table (also ``--out``/benchmark.md) and
-draws two figures: held-out accuracy against sequence length (one line per model and init,
-a band from the worst to the best seed, one dot per seed) and accuracy against step at the
-longest setting of each task.
-
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --seeds 5 \\
-        --figures docs/figures
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --figures docs/figures
     OMP_NUM_THREADS=1 .venv/bin/python bench/sequence_benchmark.py --quick --out /tmp/seqq   # smoke test
 
-``--ablation`` runs the ablation of the SSM scheme's parts and constants (:data:`ABLATION`)
-on Mamba at the longest setting of each task, 3 seeds, in the same folders (the default and
-mimetic runs are shared, not redone), table ``ablation.md``:
+``--ablation`` runs the SSM scheme's ablation (:data:`ABLATION`) on Mamba at the longest
+settings, 3 seeds, in the same folders (table ``ablation.md``):
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --ablation \\
-        --figures runs/seq/ablation
-
-It is the same as ``--seeds 3 --settings 2 --models mamba_seq_2x64 --ssm-inits "<ABLATION>"
---table ablation.md``; any of those flags given explicitly wins.
+    OMP_NUM_THREADS=2 .venv/bin/python bench/sequence_benchmark.py --out runs/seq --ablation --figures runs/seq/ablation
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ from common import pyplot
 
 from structinit.harness.compare import compare
 from structinit.harness.recipes import sequence_recipe
-from structinit.harness.specs import parse_seeds, spec_label
+from structinit.harness.specs import parse_seeds, spec_label, split_init_specs
 
 # MQAR's vocabulary is 64 (keys from 31, values from 32 tokens): with Zoology's larger ones
 # (256+) neither Mamba-2×64 init got past the rate of guessing one of the 8 values in context
@@ -253,8 +241,7 @@ def main() -> None:
         picks = [int(i) for i in args.settings.split(",")]
         settings = {t: [options[i] for i in picks if i < len(options)] for t, options in settings.items()}
     models = args.models.split(",")
-    inits = [spec.strip() for spec in args.inits.split(";") if spec.strip()]
-    ssm_inits = [spec.strip() for spec in args.ssm_inits.split(";") if spec.strip()]
+    inits, ssm_inits = split_init_specs(args.inits), split_init_specs(args.ssm_inits)
     overrides = dict(steps=60, eval_every=20, heldout_size=64) if args.quick else {}
     if not args.report_only:
         run_all(out, settings, models, inits, ssm_inits, seeds, overrides, args.progress)

@@ -1,18 +1,10 @@
-"""The zoo: structinit's attention inits on ViTs built by the public packages, with no hints.
+"""The zoo (docs/results/zoo.md): structinit's attention inits, with no hints, on the ViTs of
+``bench/zoo_catalogue.py``, each built from code by its own package. Per model × scheme: ✓ and
+the seconds of ``structinit.init_`` (for impulse also the argmax hit on real images, layer 1 /
+mean over layers), or ✗ and the error's first sentence; and the modules left alone.
 
-Every model is built from code (no weights) by its own package: timm, torchvision,
-vit-pytorch, open_clip, Hugging Face transformers, x-transformers, and by hand (the catalogue
-and each model's expectation: ``bench/zoo_catalogue.py``). For each model × scheme the table
-shows ✓ (or ✗ and the error's first sentence) and the seconds ``structinit.init_`` took; for
-impulse also the argmax hit of the model's own attention maps on real images (CIFAR-10 test
-images resized to the model's input size; sklearn's digits when CIFAR-10 is absent) at layer 1
-and averaged over layers (:func:`structinit.impulse_fidelity`), and the modules the schemes
-left alone.
-
-    .venv-zoo/bin/python bench/zoo.py                      # the zoo table of docs/results/zoo.md
+    .venv-zoo/bin/python bench/zoo.py                      # needs bash scripts/setup_zoo.sh
     .venv-zoo/bin/python bench/zoo.py --models tv_vit_b_16 --schemes impulse
-
-It needs the zoo venv (``bash scripts/setup_zoo.sh``); ``tests/zoo`` runs the same catalogue.
 """
 
 from __future__ import annotations
@@ -46,14 +38,11 @@ def build(entry: ZooModel, seed: int = 0) -> nn.Module:
 
 def real_images(n: int, size: int, cifar_dir: Path = CIFAR) -> tuple[torch.Tensor, str]:
     """(n, 3, size, size) float32 real images, standardised, and where they came from: the first
-    ``n`` CIFAR-10 test images (pickle ``test_batch``, ``b'data'`` uint8 N×3072) or, without
-    CIFAR-10, sklearn's 8×8 digits; bilinear resize to ``size``."""
-    batch = cifar_dir / "test_batch"
-    if batch.is_file():
-        from structinit.data.safe_pickle import load_pickle  # never unpickles code
+    ``n`` CIFAR-10 test images or, without CIFAR-10, sklearn's 8×8 digits; bilinear resize to ``size``."""
+    if (cifar_dir / "test_batch").is_file():
+        from structinit.data import load_dataset  # the library's safe loader: never unpickles code
 
-        raw = load_pickle(batch.read_bytes(), batch)[b"data"][:n]
-        x, source = torch.as_tensor(raw).float().reshape(-1, 3, 32, 32) / 255, "CIFAR-10 test"
+        x, source = load_dataset("cifar10", cifar_dir, "test").images[:n].float() / 255, "CIFAR-10 test"
     else:
         from sklearn.datasets import load_digits
 

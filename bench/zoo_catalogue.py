@@ -131,10 +131,6 @@ class ShuffledEncoderViT(nn.Module):
         return vit.head(vit.norm(vit.blocks(x)).mean(1))
 
 
-def _hand(cls) -> Callable[[], nn.Module]:
-    return cls
-
-
 ROPE = "rotated by position"
 NO_ADAPTER = "attention that no adapter understands"
 
@@ -267,8 +263,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("xt_ViTransformerWrapper_rotary", "x-transformers", _x_transformers(rotary_pos_emb=True), 32,
              "rotary position embedding on q and k", refused={"impulse": ROPE}),
     # -- by hand ------------------------------------------------------------------------------
-    ZooModel("torch_TransformerEncoder_ViT", "torch", _hand(EncoderViT), 32, "nn.TransformerEncoder (this file)"),
-    ZooModel("hand_ShuffledEncoderViT", "torch", _hand(ShuffledEncoderViT), 32,
+    ZooModel("torch_TransformerEncoder_ViT", "torch", EncoderViT, 32, "nn.TransformerEncoder (this file)"),
+    ZooModel("hand_ShuffledEncoderViT", "torch", ShuffledEncoderViT, 32,
              "MAE-style random token order after the PE (this file)"),
 )
 BY_NAME = {m.name: m for m in CATALOGUE}
