@@ -326,7 +326,7 @@ def test_wrong_input_size_raises_clear_error():
     [
         (dict(global_pool="max"), r"global_pool='max'"),
         (dict(class_token=False, global_pool="token"), r"class_token"),
-        (dict(pos_embed="rope"), r"pos_embed='rope'"),
+        (dict(pos_embed="alibi"), r"pos_embed='alibi': expected 'learn', 'sincos' or 'rope'"),
         (dict(embed_dim=30, num_heads=4), r"dim=30.*num_heads=4"),
     ],
 )

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.relative import RelativeBias, call_logit_terms, find_relative_bias
+from structinit.adapters.rotary import Rotary, find_rotary
 from structinit.functional.attention import attention_probs
 
 Views = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
@@ -105,7 +106,7 @@ class AttentionAdapter:
 
     def qk_features(self, x: torch.Tensor):
         """q, k of shape (..., heads, T, r) for input tokens x (..., T, D), with the module's
-        q/k normalisation if it has one."""
+        q/k normalisation and rotary position embedding if it has them."""
         wq, bq, wk, bk = self.read_qk()
         wq, wk = wq.to(x.dtype), wk.to(x.dtype)
         q = torch.einsum("...td,hdr->...htr", x, wq)
@@ -119,7 +120,15 @@ class AttentionAdapter:
             q = q_norm(q)
         if isinstance(k_norm, nn.Module):
             k = k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary.rotate(q), self.rotary.rotate(k)
         return q, k
+
+    @functools.cached_property
+    def rotary(self) -> Rotary | None:
+        """The module's rotary position embedding (2-D RoPE), or None
+        (:func:`~structinit.adapters.rotary.find_rotary`)."""
+        return find_rotary(self.module)
 
     @functools.cached_property
     def relative(self) -> RelativeBias | None:

@@ -1,6 +1,6 @@
 """What an attention layer attends with position alone: the papers' pseudo input
 LayerNorm(PE) for a layer that reads position from the tokens, content-free zero tokens for a
-layer with a relative position bias. Impulse designs its maps for this input; the check after an
+layer with a relative position bias or a rotary embedding. Impulse designs its maps for this input; the check after an
 impulse write, fidelity without images and the position-only figures feed it to the model's
 own layers inside one real forward (:func:`position_only_maps`)."""
 
@@ -39,13 +39,14 @@ def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.
 def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayout,
                          pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a layer attends with position alone, as (tokens, call terms): for a relative-bias
-    layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the bias (a
-    bias the layer receives with its call comes back as the terms); otherwise
+    or rotary layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the
+    bias, or of the rotated q/k biases (a bias the layer receives with its call comes back as
+    the terms); otherwise
     :func:`position_only_input` (1, N, D) and no terms."""
     rb = layer_relative_bias(model, name, adapter)
-    if rb is None:
+    if rb is None and adapter.rotary is None:
         return position_only_input(model, layout, pos_embed), None
-    terms = rb.bias().detach().float()[None] if rb.received else None
+    terms = rb.bias().detach().float()[None] if rb is not None and rb.received else None
     return torch.zeros(1, layout.num_tokens, adapter.dim), terms
 
 
@@ -56,7 +57,7 @@ def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout,
     getting its own position's row where the model reorders them (``order``, (B, T)), prefix
     tokens kept; everything zero for a layer with a relative position bias."""
     x_design, _ = layer_position_input(model, name, adapter, layout, pos_embed)
-    relative = layer_relative_bias(model, name, adapter) is not None
+    relative = layer_relative_bias(model, name, adapter) is not None or adapter.rotary is not None
 
     def swap(x: torch.Tensor) -> torch.Tensor:
         if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:

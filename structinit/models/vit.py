@@ -28,6 +28,7 @@ from torch import nn
 
 from structinit.functional.posembed import sincos_2d
 from structinit.models.registry import register_model
+from structinit.models.rope import Rotary2d
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # timm's ViT norm
 
@@ -65,9 +66,11 @@ def head_shape(dim: int, num_heads: int) -> tuple[int, float]:
 
 class Attention(nn.Module):
     """timm's multi-head self-attention (fused qkv); ``causal=True`` masks every key after
-    the query (``is_causal`` of ``F.scaled_dot_product_attention``), for sequence models."""
+    the query (``is_causal`` of ``F.scaled_dot_product_attention``), for sequence models;
+    ``rope`` rotates q and k by position (:class:`~structinit.models.rope.Rotary2d`)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, causal: bool = False):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, causal: bool = False,
+                 rope: nn.Module | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.causal = causal
@@ -78,12 +81,14 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(0.0)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(0.0)
+        self.rope = rope
 
     def _qkv(self, x: torch.Tensor):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
-        return self.q_norm(q), self.k_norm(k), v
+        q, k = self.q_norm(q), self.k_norm(k)
+        return (q, k, v) if self.rope is None else (self.rope(q), self.rope(k), v)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
@@ -106,10 +111,11 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, causal: bool = False):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool, causal: bool = False,
+                 rope: nn.Module | None = None):
         super().__init__()
         self.norm1 = LayerNorm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, causal=causal)
+        self.attn = Attention(dim, num_heads, qkv_bias, causal=causal, rope=rope)
         self.ls1 = nn.Identity()
         self.drop_path1 = nn.Identity()
         self.norm2 = LayerNorm(dim)
@@ -132,8 +138,10 @@ class VisionTransformer(nn.Module):
         class_token: prepend a learned class token (timm's ``cls_token``).
         global_pool: ``'token'`` (class token) or ``'avg'`` (mean over patch tokens; timm then
             uses ``fc_norm`` instead of ``norm``).
-        pos_embed: ``'learn'`` (timm's ``randn · 0.02``) or ``'sincos'`` (fixed 2-D sin-cos,
-            a frozen Parameter so that it is saved and loads into timm's learned slot).
+        pos_embed: ``'learn'`` (timm's ``randn · 0.02``), ``'sincos'`` (fixed 2-D sin-cos,
+            a frozen Parameter so that it is saved and loads into timm's learned slot) or
+            ``'rope'`` (no embedding added: every attention layer rotates q and k by position,
+            2-D axial RoPE with base ``rope_theta``).
         pos_embed_scale: multiplies the initial position embedding.
         no_embed_class: class token gets no position embedding (its row is absent).
     """
@@ -154,14 +162,15 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "learn",
         pos_embed_scale: float = 1.0,
         no_embed_class: bool = False,
+        rope_theta: float = 100.0,
     ):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool={global_pool!r}: expected 'token' or 'avg'")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
-        if pos_embed not in ("learn", "sincos"):
-            raise ValueError(f"pos_embed={pos_embed!r}: expected 'learn' or 'sincos'")
+        if pos_embed not in ("learn", "sincos", "rope"):
+            raise ValueError(f"pos_embed={pos_embed!r}: expected 'learn', 'sincos' or 'rope'")
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.embed_dim = self.num_features = embed_dim
@@ -170,7 +179,9 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         n_pe = self.patch_embed.num_patches + (0 if no_embed_class else self.num_prefix_tokens)
-        if pos_embed == "sincos":
+        if pos_embed == "rope":
+            self.pos_embed = None
+        elif pos_embed == "sincos":
             table = torch.zeros(1, n_pe, embed_dim)
             table[0, n_pe - self.patch_embed.num_patches :] = sincos_2d(self.patch_embed.grid_size, embed_dim)
             self.pos_embed = nn.Parameter(table * pos_embed_scale, requires_grad=False)
@@ -179,7 +190,11 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(0.0)
         self.patch_drop = nn.Identity()
         self.norm_pre = nn.Identity()
-        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias) for _ in range(depth)])
+        head_dim = head_shape(embed_dim, num_heads)[0]
+        rope = Rotary2d(self.patch_embed.grid_size, head_dim, rope_theta, self.num_prefix_tokens) if (
+            pos_embed == "rope") else None
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, qkv_bias, rope=rope)
+                                      for _ in range(depth)])
         use_fc_norm = global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else LayerNorm(embed_dim)
         self.fc_norm = LayerNorm(embed_dim) if use_fc_norm else nn.Identity()
@@ -192,6 +207,8 @@ class VisionTransformer(nn.Module):
         return {"pos_embed", "cls_token"}
 
     def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pos_embed is None:  # RoPE: position enters in every attention layer instead
+            return x if self.cls_token is None else torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.cls_token is None:
             return x + self.pos_embed
         cls = self.cls_token.expand(x.shape[0], -1, -1)
@@ -259,6 +276,13 @@ def vit_cpu_patch4_32(**kwargs) -> VisionTransformer:
     """The ``cpu-cifar`` model: 32×32 images, 8×8 tokens, D 128, depth 6, 4 heads, MLP ×2."""
     return _vit(dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
                      num_classes=10, **_SMALL_DATA), kwargs)
+
+
+@register_model
+def vit_cpu_rope_patch4_32(**kwargs) -> VisionTransformer:
+    """The ``cpu-cifar`` model with 2-D axial RoPE in place of its sin-cos position embedding."""
+    return _vit(dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
+                     num_classes=10, **{**_SMALL_DATA, "pos_embed": "rope"}), kwargs)
 
 
 @register_model

@@ -151,7 +151,7 @@ def plan_covariance(model: nn.Module, *, sigma0: float = 0.52, v_sigma: float = 
     taps with depth. The trained filters carry more than the default total variance; ``trace``
     keeps the default's 1/3, as the init is meant to change the shape, not the scale. The
     fitted values are in ``docs/results/convmixer.md``; reproduce them with
-    ``bench/calibrate_covariance.py runs/cm/pytorch``.
+    ``bench/convmixer_claims.py --calibrate runs/cm/pytorch``.
     """
     check_number("sigma0", sigma0, low=0, low_open=True)
     check_number("v_sigma", v_sigma)

@@ -28,6 +28,7 @@ from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
+from structinit.schemes.rope_impulse import plan_rope_impulse
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
@@ -151,6 +152,26 @@ def plan_impulse(
         plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         _add_check(plan, model, chosen, per_layer, [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases])
+        finish_plan(plan, model, "impulse", chosen, skipped)
+        return plan
+    rotary = [ad.rotary is not None for _, ad in chosen]
+    if any(rotary):  # RoPE: position lives in the rotation of q and k, written through their biases
+        if not all(rotary):
+            raise ValueError("some chosen attention layers rotate q and k by position (RoPE) and others do not; "
+                             "initialise them separately (layers=)")
+        check_relative_options(chosen, solver, solver_options, {
+            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
+            carrier="the rotation of q and k (RoPE), which impulse sets through the q/k biases")
+        layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
+        for lay in layouts:
+            check_kernel_size(kernel_size, lay.grid)
+        gen = make_generator(generator, seed)
+        per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
+                                     per_layer_offsets, gen)
+        plan = Plan()
+        plan_rope_impulse(plan, chosen, per_layer, solver_obj.target_mass)
+        _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
+        _add_check(plan, model, chosen, per_layer, layouts)
         finish_plan(plan, model, "impulse", chosen, skipped)
         return plan
     layout = infer_layout(model, grid, num_prefix_tokens)

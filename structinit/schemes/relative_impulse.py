@@ -30,12 +30,13 @@ RELATIVE_SOLVER = "relative"
 _READS_SOLVER_OPTIONS = ("target_mass",)
 
 
-def check_relative_options(chosen, solver: str, solver_options: dict, given: dict) -> None:
+def check_relative_options(chosen, solver: str, solver_options: dict, given: dict,
+                           carrier: str = "a relative position bias table, which impulse writes directly (one entry "
+                                          "per head)") -> None:
     """Refuse, naming them, the options that only mean something for a position embedding:
-    the layers' position lives in their relative bias table."""
+    the layers' position lives in ``carrier`` (their relative bias table, or their rotation)."""
     names = ", ".join(repr(n) for n, _ in chosen[:3]) + (" …" if len(chosen) > 3 else "")
-    why = (f"the chosen layers ({names}) carry position in a relative position bias table, which impulse "
-           "writes directly (one entry per head)")
+    why = f"the chosen layers ({names}) carry position in {carrier}"
     if solver != "analytic":
         raise ValueError(f"solver={solver!r}: {why}; no q/k solver runs. Leave solver at its default")
     extra = sorted(set(solver_options) - set(_READS_SOLVER_OPTIONS))

@@ -1,0 +1,100 @@
+"""Impulse on a ViT whose position is 2-D axial RoPE: the probe reads the rotation from the
+model's own logits, impulse writes the q/k biases, and the model's own maps on real images are
+the impulse; what cannot hold is refused with the model untouched."""
+
+import pytest
+import torch
+from torch import nn
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.registry import attention_survey
+from structinit.analysis.capture import attention_maps
+from structinit.functional.targets import target_index
+from structinit.models.rope import Rotary2d
+
+
+def rope_vit(**kw):
+    torch.manual_seed(0)
+    return structinit.create_model("vit_cpu_rope_patch4_32", **kw)
+
+
+def images(n=16, size=32):
+    """Real images without a download: sklearn's digits, upsampled, three channels, standardised."""
+    from sklearn.datasets import load_digits
+
+    x = torch.tensor(load_digits().images[:n], dtype=torch.float32)[:, None].repeat(1, 3, 1, 1) / 16
+    x = nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return (x - x.mean()) / x.std()
+
+
+def test_the_probe_reads_the_rotation_from_the_models_own_logits():
+    survey = attention_survey(rope_vit())
+    assert [v.kind for v in survey.verdicts] == ["self"] * 6
+
+
+def test_a_description_that_is_not_what_the_model_computes_is_refused(monkeypatch):
+    real = Rotary2d.rotary
+
+    def swapped(self):  # rows and columns exchanged: the model turns by y where this says x
+        r = real(self)
+        return type(r)(r.freqs, tuple(1 - a for a in r.axes), r.pairs, r.grid, r.num_prefix_tokens)
+
+    monkeypatch.setattr(Rotary2d, "rotary", swapped)
+    check_rejected(rope_vit(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"impulse cannot set the attention of layer 'blocks.0.attn'")
+
+
+@pytest.mark.parametrize("target_mass", [0.5, 0.9])
+def test_every_layers_own_maps_on_real_images_are_the_impulse(target_mass):
+    model = rope_vit()
+    structinit.init_(model, "impulse", seed=0, target_mass=target_mass)
+    fid = structinit.impulse_fidelity(model, images())
+    assert bool((fid["hit"] == 1).all()), fid["hit"]
+    # Every query whose target is on the grid puts at least target_mass on it, whatever the image.
+    maps = attention_maps(model, images(4))
+    for i, (name, ad) in enumerate(structinit.find_attention_layers(model)):
+        for h, offset in enumerate(structinit.get_record(ad.module)["offsets"]):
+            t = target_index((8, 8), offset)
+            rows = torch.nonzero(t >= 0).squeeze(1)
+            assert float(maps[i][:, h, rows, t[rows]].min()) >= target_mass - 1e-4, (name, h)
+
+
+def test_a_class_token_is_not_rotated_and_the_grid_still_hits():
+    model = rope_vit(class_token=True, global_pool="token")
+    structinit.init_(model, "impulse", seed=0, target_mass=0.9)
+    record = structinit.get_record(model.blocks[0].attn)
+    assert record["num_prefix_tokens"] == 1 and record["solver"] == "rotary"
+    fid = structinit.impulse_fidelity(model, images())
+    assert float(fid["hit"].min()) >= 0.95
+
+
+def test_the_content_weights_start_at_zero_and_still_learn():
+    model = rope_vit()
+    structinit.init_(model, "impulse", seed=0)
+    qk = model.blocks[0].attn.qkv.weight[:256]
+    assert bool((qk == 0).all())
+    nn.functional.cross_entropy(model(images(4)), torch.arange(4)).backward()
+    assert float(model.blocks[0].attn.qkv.weight.grad[:256].abs().sum()) > 0
+
+
+def test_without_q_k_biases_impulse_is_refused_and_points_to_mimetic():
+    msg = check_rejected(rope_vit(qkv_bias=False), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                         r"rotates q and k by position \(RoPE\) and has no q/k bias")
+    assert "'mimetic'" in msg
+    model = rope_vit(qkv_bias=False)
+    structinit.init_(model, "mimetic", seed=0)  # needs no position channel
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"solver": "closed_form"}, r"solver='closed_form': the chosen layers .* carry position in the rotation"),
+    ({"pe_scale": 2.0}, r"pe_scale: the chosen layers"),
+    ({"pos_embed": torch.zeros(64, 128)}, r"(?s)pos_embed=.*omit it"),
+])
+def test_options_about_a_position_embedding_are_refused(options, match):
+    check_rejected(rope_vit(), lambda m: structinit.init_(m, "impulse", seed=0, **options), ValueError, match)
+
+
+def test_head_dim_not_a_multiple_of_four_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"head_dim=6: 2-D rotary embedding needs a multiple of 4"):
+        structinit.create_model("vit_cpu_rope_patch4_32", embed_dim=24, num_heads=4)
