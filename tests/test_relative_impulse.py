@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import structinit
+from real_images import digit_images
 from rejection import check_rejected
 from structinit.adapters.relative import call_logit_terms, find_relative_bias
 from structinit.analysis.capture import attention_maps
@@ -26,12 +27,7 @@ def swin(**kw):
 
 
 def images(n=8, size=32):
-    """Real images without a download: sklearn's digits, upsampled, three channels, standardised."""
-    from sklearn.datasets import load_digits
-
-    x = torch.tensor(load_digits().images[:n], dtype=torch.float32)[:, None].repeat(1, 3, 1, 1) / 16
-    x = nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
-    return (x - x.mean()) / x.std()
+    return digit_images(n, size)
 
 
 class BeitLikeAttention(nn.Module):

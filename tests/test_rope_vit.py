@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import structinit
+from real_images import digit_images
 from rejection import check_rejected
 from structinit.adapters.registry import attention_survey
 from structinit.analysis.capture import attention_maps
@@ -19,13 +20,8 @@ def rope_vit(**kw):
     return structinit.create_model("vit_cpu_rope_patch4_32", **kw)
 
 
-def images(n=16, size=32):
-    """Real images without a download: sklearn's digits, upsampled, three channels, standardised."""
-    from sklearn.datasets import load_digits
-
-    x = torch.tensor(load_digits().images[:n], dtype=torch.float32)[:, None].repeat(1, 3, 1, 1) / 16
-    x = nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
-    return (x - x.mean()) / x.std()
+def images(n=16):
+    return digit_images(n)
 
 
 def test_the_probe_reads_the_rotation_from_the_models_own_logits():
