@@ -117,10 +117,10 @@ def test_report_command_writes_elsewhere_with_out(folder, tmp_path, capsys):
 def test_a_dataset_that_cannot_be_loaded_leaves_a_note(folder, tmp_path, monkeypatch):
     from structinit.data import DatasetNotFoundError
 
-    def missing(cfg):
+    def missing(cfg, n):
         raise DatasetNotFoundError("data_dir=/nowhere does not exist")
 
-    monkeypatch.setattr(report, "_load_eval_images", missing)
+    monkeypatch.setattr(report, "eval_images", missing)
     page = Page(report.write_report(folder, tmp_path / "r.html").read_text())
     notes = [a for a in page.attrs("p") if a.get("class") == "note"]
     assert notes and len(decoded_images(page)) == 1  # the curves only

@@ -13,22 +13,16 @@ from structinit.adapters import AttentionAdapter, find_attention_layers, select_
 from structinit.adapters.verify import real_maps
 
 
-def layer_input(adapter: AttentionAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The (B, T, D) tokens ``adapter.input_module`` receives: the (self-attention) query
-    (:meth:`~structinit.AttentionAdapter.input_tokens`)."""
-    return adapter.input_tokens(args, kwargs)
-
-
 def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *, with_terms: bool = False) -> None:
     """One forward pass of ``inputs`` without gradients; ``fn(i, x)`` gets the (B, T, D) tokens
     that the q/k of ``layers[i]`` (a list of (name, adapter)) are computed from, as the layer is
-    called (the input of the adapter's ``input_module``). With ``with_terms``, ``fn(i, x, terms)``
-    also gets the additive logit terms of the call (Swin's window mask; see
+    called (:meth:`~structinit.AttentionAdapter.input_tokens`). With ``with_terms``,
+    ``fn(i, x, terms)`` also gets the additive logit terms of the call (Swin's window mask; see
     :meth:`~structinit.AttentionAdapter.call_terms`), or None."""
     handles = []
     for i, (_, ad) in enumerate(layers):
         def hook(module, args, kwargs, i=i, ad=ad):
-            x = layer_input(ad, args, kwargs).detach()
+            x = ad.input_tokens(args, kwargs).detach()
             if with_terms:
                 fn(i, x, ad.call_terms(*_module_call(ad, module, args, kwargs), x))
             else:

@@ -4,6 +4,7 @@ argmax hit rate, with the position-only pseudo input or with real images."""
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,13 +211,8 @@ def impulse_fidelity(
             layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
             reduce(i, real.probs, real.open_pairs)
     else:
-        reorders = reorders_tokens(model, chosen, layouts)
-        for start in range(0, images.shape[0], batch_size):
-            batch = images[start : start + batch_size]
-            order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
-            for i, real in enumerate(real_maps(model, batch, chosen)):
-                layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
-                reduce(i, _in_grid_order(real.probs, order), real.open_pairs)  # same seed, same order
+        for i, _, real in grid_order_maps(model, images, chosen, layouts, batch_size):
+            reduce(i, real.probs, real.open_pairs)
     valid = counts > 0
     mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
     hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
@@ -242,6 +238,20 @@ def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> l
         return out
     maps, _, order = found
     return [(dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order) for real in maps]
+
+
+def grid_order_maps(model: nn.Module, images: torch.Tensor, chosen, layouts, batch_size: int):
+    """Yield (layer index, images in the batch, real map) per chosen layer and batch of
+    ``images``: the maps of the model's own forward (:func:`~structinit.adapters.verify.real_maps`),
+    each layer's token count checked against its layout, put back in grid order where the model
+    reorders its tokens (the same seed, the same order)."""
+    reorders = reorders_tokens(model, chosen, layouts)
+    for start in range(0, images.shape[0], batch_size):
+        batch = images[start : start + batch_size]
+        order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
+        for i, real in enumerate(real_maps(model, batch, chosen)):
+            layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
+            yield i, len(batch), dataclasses.replace(real, probs=_in_grid_order(real.probs, order))
 
 
 def _in_grid_order(probs: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
@@ -296,9 +306,6 @@ def fidelity_rows(model_name: str, inits: Sequence[tuple[str, str, dict]], image
     wall time and its impulse fidelity (layer 1 and mean over layers; position-only input
     unless ``images``). Schemes that place no impulse are scored against enumerated offsets,
     the chance level to beat; schemes not registered are skipped."""
-    import time
-
-
     rows = []
     for label, scheme, opts in inits:
         if scheme not in schemes():

@@ -24,10 +24,8 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, select_layers
-from structinit.adapters.token_order import canonical, out_of_order
-from structinit.adapters.verify import real_maps
 from structinit.analysis.capture import check_all_called
-from structinit.analysis.fidelity import layer_layouts, reorders_tokens
+from structinit.analysis.fidelity import grid_order_maps, layer_layouts
 from structinit.utils import check_int, is_int
 from structinit.utils.checks import show
 
@@ -287,14 +285,12 @@ def attention_metrics(
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     called = [False] * len(chosen)
 
-    def reduce(i: int, probs: torch.Tensor) -> None:
-        (name, ad), layout = chosen[i], layouts[i]
-        layout.check_tokens(probs.shape[-1], f"attention layer {name!r}")
+    def reduce(i: int, probs: torch.Tensor, count: int) -> None:  # count: images in the batch
+        ad, layout = chosen[i][1], layouts[i]
         p, valid = _grid_rows(probs.float(), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
         # A window layer's token spans more pixels after patch merging: read its size off the
         # token count per image (windows per image × window area).
-        size = patch if ad.relative is None else _token_side(images, probs.shape[0] * layout.num_patches / len(batch),
-                                                             patch)
+        size = patch if ad.relative is None else _token_side(images, probs.shape[0] * layout.num_patches / count, patch)
         rows = {"distance": lambda: _row_distance(p, layout.grid),
                 "distance_px": lambda: _row_distance(p, layout.grid, size),
                 "entropy": lambda: _row_entropy(p),
@@ -304,15 +300,8 @@ def attention_metrics(
         counts[i, : ad.num_heads] += valid.double().sum((0, 2))
         called[i] = True
 
-    reorders = reorders_tokens(model, chosen, layouts)
-    for start in range(0, images.shape[0], batch_size):
-        batch = images[start : start + batch_size]
-        order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
-        for i, real in enumerate(real_maps(model, batch, chosen)):
-            probs = real.probs
-            if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
-                probs = canonical(probs, order)  # the maps back in grid order
-            reduce(i, probs)
+    for i, count, real in grid_order_maps(model, images, chosen, layouts, batch_size):
+        reduce(i, real.probs, count)
     check_all_called(chosen, called)
     # Every image has the same grid queries, so the mean over all rows is the mean of per-image means.
     means = (sums / counts[..., None]).float()

@@ -26,7 +26,7 @@ from structinit.harness.run.folder import check_out_dir
 from structinit.harness.run.lifecycle import construct_and_plan
 from structinit.harness.specs import parse_init_spec, parse_literal, parse_seeds
 from structinit.harness.summary import mean_std
-from structinit.harness.tasks import kind_of
+from structinit.harness.tasks import make_task
 from structinit.harness.tasks.image import test_images
 from structinit.schemes.registry import plan_init
 from structinit.utils import is_int
@@ -146,7 +146,6 @@ FIGURE_BARS = (("real_hit_l1", "hit, layer 1"), ("real_hit_mean", "hit, mean ove
 
 
 def _count(name: str, value: Any, flag: str) -> int:
-
     with user_input(name):
         if not is_int(value) or value < 1:
             raise ValueError(f"{name}={value!r} ({flag}): expected a positive whole number")
@@ -235,7 +234,6 @@ def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str
 
 
 def _row(variant: Variant, per_seed: list[dict[str, float]], seconds: list[float], steps: int) -> dict[str, Any]:
-
     gd = parse_init_spec(variant.spec)[1].get("solver") == "gd"
     init_s = statistics.median(seconds)
     return {"label": variant.label, "spec": variant.spec, "model_kwargs": variant.model_kwargs, "key": variant.key,
@@ -332,7 +330,6 @@ def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
 
 
 def _write(result: dict[str, Any], out: Path) -> None:
-
     write_json(out / "ablation.json", result)
     atomic_write_bytes(out / "ablation.md", lambda f: f.write(format_markdown(result).encode()))
     plot_ablation(result, out / "ablation.png")
@@ -367,7 +364,7 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     out = Path(out if out is not None else f"runs/ablate-{name}-{recipe}")
     with user_input("out_dir"):
         check_out_dir(out)
-    task = kind_of(cfg).task(cfg)
+    task = make_task(cfg)
     task.check()
     x, _, _ = test_images(cfg.dataset, cfg.data_dir, n_images, download=cfg.download)
     sizes, runs_dir = task.model_sizes(), out / "runs"

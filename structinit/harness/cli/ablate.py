@@ -33,7 +33,6 @@ HELP = "one ablation (kernel, heads, sharpness, solvers, …): fidelity at init,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-
     p.add_argument("name", choices=list(ABLATIONS), metavar="NAME",
                    help=f"the ablation: {', '.join(ABLATIONS)}")
     p.add_argument("--recipe", default="cpu-cifar", choices=sorted(RECIPES), help="base settings (default cpu-cifar)")
@@ -56,7 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
     if args.download:
         overrides["download"] = True

@@ -24,6 +24,8 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from structinit.adapters import (
     TokenLayout,
     adapter_for,
@@ -73,7 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:
-
     if text is None:
         return None
     try:
@@ -164,9 +165,6 @@ TABLE_HEAD = ("| model | layer | impulse hit | impulse mass | distance (patches)
 
 
 def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
-    import torch
-
-
     with user_input("init"):
         specs = split_init_specs(args.init)
         parsed = [parse_init_spec(s) for s in specs]
@@ -197,7 +195,6 @@ def _model_figures(args, out: Path, images, raw, layers) -> list[str]:
 
 
 def _queries(args, layout) -> list[int]:
-
     q = _ints(args.queries, "--queries")
     h, w = layout.grid
     if q is not None and not all(0 <= i < h * w for i in q):
@@ -206,7 +203,6 @@ def _queries(args, layout) -> list[int]:
 
 
 def _run_figures(args, out: Path, layers) -> list[str]:
-
     with user_input("run"):
         run = load_run(args.run)
     cfg = run.config
@@ -249,7 +245,6 @@ def _copy_mixer_records(initial, trained) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     name = args.model or Path(args.run).resolve().name
     out = Path(args.out or f"runs/attention-{name}")
     with user_input("out_dir"):

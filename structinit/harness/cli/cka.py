@@ -15,6 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from structinit.analysis import cka_figure, cka_matrix
 from structinit.harness.cli.flags import out_path
 from structinit.harness.errors import user_input
@@ -37,9 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-
     with user_input("run"):
         runs = [load_run(args.run_a), load_run(args.run_b)]
     names = [_short(r.path) for r in runs]

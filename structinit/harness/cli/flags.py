@@ -20,7 +20,7 @@ from structinit.harness.config import ImageConfig, check_field, facts
 from structinit.harness.errors import user_input
 from structinit.harness.recipes import preset
 from structinit.harness.specs import parse_init_spec, parse_literal, spec_label
-from structinit.harness.tasks import KINDS, Kind
+from structinit.harness.tasks import KINDS, Kind, config_fields
 from structinit.utils.checks import matches_annotation
 
 __all__ = ["UsageError", "add_training_flags", "check_set_item", "config_from_args", "field_flags", "out_path",
@@ -39,18 +39,9 @@ def out_path(text: str) -> str:
     return text
 
 
-def _fields() -> dict[str, tuple[Kind, dataclasses.Field]]:
-    """Every config field of every kind (the first kind that has it), in declaration order."""
-    found: dict[str, tuple[Kind, dataclasses.Field]] = {}
-    for kind in KINDS.values():
-        for field in dataclasses.fields(kind.config):
-            found.setdefault(field.name, (kind, field))
-    return found
-
-
 def field_flags() -> dict[str, str]:
     """{field: its flag} over every kind: ``lr`` → ``--lr``, ``out_dir`` → ``--out``."""
-    return {name: f for name, (kind, _) in _fields().items() if (f := facts(kind.config, name).flag)}
+    return {name: f for name, (kind, _) in config_fields().items() if (f := facts(kind.config, name).flag)}
 
 
 def _flag_type(hint: Any):
@@ -64,7 +55,7 @@ def add_training_flags(p: argparse.ArgumentParser, owned: dict[str, str]) -> Non
     recipes = sorted({name for kind in KINDS.values() for name in kind.recipes})
     defaults = ", ".join(f"{k.default_recipe} for {k.name} runs" for k in KINDS.values())
     p.add_argument("--recipe", default=None, choices=recipes, help=f"base settings (default: {defaults})")
-    for name, (kind, _) in _fields().items():
+    for name, (kind, _) in config_fields().items():
         fact = facts(kind.config, name)
         if fact.flag is None or name in owned:
             continue
@@ -115,7 +106,7 @@ def config_from_args(args: argparse.Namespace, owned: dict[str, str], **extra: A
     kind, recipe = recipe_of(args)
     names = {f.name for f in dataclasses.fields(kind.config)}
     overrides: dict[str, Any] = {}
-    for name, (owner, _) in _fields().items():
+    for name, (owner, _) in config_fields().items():
         fact = facts(owner.config, name)
         value = getattr(args, name, None) if fact.flag and name not in owned else None
         if value is None:

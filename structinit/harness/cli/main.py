@@ -102,7 +102,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
-
     with user_input("init"):
         init, options = parse_init_spec(args.init)
     out = args.out or f"runs/{run_name(args)}-{spec_label(args.init)}-seed{args.seed}"
@@ -114,7 +113,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-
     with user_input("init"):
         inits = split_init_specs(args.inits) + args.init
     seeds = parse_seeds(args.seeds)
@@ -126,14 +124,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-
     print(format_fidelity_table(fidelity_rows(args.model, DEMO_INITS, seed=args.seed),
                                 f"{args.model}: attention at init, position-only pseudo input"))
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-
     print(f"→ {write_report(args.folder, args.out)}")
     return 0
 

@@ -10,13 +10,12 @@ the message names none. Which errors are the user's is decided by
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
 from structinit.harness.cli.flags import UsageError, field_flags
 from structinit.harness.errors import NonFiniteLossError, RunIOError, input_parameter
-from structinit.harness.tasks import KINDS
+from structinit.harness.tasks import config_fields
 
 __all__ = ["exit_code", "format_error", "to_flags"]
 
@@ -46,15 +45,9 @@ def _field_phrases() -> list[tuple[re.Pattern, str]]:
     hints use (``choose another out_dir``): generated from the config fields' flags."""
     flags = field_flags()
     rules = [(rf"\b{field}=", f"{flags[field]} " if field in flags else f"--set {field}=")
-             for field in _config_fields() if field not in _NOT_TRANSLATED]
+             for field in config_fields() if field not in _NOT_TRANSLATED]
     rules += [(rf"\b{field}\b", flags[field]) for field in ("out_dir", "data_dir", "batch_size")]
     return [(re.compile(pattern), repl) for pattern, repl in rules]
-
-
-@functools.cache
-def _config_fields() -> list[str]:
-
-    return list(dict.fromkeys(f.name for kind in KINDS.values() for f in dataclasses.fields(kind.config)))
 
 
 def to_flags(text: str, parameter: str | None = None) -> str:
@@ -95,4 +88,4 @@ def _flag(parameter: str) -> str:
     flags = field_flags()
     if parameter in flags or parameter in _PARAMETER_FLAGS:
         return flags.get(parameter) or _PARAMETER_FLAGS[parameter]
-    return f"--set {parameter}" if parameter in _config_fields() else ""
+    return f"--set {parameter}" if parameter in config_fields() else ""

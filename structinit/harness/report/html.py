@@ -10,7 +10,6 @@ through :func:`esc`; the functions here return HTML strings that are safe to con
 from __future__ import annotations
 
 import base64
-import dataclasses
 import html
 import io
 import json
@@ -19,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from importlib import resources
 
 from structinit.harness.config import facts
-from structinit.harness.tasks import KINDS
+from structinit.harness.tasks import config_fields
 from structinit.utils.optional_imports import require
 
 __all__ = ["config_html", "esc", "figure", "figure_png", "json_html", "markdown", "note", "page",
@@ -194,13 +193,11 @@ def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
 
 def _field_order(key: str) -> tuple[int, str]:
     """The config classes' own order (model and init first, output last); unknown keys after."""
-
-    order = list(dict.fromkeys(f.name for kind in KINDS.values() for f in dataclasses.fields(kind.config)))
+    order = list(config_fields())
     return (order.index(key), "") if key in order else (len(order), key)
 
 
 def _meaning(config: type, key: str) -> str:
-
     try:
         return facts(config, key).help
     except KeyError:  # a field of an older version

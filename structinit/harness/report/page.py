@@ -14,9 +14,13 @@ Figures are embedded as PNG data URIs and the style is inline: the page loads no
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import statistics
 from pathlib import Path
+
+import torch
 
 import structinit
 from structinit.adapters import infer_layout
@@ -127,7 +131,6 @@ def _summarised(groups: dict[str, list], summary: dict[str, set[int]]) -> tuple[
 
 # ----------------------------------------------------------------------------- compare
 def _compare_page(folder: Path, runs):
-
     listed = _summary(folder)
     groups, left_out = _summarised(group_runs(runs, listed), listed)
     if not groups:
@@ -180,9 +183,6 @@ def _minutes(seconds: float) -> str:
 
 
 def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
-    import statistics
-
-
     means = sorted((s["mean"] for s in summary.values()), reverse=True)
     best = max(summary, key=lambda s: summary[s]["mean"]) if len(means) > 1 and means[0] > means[1] else None
     rows, classes = [], []
@@ -204,7 +204,6 @@ def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
 
 
 def _curves_html(groups, unit: str = "epoch", examples: str = "images") -> str:
-
     try:
         key = primary_metric(next(iter(groups.values()))[0].result["final"])
         metric = METRICS.get(key, (key,))[0]
@@ -265,7 +264,7 @@ def _eval_images(cfg, cache: dict):
     key = (cfg.dataset, cfg.data_dir, cfg.holdout, cfg.holdout_mode, cfg.seed)
     if key not in cache:
         try:
-            cache[key] = _load_eval_images(cfg)
+            cache[key] = eval_images(cfg, EVAL_IMAGES)
         except Exception as err:
             cache[key] = err
     if isinstance(cache[key], Exception):
@@ -273,16 +272,8 @@ def _eval_images(cfg, cache: dict):
     return cache[key]
 
 
-def _load_eval_images(cfg):
-
-    return eval_images(cfg, EVAL_IMAGES)
-
-
 def _first_layer_maps(run, images, num_classes):
     """[(layout, (heads, T, T) mean map)] of the first attention layer at init and trained."""
-    import torch
-
-
     models = models_of(run, tuple(images.shape[1:]), num_classes)
     with torch.no_grad():
         return [(infer_layout(m), attention_maps(m, images, layers=[0])[0].mean(0)) for m in models]
@@ -294,9 +285,6 @@ def _first_line(err: BaseException) -> str:
 
 
 def _footer(folder: Path) -> str:
-    import datetime
-
-
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (f"Written by <code>structinit report</code> (structinit {esc(structinit.__version__)}) from "
             f"<code>{esc(folder.resolve())}</code> on {esc(when)}. Everything on this page is inside this one "
@@ -305,7 +293,6 @@ def _footer(folder: Path) -> str:
 
 # ----------------------------------------------------------------------------- ablate
 def _ablation_page(folder: Path, runs):
-
     data, problems = _read_ablation_json(folder / "ablation.json")
     md_path, png_path = folder / "ablation.md", folder / "ablation.png"
     text = md_path.read_text(errors="replace") if md_path.is_file() else ""

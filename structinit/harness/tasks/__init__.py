@@ -21,7 +21,7 @@ from structinit.harness.tasks.image import ImageTask
 from structinit.harness.tasks.sequence import SequenceTask
 from structinit.utils import Registry
 
-__all__ = ["KINDS", "Kind", "kind_of", "make_task", "train"]
+__all__ = ["KINDS", "Kind", "config_fields", "kind_of", "make_task", "train"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +65,15 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
          subject="layers of a sequence model", title="Sequence-model initialisation",
          attention_figures=False),
 )}
+
+
+def config_fields() -> dict[str, tuple[Kind, dataclasses.Field]]:
+    """Every config field of every kind, with the first kind that has it, in declaration order."""
+    found: dict[str, tuple[Kind, dataclasses.Field]] = {}
+    for kind in KINDS.values():
+        for field in dataclasses.fields(kind.config):
+            found.setdefault(field.name, (kind, field))
+    return found
 
 
 def kind_of(config_or_result: RunConfig | dict) -> Kind:
