@@ -154,7 +154,6 @@ def _count(name: str, value: Any, flag: str) -> int:
 
 def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any]) -> str:
     """The ``structinit ablate`` command that reproduces these settings."""
-
     s = settings
     seeds = str(len(s["seeds"])) if s["seeds"] == list(range(len(s["seeds"]))) else ",".join(map(str, s["seeds"]))
     parts = ["structinit", "ablate", name, "--recipe", s["recipe"]]
@@ -172,7 +171,6 @@ def command_line(name: str, settings: dict[str, Any], overrides: dict[str, Any])
 
 def _variant_config(base, variant: Variant, seed: int, runs_dir: Path):
     """The ImageConfig the variant's run with ``seed`` trains (as :func:`compare` builds it)."""
-
     with user_input("init"):
         name, options = parse_init_spec(variant.spec)
     return run_config(_variant_base(base, variant), variant.spec, name, options, seed, runs_dir / variant.key)
@@ -186,7 +184,6 @@ def _variant_base(base, variant: Variant):
 def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_dir: Path) -> None:
     """Plan every variant on its model as :func:`~structinit.harness.compare.check_specs` does (gd
     with 0 steps: the options, not the fit): a variant the model cannot take fails before any measuring."""
-
     unfitted = ABLATIONS[ablation].build(0)  # the same variants in the same order, gd with 0 steps
     for variant, check in zip(found, unfitted):
         cfg = _variant_base(base, variant)
@@ -206,7 +203,6 @@ def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_d
 def _timed_init(cfg, sizes: dict[str, Any]):
     """The variant's model at init exactly as its run builds it on ``sizes`` (what the data decides),
     and the seconds the init took on the freshly constructed model (construction not counted)."""
-
     model, _ = construct_and_plan(dataclasses.replace(cfg, init="pytorch", init_options={}), sizes)  # not applied
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
     start = time.perf_counter()
@@ -217,7 +213,6 @@ def _timed_init(cfg, sizes: dict[str, Any]):
 
 def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str, float], list[float]]:
     """Fidelity and attention metrics of one variant and seed, and its init times."""
-
     model, seconds = None, []
     for _ in range(repeats):
         model, s = _timed_init(cfg, sizes)
@@ -291,7 +286,6 @@ def format_markdown(result: dict[str, Any]) -> str:
 def plot_ablation(result: dict[str, Any], path: str | Path) -> None:
     """Grouped bars of the real-image fidelity per variant (± std over seeds), and the
     accuracy per variant when trained."""
-
     require("matplotlib", "the ablation figure").use("Agg")
     plt = require("matplotlib.pyplot", "the ablation figure")
     rows, s = result["rows"], result["settings"]
@@ -351,7 +345,6 @@ def ablate(name: str, *, recipe: str = "cpu-cifar", data_dir: str | Path | None 
     ``out`` and the data are checked, and every variant planned on its model, before anything
     is measured; training reuses finished runs and resumes interrupted ones (:func:`compare`).
     """
-
     ablation_variants = variants(name, _count("steps", steps, "--steps"))
     seed_list, n_images = parse_seeds(seeds), _count("images", images, "--images")
     repeats = _count("repeats", repeats, "--repeats")

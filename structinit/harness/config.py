@@ -123,7 +123,6 @@ def _check(name: str, value: Any, rule: str | tuple | Callable | None, expected:
 
 def check_config(cfg: RunConfig) -> None:
     """Check every field that declares a check; errors are input errors naming the field."""
-
     for field in dataclasses.fields(cfg):
         with user_input(field.name):
             check_field(cfg, field.name, getattr(cfg, field.name))

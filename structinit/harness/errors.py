@@ -51,7 +51,6 @@ def user_input(parameter: str) -> Iterator[None]:
 def input_parameter(err: BaseException) -> str | None:
     """The parameter an input error concerns (``""`` when it is not known), or None when
     ``err`` is not an input error: a bug, or a failure of the run itself."""
-
     mark = getattr(err, _MARK, None)
     if mark is not None:
         return mark

@@ -87,7 +87,6 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
         >>> parse_seeds("3"), parse_seeds("0,4,7"), parse_seeds([5])
         ([0, 1, 2], [0, 4, 7], [5])
     """
-
     value = parse_literal(seeds) if isinstance(seeds, str) else seeds  # "3" → 3, "0,4,7" → (0, 4, 7)
     with user_input("seeds"):
         if is_int(value) and value >= 1:

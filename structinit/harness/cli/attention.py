@@ -85,13 +85,11 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
     """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-
     return (None, None) if dataset is None else test_images(dataset, data_dir, n)[:2]
 
 
 def _is_mixer(model) -> bool:
     """No attention, token-mixing MLPs: its maps are the MLPs' (structinit.analysis.token_mixing)."""
-
     return (not any(adapter_for(m) is not None for m in model.modules())
             and any(is_token_mixing(m) for m in model.modules()))
 
@@ -102,7 +100,6 @@ def _maps(model, layers, images):
     class token that joins later, another window); whether one map covers the whole image (so
     it can be laid over it); and the colour bar's label. A Mixer's maps are signed Jacobians,
     drawn by magnitude."""
-
     if _is_mixer(model):  # one map per layer, shown as one head
         maps = token_mixing_maps(model, None if images is None else images[:1], layers)
         layout = TokenLayout(token_grid(model, maps[0].shape[-1]))
@@ -121,7 +118,6 @@ def _maps(model, layers, images):
 def _resolve_layers(model, layers: list[int] | None) -> list[int]:
     """The chosen layer indices (attention, or a Mixer's token-mixing MLPs), checked and
     non-negative (default: first, middle, last)."""
-
     found = find_token_mixing_layers(model) if _is_mixer(model) else find_attention_layers(model)
     if layers is None:
         return sorted({0, len(found) // 2, len(found) - 1})
@@ -134,7 +130,6 @@ def _metrics(model, images, layers, offsets=None) -> dict:
     """Per chosen layer and head: impulse fidelity (when the model has impulse offsets) and the
     attention metrics, on ``images`` (or position only: fidelity alone). A Mixer's token-mixing
     maps get fidelity only (they are not probabilities)."""
-
     out = {}
     try:
         if _is_mixer(model):
@@ -239,7 +234,6 @@ def _run_figures(args, out: Path, layers) -> list[str]:
 def _copy_mixer_records(initial, trained) -> None:
     """The init's impulse records of each token-mixing MLP, set on the trained twin (a record
     lives only in the process that initialised the model)."""
-
     for (_, a), (_, b) in zip(find_token_mixing_layers(initial), find_token_mixing_layers(trained)):
         set_record(b, "impulse", get_record(a, "impulse"))
 

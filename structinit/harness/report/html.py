@@ -37,7 +37,6 @@ def esc(value: object) -> str:
 
 def figure_png(fig) -> bytes:
     """A matplotlib Figure rendered to PNG bytes in memory (and closed)."""
-
     plt = require("matplotlib.pyplot", "the report's figures")
     buffer = io.BytesIO()
     try:

@@ -61,7 +61,6 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     ``folder/report.html``; a folder means ``out/report.html``) and return its path. A folder
     without results is a FileNotFoundError naming it; a place the page cannot be written is an
     OSError, raised before anything is drawn."""
-
     folder = Path(folder).expanduser()
     ablation = any((folder / name).is_file() for name in ABLATION_FILES)
     with user_input("folder"):
@@ -97,7 +96,6 @@ def group_runs(runs, specs=()) -> dict[str, list]:
     """The runs by init spec, in the comparison's order (``specs``, from summary.json): a run in
     ``<label>/seed<k>`` belongs to the spec whose folder label is ``<label>``; any other run is
     grouped by its init and options. Each group is sorted by seed."""
-
     by_label = {spec_label(spec): spec for spec in specs}
     groups: dict[str, list] = {spec: [] for spec in specs}
     for run in runs:
@@ -224,7 +222,6 @@ def _curves_html(groups, unit: str = "epoch", examples: str = "images") -> str:
 def _attention_html(groups) -> str:
     """The first layer's maps of every init's first-seed run, at init and trained, averaged over
     a few evaluation images; each init that cannot be drawn gets a visible note instead."""
-
     maps = {"at initialisation": {}, "after training": {}}
     notes, cache, shown = [], {}, ""
     for name, group in groups.items():

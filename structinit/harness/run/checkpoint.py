@@ -68,7 +68,6 @@ def atomic_write_bytes(path: Path, write) -> None:
     storage refuses the write (a full disk, a folder that is not writable) this raises
     :class:`~structinit.harness.errors.RunIOError`, one line naming ``path``; the file that was
     there before is unchanged and the temporary file is removed."""
-
     path = Path(path)
     tmp = None
     try:
@@ -206,7 +205,6 @@ def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[s
     exists is refused (as an input error) unless ``resume``, if the file is not a run checkpoint
     with ``keys`` (:func:`check_run_state`), or if it was written under another ``config``
     (:func:`check_same_config`, with ``defaults`` for fields added since and ``as_ran``)."""
-
     if not path.exists():
         return None
     with user_input("resume"):

@@ -30,7 +30,6 @@ __all__ = ["SequenceTask", "evaluate_sequences", "sequence_problem"]
 def sequence_problem(cfg: SequenceConfig):
     """The problem ``cfg`` trains on (:func:`structinit.data.sequence_tasks.make_sequence_problem`
     of its ``task`` and ``task_options``); errors are input errors."""
-
     with user_input("task"):
         return make_sequence_problem(cfg.task, **cfg.task_options)
 
@@ -40,7 +39,6 @@ def evaluate_sequences(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
                        dtype=None) -> dict[str, float]:
     """Held-out token accuracy (over scored positions), exact-match rate (every scored position
     of an example right) and mean loss per scored token."""
-
     model.eval()
     correct = scored = exact = loss_sum = 0.0
     for start in range(0, len(inputs), batch_size):
