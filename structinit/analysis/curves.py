@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from structinit.analysis.figures import save_figure
 from structinit.utils.optional_imports import require
 
 # (key prefix in the history, axis label, percent?)
@@ -80,7 +81,4 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(labels)) or 1,
                fontsize=8, frameon=False)
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, bbox_inches="tight")
-    return fig
+    return save_figure(fig, path)

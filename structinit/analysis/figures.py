@@ -23,7 +23,8 @@ def _pyplot():
     return require("matplotlib.pyplot", "attention figures")
 
 
-def _save(fig, path: str | Path | None):
+def save_figure(fig, path: str | Path | None):
+    """``fig``, also saved to ``path`` (tight bounding box, its folder created) when one is given."""
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +162,7 @@ def _panel_figure(rows, top: float, title: str, path, width: float, label: str):
         fig.colorbar(image, ax=axes, shrink=0.6, label=label)
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def overlay_figure(image: torch.Tensor, probs: torch.Tensor, layout: TokenLayout, queries: Sequence[int], *,
@@ -205,7 +206,7 @@ def overlay_figure(image: torch.Tensor, probs: torch.Tensor, layout: TokenLayout
     fig.colorbar(overlay, ax=axes, shrink=0.6, label=label)
     if title:
         fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def cka_figure(matrix: torch.Tensor, *, label_a: str, label_b: str, title: str = "", path=None):
@@ -229,4 +230,4 @@ def cka_figure(matrix: torch.Tensor, *, label_a: str, label_b: str, title: str =
     fig.colorbar(image, ax=ax, shrink=0.8, label="linear CKA")
     if title:
         ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
