@@ -127,38 +127,14 @@ def matrix(value: object) -> bool:
 
 
 # Values the fuzz does not draw, each for a reason. SLOW: a valid request that takes long by design.
-# The others are bugs in structinit/schemes (or utils/checks) found by this fuzz, reported and not
-# fixed here; each is pinned by test_known_bugs_still_fail (a strict xfail: it fails, so must be
-# removed from this list, once the bug is fixed). (description, (scheme, option, value) -> bool)
+# KNOWN_BUGS: values a scheme is known to mishandle, each to be fixed (none today; the ones this fuzz
+# found are fixed and kept below as FOUND). (description, (scheme, option, value) -> bool)
 SLOW = [
     ("solver='gd' runs its default thousands of steps", lambda s, o, v: o == "solver" and v == "gd"),
     ("gd's steps= has no upper bound: steps=10**6 runs for minutes",
      lambda s, o, v: o == "steps" and (number(v) or 0) > 50),
 ]
-KNOWN_BUGS = [
-    ("a numpy integer seed passes the seed check, then torch.Generator.manual_seed raises 'TypeError: an integer is "
-     "required', which does not name seed", lambda s, o, v: o == "seed" and isinstance(v, np.integer)),
-    ("a Fraction passes the float checks, then the maths raises an unnamed TypeError (unsupported operand type(s) for "
-     "*: 'Fraction' and 'Tensor'); kaiming_uniform's a= of a numpy or Fraction type is refused naming nonlinearity",
-     lambda s, o, v: isinstance(v, Fraction) or (s == "kaiming_uniform" and o == "a" and isinstance(v, np.number))),
-    ("a tensor of two or more dimensions in an option is shown by its repr, over several lines",
-     lambda s, o, v: matrix(v) and o != "pos_embed"),
-    ("layers= a 0-d tensor: TypeError 'len() of a 0-d tensor', which does not name layers",
-     lambda s, o, v: o == "layers" and isinstance(v, torch.Tensor) and v.dim() == 0),
-    ("impulse pos_embed=torch.zeros(16, 32) (pe_scale=None): torch.linalg's LinAlgError (singular matrix) escapes",
-     lambda s, o, v: o == "pos_embed" and isinstance(v, torch.Tensor) and v.dim() == 2 and not v.any()),
-    ("trunc_normal with a > 0 or b < 0 (an interval one side of the mean, e.g. a=0.02 at std 0.02) never returns",
-     lambda s, o, v: s == "trunc_normal" and (number(v) or 0) * {"a": 1, "b": -1}.get(o, 0) > 0),
-    ("conv num_filters has no upper bound: 2**31 raises the allocator's RuntimeError, 2**63 a multi-line TypeError, "
-     "and values in between allocate tens of GB",
-     lambda s, o, v: o == "num_filters" and (number(v) or 0) > 4096),
-    ("conv covariance sigma0 below ~1e-150: 'cov contains NaN/inf', which does not name sigma0",
-     lambda s, o, v: s == "covariance" and o == "sigma0" and 0 < (number(v) or 1) < 1e-100),
-    ("conv softmax std above ~1e37, gaussian sigma below ~1e-150: 'the planned filters hold NaN/inf; check the "
-     "numeric options (they may be far too large)', naming none",
-     lambda s, o, v: ((s, o) == ("softmax", "std") and (number(v) or 0) > 1e37)
-     or ((s, o) == ("gaussian", "sigma") and 0 < (number(v) or 1) < 1e-10)),
-]
+KNOWN_BUGS: list = []  # (what, predicate) of values the schemes are known to mishandle; none today
 
 
 def excluded(scheme: str, option: str, value: object) -> bool:
@@ -213,8 +189,10 @@ def test_the_values_reach_every_kind():
     assert any(isinstance(v, float) and math.isnan(v) for v in EDGES) and INF in EDGES and 10**400 in EDGES
 
 
-BUG_EXAMPLES = [  # one failing call of each known bug: (target, scheme, option, value, other options)
+FOUND = [  # one call of each bug this fuzz found, each failed before its fix: (target, scheme, option, value, others)
     ("model", "pytorch", "seed", np.int64(3), {}),
+    ("model", "kaiming_uniform", "a", np.float32(0.5), {}),
+    ("model", "trunc_normal", "a", 0.02, {}),
     ("attention", "mimetic", "alpha", Fraction(1, 3), {}),
     ("model", "kaiming_uniform", "mode", torch.zeros(2, 2), {}),
     ("attention", "mimetic", "layers", torch.tensor(0), {}),
@@ -227,9 +205,6 @@ BUG_EXAMPLES = [  # one failing call of each known bug: (target, scheme, option,
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.xfail(strict=True, reason="a known bug in structinit/schemes (KNOWN_BUGS): remove it there once fixed")
-@pytest.mark.parametrize("target, scheme, option, value, extra", BUG_EXAMPLES,
-                         ids=[f"{s}-{o}" for _, s, o, _, _ in BUG_EXAMPLES])
-def test_known_bugs_still_fail(target, scheme, option, value, extra):
-    assert excluded(scheme, option, value)
+@pytest.mark.parametrize("target, scheme, option, value, extra", FOUND, ids=[f"{s}-{o}" for _, s, o, _, _ in FOUND])
+def test_the_values_the_fuzz_found_are_used_or_refused_in_one_line(target, scheme, option, value, extra):
     check(target, scheme, option, value, extra)

@@ -1,9 +1,10 @@
 import doctest
 
-import proposition1 as prop1
 import pytest
 import torch
 import torch.nn.functional as F
+
+import proposition1 as prop1
 from proposition1 import (
     channel_assignment,
     filter_output,
@@ -11,7 +12,6 @@ from proposition1 import (
     mixing_residual,
     proposition1_curve,
 )
-
 from structinit.functional.targets import impulse_matrix, kernel_offsets
 
 GRID = (8, 8)

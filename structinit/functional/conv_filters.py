@@ -33,7 +33,11 @@ def _check_shape(channels: int, kernel_size: int, num_filters: int | None) -> in
     check_int("kernel_size", kernel_size, low=1)
     if num_filters is None:
         return channels
-    return check_int("num_filters", num_filters, low=1)
+    check_int("num_filters", num_filters, low=1)
+    if num_filters > channels:
+        raise ValueError(f"num_filters={num_filters}: more filters than the {channels} channels they are shared by "
+                         f"(channel c uses filter c % n); pass at most {channels}, or None for one per channel")
+    return num_filters
 
 
 def _spread(filters: torch.Tensor, channels: int) -> torch.Tensor:

@@ -102,7 +102,7 @@ def make_impulse_solver(name: str, **options) -> ImpulseSolver:
     return cls(**options)
 
 
-# Defaults chosen by accuracy (bench/data_efficiency.py, CIFAR-10 5k images; the numbers are in
+# Defaults chosen by accuracy (structinit compare on CIFAR-10 5k images; the numbers are in
 # docs/results/vit-accuracy.md): PE ×1 trains best (a larger PE drowns the patch content); sharpness 0.3–0.5 is
 # flat, 0.8 trains worse; a mimetic V/O trains worse. The signed kernel with reserve='auto' keeps
 # every argmax on target with real images at PE ×1 and trains as well as the unsigned,

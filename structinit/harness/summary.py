@@ -83,7 +83,7 @@ def seed_accuracies(out_dir: str | Path, inits: list[str] | None = None,
     out = Path(out_dir)
     if not out.is_dir():
         raise FileNotFoundError(f"out_dir {str(out)!r}: no such folder; expected a comparison's runs "
-                                "(<init>/seed<N>/result.json), as bench/data_efficiency.py --out writes")
+                                "(<init>/seed<N>/result.json), as structinit compare --out writes")
     names = inits if inits is not None else sorted(p.name for p in out.iterdir() if p.is_dir())
     table: dict[str, dict[int, float]] = {}
     for init in names:

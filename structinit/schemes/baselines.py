@@ -224,7 +224,19 @@ timm_init_ = register_planner("timm", plan_timm)
 
 
 def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
-    return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
+    """N(0, std²) truncated to [a, b]: torch's sampler where [a, b] holds over 30 % of the mass (the
+    usual case), else the inverse CDF, since torch's rejection sampling all but stops there."""
+    lo, hi = (0.5 * math.erfc(-x / (std * math.sqrt(2))) for x in (a, b))
+    if hi - lo > 0.3:
+        return lambda name, shape, g: nn.init.trunc_normal_(_empty(shape), std=std, a=a, b=b, generator=g)
+    if not hi - lo > 1e-12:
+        raise ValueError(f"a={a}, b={b}: the interval holds {hi - lo:.1e} of N(0, std²) at std={std}, too little to "
+                         "draw from; move it within a few std of 0")
+
+    def draw(name, shape, g):
+        u = lo + (hi - lo) * torch.rand(shape, generator=g, dtype=torch.float64)
+        return (std * torch.special.ndtri(u)).clamp(a, b).float()
+    return draw
 
 
 def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
@@ -291,6 +303,7 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
     """Every Linear weight Kaiming-uniform with the given ``a``/``mode``/``nonlinearity``
     (defaults = PyTorch's Linear); zero biases; other modules as in :func:`timm_init_`."""
     check_choice("mode", mode, ("fan_in", "fan_out"))
+    a = check_number("a", a)  # a float: calculate_gain refuses numpy's
     try:
         nn.init.calculate_gain(nonlinearity, a)
     except ValueError as err:

@@ -174,6 +174,10 @@ def _numbers(options: dict) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in options.items() if is_number(v) and k != "seed")
 
 
+def _tensors(options: dict) -> str:
+    return ", ".join(f"{k}={show(v)}" for k, v in options.items() if isinstance(v, torch.Tensor))
+
+
 def _check_model(model: object) -> None:
     """``model`` is an ``nn.Module`` whose tensors hold values: one on the meta device (deferred
     initialisation) has none to read or write, and a write there would silently do nothing."""
@@ -197,10 +201,17 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     try:
         plan = scheme.plan(model, *args, **options)
     except _NUMERIC_FAILURES as err:
-        if not _numbers(options):
+        given = _numbers(options) or _tensors(options)
+        if not given:
             raise
-        raise ValueError(f"{what} failed on out-of-range numbers ({type(err).__name__}: {err}); check the "
-                         f"numeric options given, one may be far too large or too small: {_numbers(options)}") from err
+        raise ValueError(f"{what} failed on the values given ({type(err).__name__}: {err}); one may be far too large, "
+                         f"too small or degenerate (a tensor of zeros): {given}") from err
+    except ValueError as err:  # a value the maths turned into NaN/inf: blame the numbers given, unless it names one
+        given = _numbers(options)
+        if "NaN/inf" not in str(err) or not given or any(f"{k}=" in str(err) for k in options):
+            raise
+        raise ValueError(f"{what}: {err}; the numeric options given: {given} (one may be far too large or too "
+                         "small)") from err
     if isinstance(plan, Plan):
         _check_writes(plan, model, what, options)
     return plan

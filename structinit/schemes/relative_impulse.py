@@ -21,6 +21,7 @@ from structinit.adapters.relative import RelativeBias
 from structinit.functional.relative import impulse_logit
 from structinit.functional.targets import Offset
 from structinit.schemes.plan import Plan
+from structinit.utils.checks import show
 
 __all__ = ["RELATIVE_SOLVER", "plan_relative_impulse"]
 
@@ -44,7 +45,7 @@ def check_relative_options(chosen, solver: str, solver_options: dict, given: dic
         raise ValueError(f"{', '.join(extra)}: {why}; the only solver option read is target_mass")
     for name, value in given.items():
         if value is not None and not (name == "reserve" and value in ("none", "auto")):
-            raise ValueError(f"{name}={value!r}: {why}; {name} is about a position embedding, omit it")
+            raise ValueError(f"{name}={show(value)}: {why}; {name} is about a position embedding, omit it")
 
 
 def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_layer: list[list[Offset]],

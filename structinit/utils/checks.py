@@ -45,7 +45,7 @@ def is_finite(value: object) -> bool:
 def show(value: object, limit: int = 80) -> str:
     """``repr(value)`` for an error message, or its type (and shape) when that is too long."""
     text = repr(value)
-    if len(text) <= limit:
+    if len(text) <= limit and "\n" not in text:  # one line: a 2-D tensor's repr spans several
         return text
     shape = getattr(value, "shape", None)
     return f"<{type(value).__name__}{'' if shape is None else f' of shape {tuple(shape)}'}>"
@@ -91,7 +91,7 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     """``value`` if it is one of ``choices``; a ``ValueError`` listing them otherwise."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}={value!r}: valid names are {', '.join(choices)}")
+        raise ValueError(f"{name}={show(value)}: valid names are {', '.join(choices)}")
     return value
 
 
@@ -108,7 +108,7 @@ def check_layers(name: str, value: object) -> None:
     indices. Each index is checked against the model where the layers are chosen."""
     if value is None or is_int(value):
         return
-    if isinstance(value, (str, bytes, bool)) or not isinstance(value, collections.abc.Iterable):
+    if isinstance(value, (str, bytes, bool, torch.Tensor)) or not isinstance(value, collections.abc.Iterable):
         raise OptionError(f"{name}={show(value)}: expected an attention-layer index, a list of them such as "
                           "[0, 1], or None for every layer")
     if isinstance(value, collections.abc.Sized) and len(value) == 0:
@@ -159,8 +159,9 @@ def matches_annotation(value: object, tp: object) -> bool:
         return any(matches_annotation(value, m) for m in args)
     if tp is None or tp is type(None):
         return value is None
-    if tp is float:
-        return is_number(value)
+    if tp is float:  # a Fraction is a real number that tensors cannot multiply
+        fraction = isinstance(value, numbers.Rational) and not isinstance(value, numbers.Integral)
+        return is_number(value) and not fraction
     if tp is int:
         return is_int(value)
     if tp is bool:

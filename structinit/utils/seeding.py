@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from structinit.utils.checks import is_int
+from structinit.utils.checks import is_int, show
 
 _MOD = 2**63 - 1
 
@@ -18,7 +18,7 @@ def check_generator(generator: object, where: str = "generator") -> torch.Genera
     """
     if not isinstance(generator, torch.Generator):
         raise TypeError(
-            f"{where}: generator={generator!r}: pass a CPU torch.Generator, e.g. "
+            f"{where}: generator={show(generator)}: pass a CPU torch.Generator, e.g. "
             "torch.Generator().manual_seed(0), so that the result is reproducible"
         )
     if generator.device.type != "cpu":
@@ -38,7 +38,7 @@ def make_generator(generator: torch.Generator | None = None, seed: int | None = 
     if seed is not None:
         if not is_int(seed):
             raise TypeError(f"seed={seed!r}: expected an int")
-        return torch.Generator().manual_seed(seed)
+        return torch.Generator().manual_seed(int(seed))  # int(): a numpy integer is not one to torch
     if generator is not None:
         return check_generator(generator)
     return torch.Generator().manual_seed(int(torch.randint(2**62, (1,))))
