@@ -81,8 +81,10 @@ def run_example(example: Example, workdir: Path) -> dict:
     import torch
 
     import structinit.harness.recipes  # noqa: F401  (loads every registry, to snapshot them)
+    from structinit.schemes import SCHEMES  # the scheme table is a plain dict, not a Registry
 
     saved = [(r, dict(r._entries)) for r in _registries()]
+    schemes = dict(SCHEMES)
     cwd, threads = os.getcwd(), torch.get_num_threads()
     scope: dict = {"__name__": "__docs_example__"}
     torch.manual_seed(0)
@@ -97,6 +99,8 @@ def run_example(example: Example, workdir: Path) -> dict:
         torch.set_num_threads(threads)
         for registry, entries in saved:
             registry._entries = entries
+        SCHEMES.clear()
+        SCHEMES.update(schemes)
     return scope
 
 
