@@ -13,6 +13,8 @@ written by :mod:`structinit` on one model is valid on the other:
     head               Linear(D, classes)
 
 ``attn.qkv`` is ``Linear(D, 3D)`` whose output is [q; k; v], heads contiguous in each third.
+With ``pos_embed='rope'`` there is no ``pos_embed``: position is a rotation of q and k in every
+layer (:mod:`structinit.models.rope`), and timm's counterparts are its Eva models instead.
 Attention maps of this (or any) model come from :func:`structinit.attention_maps`.
 
 The named entry points at the end are registered for :func:`structinit.create_model`.
