@@ -94,3 +94,9 @@ def test_options_about_a_position_embedding_are_refused(options, match):
 def test_head_dim_not_a_multiple_of_four_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"head_dim=6: 2-D rotary embedding needs a multiple of 4"):
         structinit.create_model("vit_cpu_rope_patch4_32", embed_dim=24, num_heads=4)
+
+
+@pytest.mark.parametrize(("kw", "prefix"), [({}, 0), ({"class_token": True, "global_pool": "token"}, 1)])
+def test_the_token_layout_of_a_rope_model_comes_from_its_rotation(kw, prefix):
+    layout = structinit.infer_layout(rope_vit(**kw))  # no position embedding to read it from
+    assert layout.grid == (8, 8) and layout.num_prefix_tokens == prefix

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import Discovery, find_position_embedding, square_side
+from structinit.adapters.rotary import find_rotary
 from structinit.utils import is_int
 
 
@@ -51,8 +52,9 @@ def infer_layout(
     where they agree with the model.
 
     The grid comes from the model's patch embedding (timm's ``patch_embed.grid_size``, a Hugging
-    Face config's image and patch size, a patch convolution and an image size) or else from a
-    square position embedding; the prefix tokens from ``num_prefix_tokens`` or the class /
+    Face config's image and patch size, a patch convolution and an image size), else from a
+    square position embedding, else from a rotary embedding's (:mod:`structinit.adapters.rotary`);
+    the prefix tokens from ``num_prefix_tokens`` or the class /
     distillation / register token parameters the model holds (see
     :mod:`structinit.adapters.position`). A position embedding must have N or N + P rows.
     """
@@ -72,6 +74,9 @@ def infer_layout(
     rows = _pe_rows(found)
     if grid is None:
         grid = found.grid
+    rotary = next((r for m in model.modules() if (r := find_rotary(m)) is not None), None)
+    if grid is None and rotary is not None:  # RoPE: no position embedding, the rotation knows its grid
+        grid, prefix = rotary.grid, prefix if num_prefix_tokens is not None or declared else rotary.num_prefix_tokens
     if grid is None and rows is not None:
         no_row = bool(getattr(model, "no_embed_class", False))
         for n in ((rows,) if no_row else (rows - prefix, rows)):
