@@ -52,7 +52,9 @@ from structinit.harness.run.device import (
 from structinit.harness.run.folder import check_out_dir, lock_run
 from structinit.harness.run.optim import EMA
 from structinit.harness.run.step import TrainStep
+from structinit.models import create_model
 from structinit.schemes.plan import Plan
+from structinit.schemes.registry import plan_init
 from structinit.utils.optional_imports import require
 
 __all__ = ["CHECKPOINT", "RESULT", "Chunk", "Task", "check_fits_image", "check_run", "construct_and_plan", "run_task"]
@@ -119,8 +121,6 @@ def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
     """``cfg.model`` built with ``sizes`` (what the data decides) and ``cfg.model_kwargs``,
     constructed under ``init_seed`` (construction draws from the global RNG, which is forked
     and restored), and ``cfg.init`` planned on it but not written (``plan.commit()`` does)."""
-    from structinit.models import create_model
-    from structinit.schemes.registry import plan_init
 
     kwargs = {**sizes, **cfg.model_kwargs}
     seed = cfg.seed if cfg.init_seed is None else cfg.init_seed

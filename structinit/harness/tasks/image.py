@@ -27,6 +27,9 @@ from structinit.analysis.certify import (
     pgd_l2_accuracy,
     pixel_cert_threshold,
 )
+from structinit.augment import Augment
+from structinit.data import DATASET_LOADERS, DatasetNotFoundError, holdout_split, load_dataset, stratified_subset
+from structinit.data.registry import canonical_name
 from structinit.harness.config import ImageConfig
 from structinit.harness.errors import user_input
 from structinit.harness.run.device import Placement, resolve_precision
@@ -43,8 +46,6 @@ __all__ = ["PAPER_HINGE_MARGIN", "ImageTask", "check_data", "eval_images", "eval
 def check_data(cfg: ImageConfig) -> None:
     """The checks of ``cfg``'s data that need no loading: the dataset's name, a ``data_dir``
     where the dataset reads one, and that it exists unless it is to be downloaded."""
-    from structinit.data import DATASET_LOADERS, DatasetNotFoundError
-    from structinit.data.registry import canonical_name
 
     with user_input("dataset"):
         name = canonical_name(cfg.dataset)
@@ -65,7 +66,6 @@ def check_data(cfg: ImageConfig) -> None:
 
 def load_train_split(cfg: ImageConfig):
     """The whole training split of ``cfg.dataset`` (before any holdout or subset)."""
-    from structinit.data import load_dataset
 
     with user_input("dataset"):
         return load_dataset(cfg.dataset, cfg.data_dir, "train", download=cfg.download)
@@ -73,7 +73,6 @@ def load_train_split(cfg: ImageConfig):
 
 def load_data(cfg: ImageConfig):
     """(train set, {name: eval set}); the first eval set is the one a run is judged on."""
-    from structinit.data import holdout_split, load_dataset, stratified_subset
 
     train_ds = load_train_split(cfg)
     evals = {}
@@ -199,7 +198,6 @@ class ImageTask:
         self.cfg = cfg
 
     def check(self) -> str:
-        from structinit.augment import Augment
 
         cfg = self.cfg
         with user_input("augment"):
@@ -320,7 +318,6 @@ class ImageTask:
 def test_images(dataset: str, data_dir: str | None, n: int, download: bool = False):
     """(normalised, in [0, 1], class count) of the first ``n`` test images of ``dataset``,
     normalised with the dataset's channel statistics as training does."""
-    from structinit.data import load_dataset
 
     with user_input("dataset"):
         test = load_dataset(dataset, data_dir, "test", download=download)
