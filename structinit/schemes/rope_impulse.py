@@ -45,6 +45,14 @@ def rope_biases(rotary: Rotary, offset: Offset, head_dim: int, scale: float,
 def plan_rope_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], target_mass: float) -> None:
     """Add to ``plan`` the q/k writes of every chosen layer: W_q = W_k = 0 and head h's biases
     at offset ``per_layer[i][h]``, with its record (``solver='rotary'``)."""
+    memo: dict = {}  # layers share their rotation and offsets: each (rotation, offset) is solved once
+
+    def solved(rotary: Rotary, offset: Offset, head_dim: int, scale: float):
+        key = (tuple(rotary.freqs.tolist()), rotary.axes, rotary.pairs, rotary.grid, offset, head_dim, scale)
+        if key not in memo:
+            memo[key] = rope_biases(rotary, offset, head_dim, scale, target_mass)
+        return memo[key]
+
     for (name, ad), offsets in zip(chosen, per_layer):
         rotary = ad.rotary
         _, bq_dst, _, bk_dst = ad.read_qk()
@@ -53,7 +61,7 @@ def plan_rope_impulse(plan: Plan, chosen, per_layer: list[list[Offset]], target_
                              "rotates q and k by position (RoPE) and has no q/k bias, the content-free part of q and "
                              "k that the impulse is written into; nothing was written. Build the model with qkv "
                              "biases (qkv_bias=True), or use 'mimetic', which needs no position channel")
-        heads = [rope_biases(rotary, tuple(o), ad.head_dim, ad.scale, target_mass) for o in offsets]
+        heads = [solved(rotary, tuple(o), ad.head_dim, ad.scale) for o in offsets]
         bq = torch.stack([q for q, _ in heads])  # (heads, head_dim)
         bk = torch.stack([k for _, k in heads])
         zeros = torch.zeros(ad.num_heads, ad.dim, ad.head_dim, dtype=torch.float64)
