@@ -68,6 +68,7 @@ def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "
 
     @functools.wraps(planner)
     def init(model: nn.Module, *args, **options) -> nn.Module:
+        _check_model(model)
         commit_and_report(_plan(SCHEMES[(target, name)], model, args, options, what), what)
         return model
 
@@ -192,11 +193,11 @@ def _check_model(model: object) -> None:
 
 
 def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str) -> Plan:
-    """``scheme.plan(model, *args, **options)``, its options checked first and its plan after:
+    """``scheme.plan(model, *args, **options)`` on a checked model (:func:`_check_model`), its
+    options checked first and its plan after:
     every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
     naming the numeric options given, raised before anything is written."""
-    _check_model(model)
     _check_options(scheme, args, options, what)
     try:
         plan = scheme.plan(model, *args, **options)
