@@ -37,10 +37,6 @@ def read_summary(path: Path, inits=INITS) -> dict[str, dict[int, float]]:
                          f"lists of one length): {type(err).__name__}: {err}") from err
 
 
-def _read(path: Path, inits) -> dict[str, dict[int, float]]:
-    return read_summary(path, inits) if path.is_file() else seed_accuracies(path, list(inits))
-
-
 def collect(folders: dict[str, tuple[Path, ...]], inits=INITS) -> dict[str, dict[str, dict[int, float]]]:
     """{architecture: {init: {seed: held-out accuracy}}} of the finished runs in each column's
     folders (or ``summary.json`` files); an init is read from the first of them that has it."""
@@ -48,7 +44,8 @@ def collect(folders: dict[str, tuple[Path, ...]], inits=INITS) -> dict[str, dict
     for arch, paths in folders.items():
         merged: dict[str, dict[int, float]] = {}
         for path in paths:
-            for init, accs in _read(path, inits).items():
+            by_init = read_summary(path, inits) if path.is_file() else seed_accuracies(path, list(inits))
+            for init, accs in by_init.items():
                 merged.setdefault(init, accs)
         table[arch] = {init: merged[init] for init in inits if init in merged}
     return table

@@ -61,11 +61,7 @@ def measure(model: str, batch: int, repeats: int) -> list[dict]:
     for i, (name, c_in, n, stride) in enumerate(layers(model)):
         cayley, plain = cayley_model[2 * i], plain_model[2 * i]
         x = torch.randn(batch, c_in, n, n, requires_grad=True)
-
-        def step(layer):
-            def run():
-                layer(x).square().mean().backward()
-            return run
+        step = lambda layer: lambda: layer(x).square().mean().backward()
         row = {"layer": name, "train_cayley": timed(step(cayley), repeats), "train_plain": timed(step(plain), repeats)}
         xe = x.detach()
         cayley.train()
@@ -74,17 +70,13 @@ def measure(model: str, batch: int, repeats: int) -> list[dict]:
             cayley.eval()
             row["eval_cached"] = timed(lambda: cayley(xe), repeats)
             row["eval_plain"] = timed(lambda: plain(xe), repeats)
-        n_conv = n // stride
-        w_hat = fc.fft_conv_weight(cayley.weight.detach(), n_conv)
+        w_hat = fc.fft_conv_weight(cayley.weight.detach(), n // stride)
         ref = fc.semi_orthogonal_cayley(w_hat)
         for how in ("inv", "solve", "lu"):
             f = cayley_variant(how)
             assert torch.allclose(f(w_hat), ref, atol=1e-4), how
             w = w_hat.clone().requires_grad_(True)
-
-            def solve_step(f=f, w=w):
-                f(w).abs().sum().backward()
-            row[f"solve_{how}"] = timed(solve_step, repeats)
+            row[f"solve_{how}"] = timed(lambda: f(w).abs().sum().backward(), repeats)
         rows.append(row)
     return rows
 
@@ -110,9 +102,8 @@ def main() -> None:
             ms = {k: 1e3 * v for k, v in r.items() if k != "layer"}
             totals.setdefault(model, Counter()).update(ms)  # Counter.update adds: the four convs' sums
             print(f"| {model} | {r['layer']} | {ms['train_cayley']:.2f} | {ms['train_plain']:.2f} | "
-                  f"{ms['train_cayley'] / ms['train_plain']:.1f}× | {ms['eval_nocache']:.2f} | "
-                  f"{ms['eval_cached']:.2f} | "
-                  f"{ms['eval_plain']:.2f} | {ms['eval_cached'] / ms['eval_plain']:.1f}× | {ms['solve_inv']:.2f} | "
+                  f"{ms['train_cayley'] / ms['train_plain']:.1f}× | {ms['eval_nocache']:.2f} | {ms['eval_cached']:.2f}"
+                  f" | {ms['eval_plain']:.2f} | {ms['eval_cached'] / ms['eval_plain']:.1f}× | {ms['solve_inv']:.2f} | "
                   f"{ms['solve_solve']:.2f} | {ms['solve_lu']:.2f} |")
     for model, t in totals.items():
         print(f"\n{model}, all four convs: fwd+bwd {t['train_cayley'] / t['train_plain']:.1f}× Conv2d; eval forward "

@@ -63,15 +63,13 @@ def cifar_test_images(root: str | Path, n: int) -> torch.Tensor:
     statistics, (n, 3, 32, 32) float32. ``root``: the folder that holds
     ``cifar-10-batches-py``, that folder itself, or the ``.tar.gz`` archive (read by the
     library's safe loader, which never unpickles code)."""
-    from structinit.data import DATASET_STATS, DatasetFormatError, DatasetNotFoundError, load_dataset
+    from structinit.data import DatasetFormatError, DatasetNotFoundError, load_dataset
 
     try:
         test = load_dataset("cifar10", root, "test")
     except (DatasetNotFoundError, DatasetFormatError, FileNotFoundError) as err:
         sys.exit(f"error: {err}\n(--data-dir: the folder that holds cifar-10-batches-py, that folder, or the archive)")
-    mean, std = DATASET_STATS["cifar10"]
-    x = test.images[:n].float() / 255
-    return (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    return test.normalised(n)
 
 
 def fidelity_row(fid: dict) -> tuple[float, float, float, float]:

@@ -21,6 +21,7 @@ from structinit.adapters.conv import find_depthwise_convs
 from structinit.functional.conv_filters import estimate_covariance, fit_depth_schedule, fit_kronecker_sigma
 from structinit.harness.finished import find_runs, load_trained_weights
 from structinit.harness.run.checkpoint import WEIGHTS, load_weights
+from structinit.harness.summary import mean_std
 from structinit.models import create_model
 
 LEARNED = "pytorch"
@@ -44,17 +45,13 @@ def _short(spec: str) -> str:
     return "covariance_transfer" if spec.startswith("covariance_transfer") else spec
 
 
-def _stats(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def table(rows: dict[str, list[float]]) -> str:
     base = statistics.fmean(rows[LEARNED]) if LEARNED in rows else None
     lines = []
     for spec, values in sorted(rows.items(), key=lambda kv: -statistics.fmean(kv[1])):
-        mean, sd = _stats(values)
-        delta = "" if base is None or spec == LEARNED else f"{mean - base:+.2f}"
-        lines.append([_short(spec), f"{mean:.2f} ± {sd:.2f}", ", ".join(f"{v:.2f}" for v in values), delta])
+        s = mean_std(values)
+        delta = "" if base is None or spec == LEARNED else f"{s['mean'] - base:+.2f}"
+        lines.append([_short(spec), f"{s['mean']:.2f} ± {s['std']:.2f}", ", ".join(f"{v:.2f}" for v in values), delta])
     return markdown(["init", "held-out accuracy % (mean ± std)", "per seed", "Δ vs learned"], "lrlr", lines)
 
 
@@ -64,13 +61,13 @@ def claims(rows: dict[str, list[float]]) -> str:
         if a not in rows or b not in rows:
             lines.append(f"| {text} | | | | | not measured ({a if a not in rows else b} missing) |")
             continue
-        (ma, sa), (mb, sb) = _stats(rows[a]), _stats(rows[b])
-        diff = ma - mb
-        se = math.sqrt(sa**2 / len(rows[a]) + sb**2 / len(rows[b]))
+        sa, sb = mean_std(rows[a]), mean_std(rows[b])
+        diff = sa["mean"] - sb["mean"]
+        se = math.sqrt(sa["std"] ** 2 / len(rows[a]) + sb["std"] ** 2 / len(rows[b]))
         verdict = "holds" if test(diff) else "fails"
         if abs(diff) < 2 * se:
             verdict += " (within noise)"
-        lines.append(f"| {text} | {ma:.2f} | {mb:.2f} | {diff:+.2f} | {se:.2f} | {verdict} |")
+        lines.append(f"| {text} | {sa['mean']:.2f} | {sb['mean']:.2f} | {diff:+.2f} | {se:.2f} | {verdict} |")
     return "\n".join([markdown(["claim", "a", "b", "a − b (points)", "std. error", "verdict"], "lrrrrl"), *lines])
 
 

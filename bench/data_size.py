@@ -22,6 +22,7 @@ from typing import Any
 
 from common import DATA_DIR, core_hours, markdown, pyplot
 
+from structinit.analysis.curves import mean_std_curve
 from structinit.harness.compare import compare
 from structinit.harness.recipes import recipe
 from structinit.harness.run.checkpoint import atomic_write_bytes, write_png
@@ -142,6 +143,10 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
     """accuracy vs size and gain over pytorch vs size, one panel per dataset (log x). The gain
     axis stops at ``GAIN_FLOOR``; an init whose mean gain falls below it is named, with its
     range, in the panel."""
+    def values(key: str, size: int, init: str, gain: bool) -> list[float]:
+        by_init = table.get(key, {}).get(size, {})
+        return paired_gains(by_init, init) if gain else list(by_init.get(init, {}).values())
+
     plt = pyplot()
     written = []
     for name, ylabel in (("data_size_accuracy", "held-out accuracy (%)"),
@@ -153,30 +158,20 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
                 if name.endswith("gain") and init == "pytorch":
                     ax.axhline(0.0, color="grey", lw=0.8)
                     continue
-                xs, mean, low, high = [], [], [], []
-                for size in study.sizes:
-                    by_init = table.get(key, {}).get(size, {})
-                    accs = list(by_init.get(init, {}).values())
-                    values = paired_gains(by_init, init) if name.endswith("gain") else accs
-                    if values:
-                        xs.append(size)
-                        mean.append(100 * statistics.fmean(values))
-                        low.append(100 * min(values))
-                        high.append(100 * max(values))
-                if xs:
-                    line, = ax.plot(xs, mean, marker="o", label=init)
-                    ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+                points = {size: v for size in study.sizes if (v := values(key, size, init, name.endswith("gain")))}
+                if points:
+                    mean = [100 * statistics.fmean(v) for v in points.values()]
+                    line, = ax.plot(list(points), mean, marker="o", label=init)
+                    ax.fill_between(list(points), [100 * min(v) for v in points.values()],
+                                    [100 * max(v) for v in points.values()], color=line.get_color(), alpha=0.15)
                     if name.endswith("gain") and min(mean) < GAIN_FLOOR:
                         off_scale.append(f"{init}: {max(mean):+.1f} to {min(mean):+.1f}")
             if off_scale:  # one init far below would flatten the others' differences into a line
                 ax.set_ylim(bottom=GAIN_FLOOR)
                 ax.text(0.02, 0.03, "below the axis: " + "; ".join(off_scale), transform=ax.transAxes, fontsize=7)
-            ax.set_xscale("log")
+            ax.set(xscale="log", title=study.name, xlabel="training images", ylabel=ylabel)
             ax.set_xticks(study.sizes, [f"{s:,}" for s in study.sizes])
             ax.minorticks_off()
-            ax.set_title(study.name)
-            ax.set_xlabel("training images")
-            ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
         fig.suptitle("lines: mean over seeds; bands: min–max over seeds"
@@ -186,32 +181,25 @@ def plot(studies: dict[str, Study], inits, table: dict[str, Any], figures: Path)
     return written
 
 
-def _loss_curve(result: dict[str, Any]) -> list[tuple[int, float]]:
-    return [(h["step"], h["train_loss"]) for h in result["history"]]
-
-
 def plot_loss(studies: dict[str, Study], inits, out: Path, figures: Path) -> Path:
     """Training loss against optimiser step at each dataset's smallest and largest size (rows),
     mean over seeds: it tells an init that underfits (its loss stalls high) from one that overfits
     (low training loss, low held-out accuracy)."""
     plt = pyplot()
-    curves = collect(studies, inits, out, value=_loss_curve)
+    results = collect(studies, inits, out, value=lambda result: result)
     fig, axes = plt.subplots(2, len(studies), figsize=(4.2 * len(studies), 6.4), dpi=110, squeeze=False,
                              sharey=True)
     for col, (key, study) in enumerate(studies.items()):
         for row, size in enumerate((study.sizes[0], study.sizes[-1])):
             ax = axes[row][col]
             for init in inits:
-                by_seed = list(curves.get(key, {}).get(size, {}).get(init, {}).values())
+                by_seed = list(results.get(key, {}).get(size, {}).get(init, {}).values())
                 if not by_seed:
                     continue
-                length = min(len(c) for c in by_seed)  # seeds share their steps; a shorter one is cut
-                steps = [step for step, _ in by_seed[0][:length]]
-                mean = [statistics.fmean(c[i][1] for c in by_seed) for i in range(length)]
-                ax.plot(steps, mean, marker="." if length < 20 else None, label=f"{init} ({len(by_seed)})")
+                steps, mean, _ = mean_std_curve(by_seed, "train_loss", "step")  # the steps every seed took
+                ax.plot(steps, mean, marker="." if len(steps) < 20 else None, label=f"{init} ({len(by_seed)})")
             ax.set_title(f"{study.name}, {size:,} images", fontsize=9)
-            ax.set_xlabel("optimiser step")
-            ax.set_ylabel("training loss")
+            ax.set(xlabel="optimiser step", ylabel="training loss")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, title="init (seeds)", title_fontsize=7)
     fig.suptitle("training loss (label-smoothed cross-entropy, mean over seeds; one point per epoch)", fontsize=9)
@@ -230,7 +218,6 @@ def report(studies: dict[str, Study], inits, out: Path, figures: Path) -> str:
     text = (format_by_size(studies, inits, table) + "\n" + format_table(studies, inits, table, train_loss)
             + f"\n{len(hours)} runs finished; their training took {sum(hours):.1f} CPU core-hours "
               "(each run's wall time × its threads).\n\n" + format_trends(studies, inits, table))
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "data_size.json", lambda f: f.write(json.dumps(table, indent=1).encode()))
     atomic_write_bytes(out / "data_size.md", lambda f: f.write(text.encode()))
     plot(studies, inits, table, figures)

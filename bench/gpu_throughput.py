@@ -180,28 +180,25 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
                         (0.25,) * shape[0])
     cfg = bench_config(spec, compile, init, pipeline or "none", cpu_prefetch if pipeline else 0)
     task, train_step = image_step(cfg, data, device)
+    batches = task.batches(task.schedule()[0][0], Placement(1, 0, device))
     if pipeline is None:
-        fixed = next(task.batches(task.schedule()[0][0], Placement(1, 0, device)))
-        batches = iter([fixed] * (warmup + steps))
-    else:
-        batches = task.batches(task.schedule()[0][0], Placement(1, 0, device))
+        batches = iter([next(batches)] * (warmup + steps))
     losses = []
 
-    def run(count: int) -> None:
+    def run(count: int) -> float:
+        """Seconds of ``count`` steps, queued, then one synchronisation."""
+        start = time.perf_counter()
         for _, (x, y) in zip(range(count), batches):
             losses.append(train_step(len(losses), x, y)[0])
         synchronize(device)
+        return time.perf_counter() - start
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    run(warmup)
-    warm_s = time.perf_counter() - start
+    warm_s = run(warmup)
     if start_file is not None:
         wait_at(start_file)
-    start = time.perf_counter()
-    run(steps)
-    seconds = time.perf_counter() - start
+    seconds = run(steps)
     if not all(math.isfinite(float(v)) for v in losses):
         raise FloatingPointError(f"{spec.label}: a training loss is not finite")
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -240,8 +237,7 @@ def loop_tables(args) -> None:
     ds = stratified_subset(load_dataset("cifar10", args.data_dir, "train"), args.images, seed=0)
     names = [spec.model for spec in parse_models(args.models or LOOP_MODELS)]
     print(f"default precision on this CPU: {resolve_precision('auto', torch.device('cpu'))}\n")
-    print("| model | precision | step (img/s) | loop (img/s) | loop's cost beyond its step |")
-    print("|---|---|---:|---:|---:|")
+    print(markdown(["model", "precision", "step (img/s)", "loop (img/s)", "loop's cost beyond its step"], "llrrr"))
     rates = {}
     for name in names:
         for precision in ("fp32", "bf16"):
@@ -255,9 +251,8 @@ def loop_tables(args) -> None:
             s, w = statistics.median(bare), statistics.median(whole)
             rates[(name, precision)] = w
             print(f"| {name} | {precision} | {s:.0f} | {w:.0f} | {100 * (s / w - 1):+.1f}% |", flush=True)
-    print("\n| model | bf16 / fp32 (loop) |\n|---|---:|")
-    for name in names:
-        print(f"| {name} | {rates[(name, 'bf16')] / rates[(name, 'fp32')]:.2f}× |")
+    ratios = [[name, f"{rates[(name, 'bf16')] / rates[(name, 'fp32')]:.2f}×"] for name in names]
+    print("\n" + markdown(["model", "bf16 / fp32 (loop)"], "lr", ratios))
 
 
 def augment_table(specs: list[Spec], device: torch.device, steps: int, warmup: int) -> str:
@@ -296,8 +291,7 @@ def table_row(row: dict, peak: float | None) -> str:
 
 
 def throughput_table(rows: list[dict], header: str, peak: float | None) -> str:
-    lines = [header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    return "\n".join([*lines, *(table_row(r, peak) for r in rows)]) + "\n"
+    return "\n".join([header, "", markdown(COLUMNS, "l" * len(COLUMNS)), *(table_row(r, peak) for r in rows)]) + "\n"
 
 
 def device_header(device: torch.device, card: str | None, peak: float | None, args) -> str:

@@ -159,14 +159,12 @@ def plot_accuracy(rows, path: Path) -> None:
         for row in rows:
             ax.errorbar(row[col], 100 * row[3], yerr=100 * row[4], fmt="o", capsize=3,
                         label=f"{row[1]} ({row[2]} seed{'s' if row[2] > 1 else ''})")
-        ax.set_xlabel(f"{name} (real images, at init)")
-        ax.set_xlim(-0.02, 1.02)
+        ax.set(xlabel=f"{name} (real images, at init)", xlim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out accuracy % (mean ± std over seeds)")
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle("Does keeping the structure pay? (cpu-cifar, CIFAR-10 5k images)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     print(f"\nfigure: {write_png(path, fig, dpi=120)}")
 
 

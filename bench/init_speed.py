@@ -32,6 +32,7 @@ import sys
 import time
 import warnings
 
+import torch
 from common import markdown, median_seconds
 
 MODELS = "timm/vit_tiny_patch16_224,timm/vit_base_patch16_224,timm/vit_large_patch16_224"
@@ -40,8 +41,6 @@ REFERENCE = "timm init_weights()"
 
 
 def build(name: str):
-    import torch
-
     torch.manual_seed(0)
     if name.startswith("timm/"):
         import timm
@@ -54,8 +53,6 @@ def build(name: str):
 
 def measure(models: list[str], schemes: list[str], repeats: int) -> dict[str, dict[str, float]]:
     """{model: {column: median seconds}}, the reference column first for timm models."""
-    import torch
-
     import structinit as si
     from structinit.harness.specs import parse_init_spec
 
@@ -87,20 +84,15 @@ def run_in(tree: str | None, args) -> dict[str, dict[str, float]]:
 def table(best: dict[str, dict[str, float]]) -> str:
     """Markdown: one row per model, one column per scheme; ``s (×ratio)`` against the reference."""
     columns = list(dict.fromkeys(c for row in best.values() for c in row))
-    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-    for model, row in best.items():
-        ref = row.get(REFERENCE)
-        cells = []
-        for c in columns:
-            t = row.get(c)
-            if t is None:
-                cells.append("")
-            elif ref is None or c == REFERENCE:
-                cells.append(f"{t:.3f}")
-            else:
-                cells.append(f"{t:.3f} (×{t / ref:.2f})")
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(row: dict[str, float], column: str) -> str:
+        t, ref = row.get(column), row.get(REFERENCE)
+        if t is None:
+            return ""
+        return f"{t:.3f}" if ref is None or column == REFERENCE else f"{t:.3f} (×{t / ref:.2f})"
+
+    rows = [[model, *(cell(row, c) for c in columns)] for model, row in best.items()]
+    return markdown(["model", *columns], "l" + "r" * len(columns), rows)
 
 
 CHECKED = {  # --checks: label → (structinit model, kwargs)
@@ -115,8 +107,6 @@ def check_cost_row(label: str, name: str, kwargs: dict, scheme: str, repeats: in
     """The seconds of ``init_``, of its probe before the write, of its checks after it and of one
     forward of a probe image, each on a fresh copy of the model (a model keeps what its probe
     found, so a second init on the same model would skip the probe); and the checks' share."""
-    import torch
-
     import structinit
     from structinit.adapters.probe import probe_inputs
     from structinit.adapters.registry import attention_survey, candidate_layers
@@ -131,12 +121,6 @@ def check_cost_row(label: str, name: str, kwargs: dict, scheme: str, repeats: in
         with torch.no_grad():
             base(images[:1])
 
-    def survey():
-        attention_survey(copy.deepcopy(base))
-
-    def init():
-        structinit.init_(copy.deepcopy(base), scheme, seed=0)
-
     def checks_after():
         model = copy.deepcopy(base)
         plan = plan_init(model, scheme, seed=0)
@@ -147,6 +131,8 @@ def check_cost_row(label: str, name: str, kwargs: dict, scheme: str, repeats: in
             check()
         return time.perf_counter() - start
 
+    survey = lambda: attention_survey(copy.deepcopy(base))
+    init = lambda: structinit.init_(copy.deepcopy(base), scheme, seed=0)
     t_forward, t_survey, t_init = (median_seconds(f, repeats) for f in (forward, survey, init))
     t_after = statistics.median(checks_after() for _ in range(repeats))
     share = (t_survey + t_after) / t_init
@@ -154,8 +140,6 @@ def check_cost_row(label: str, name: str, kwargs: dict, scheme: str, repeats: in
 
 
 def check_cost_table(repeats: int) -> str:
-    import torch
-
     torch.set_num_threads(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -167,16 +151,12 @@ def check_cost_table(repeats: int) -> str:
 
 def truncation(m, r: int):
     """The best rank-``r`` approximation of each matrix of ``m``, by a full SVD."""
-    import torch
-
     u, s, vh = torch.linalg.svd(m)
     return (u[..., :r] * s[..., None, :r]) @ vh[..., :r, :]
 
 
 def routes_table(dim: int = 768, heads: int = 12, repeats: int = 3) -> str:
     """--routes: seconds per layer of each route to the per-head products, and its relative error."""
-    import torch
-
     from structinit.functional.mimetic import circular_factors, mimetic_noise
 
     torch.set_num_threads(2)

@@ -77,12 +77,16 @@ def _check_tokens(x: torch.Tensor, grid: tuple[int, int], name: str = "x") -> No
         )
 
 
-def _named_offsets(offsets: Sequence[Offset], kernel_size: int, name: str) -> list[Offset]:
-    """:func:`check_offsets` with its error messages naming the caller's parameter."""
+def _named_offsets(offsets: Sequence[Offset], kernel_size: int, name: str, channels: int) -> list[Offset]:
+    """:func:`check_offsets`, and one offset per channel, with the error messages naming the
+    caller's parameter."""
     try:
-        return check_offsets(offsets, kernel_size)
+        offsets = check_offsets(offsets, kernel_size)
     except ValueError as err:  # OptionError is a ValueError too
         raise type(err)(str(err).replace("offsets:", f"{name}:", 1)) from None
+    if len(offsets) != channels:
+        raise ValueError(f"{name}: got {len(offsets)} offsets for D={channels} channels; give one per channel")
+    return offsets
 
 
 def shift_rows(x: torch.Tensor, grid: tuple[int, int], offset: Offset) -> torch.Tensor:
@@ -117,9 +121,7 @@ def impulse_features(
     if kernel_size is not None:
         check_kernel_size(kernel_size)
     bound = kernel_size if kernel_size is not None else 2 * max(grid) + 1
-    offsets = _named_offsets(offsets, bound, "offsets")
-    if len(offsets) != x.shape[1]:
-        raise ValueError(f"offsets: got {len(offsets)} offsets for D={x.shape[1]} channels; give one per channel")
+    offsets = _named_offsets(offsets, bound, "offsets", x.shape[1])
     out = torch.empty_like(x)
     for off in set(offsets):
         cols = [c for c, o in enumerate(offsets) if o == off]
@@ -176,11 +178,7 @@ def mixing_residual(
     """
     check_kernel_size(kernel_size)
     _check_tokens(x, grid)
-    offsets = _named_offsets(channel_offsets, kernel_size, "channel_offsets")
-    if len(offsets) != x.shape[1]:
-        raise ValueError(
-            f"channel_offsets: got {len(offsets)} offsets for D={x.shape[1]} channels; give one per channel"
-        )
+    offsets = _named_offsets(channel_offsets, kernel_size, "channel_offsets", x.shape[1])
     if not isinstance(target, torch.Tensor) or target.dim() != 2 or target.shape[0] != x.shape[0]:
         shape = tuple(target.shape) if isinstance(target, torch.Tensor) else type(target).__name__
         raise ValueError(f"target: expected shape (N={x.shape[0]}, D_out), got {shape}")
@@ -246,8 +244,6 @@ def proposition1_curve(
         raise ValueError(f"k={k}: the input rank must be ≥ 1")
     if trials < 1:
         raise ValueError(f"trials={trials}: expected ≥ 1")
-    if assignment not in ASSIGNMENTS:
-        raise ValueError(f"assignment={assignment!r}: expected one of {', '.join(ASSIGNMENTS)}")
     n, d_max, f = grid[0] * grid[1], max(counts), kernel_size
     res = torch.empty(trials, len(counts), dtype=torch.float64)
     for trial in range(trials):
@@ -265,15 +261,11 @@ RATIOS = (0.125, 0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0)
 FLOOR = 1e-17  # log-axis floor for exact zeros
 
 
-def channel_counts(k: int, f: int) -> list[int]:
-    return sorted({max(1, round(r * k * f * f)) for r in RATIOS})
-
-
 def run(grid: tuple[int, int], trials: int, seed: int) -> list[dict]:
     rows = []
     for k in (1, 2, 4):
         for f in (3, 5):
-            counts = channel_counts(k, f)
+            counts = sorted({max(1, round(r * k * f * f)) for r in RATIOS})
             curves = {
                 a: proposition1_curve(k, f, grid, counts, trials, torch.Generator().manual_seed(seed), assignment=a)
                 for a in ("balanced", "random")
@@ -302,9 +294,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.plot(x, [max(r["balanced_mean"], FLOOR) for r in sel], "o-", color=color, label=f"k={k}, f={f}")
         ax.plot(x, [max(r["random_mean"], FLOOR) for r in sel], "x--", color=color, alpha=0.7)
     ax.axvline(1.0, color="k", lw=1, ls=":")
-    ax.set_yscale("log")
-    ax.set_xlabel("D / (k·f²)")
-    ax.set_ylabel("relative residual ‖YM − Z‖ / ‖Z‖ (mean of trials)")
+    ax.set(yscale="log", xlabel="D / (k·f²)", ylabel="relative residual ‖YM − Z‖ / ‖Z‖ (mean of trials)")
     ax.set_title("Proposition 1, 8×8 grid: solid balanced offsets, dashed random", fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()

@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from common import pyplot
+from common import markdown, pyplot
 
 from structinit.harness.compare import compare
 from structinit.harness.recipes import sequence_recipe
@@ -108,15 +108,12 @@ SOLVED = 0.9
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"| task | setting | seq len | model | init | token acc % | exact-match % | per seed (token %) "
-             f"| seeds ≥ {100 * SOLVED:.0f} % | median min/run |", "|---|---|---:|---|---|---:|---:|---|---:|---:|"]
-    for r in rows:
-        setting = ", ".join(f"{k}={v}" for k, v in r["options"].items())
-        solved = sum(a >= SOLVED for a in r["acc"])
-        lines.append(f"| {r['task']} | {setting} | {r['seq_len']} | {r['model']} | {r['init']} | {_ms(r['acc'])} | "
-                     f"{_ms(r['exact'])} | {', '.join(f'{100 * a:.0f}' for a in r['acc'])} | "
-                     f"{solved}/{len(r['acc'])} | {r['minutes']:.1f} |")
-    return "\n".join(lines) + "\n"
+    head = ["task", "setting", "seq len", "model", "init", "token acc %", "exact-match %", "per seed (token %)",
+            f"seeds ≥ {100 * SOLVED:.0f} %", "median min/run"]
+    cells = [[r["task"], ", ".join(f"{k}={v}" for k, v in r["options"].items()), r["seq_len"], r["model"], r["init"],
+              _ms(r["acc"]), _ms(r["exact"]), ", ".join(f"{100 * a:.0f}" for a in r["acc"]),
+              f"{sum(a >= SOLVED for a in r['acc'])}/{len(r['acc'])}", f"{r['minutes']:.1f}"] for r in rows]
+    return markdown(head, "llrllrrlrr", cells) + "\n"
 
 
 def style(model: str, init: str) -> dict:
@@ -139,14 +136,12 @@ def _seeds(rows: list[dict]) -> dict[tuple[str, str], int]:
 def _save(plt, fig, axes, path: Path) -> Path:
     """``fig`` with one legend for all panels below them (in the axes it hid the MQAR curves),
     written to ``path``."""
-    handles, labels = {}, []
+    handles = {}  # label → the first handle of that label
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in handles:
-                handles[label] = h
-                labels.append(label)
-    fig.legend([handles[k] for k in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(labels), 2), fontsize=8, frameon=False)
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(handles), 2), fontsize=8, frameon=False)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path

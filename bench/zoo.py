@@ -64,13 +64,15 @@ class Cell:
     skipped: tuple[str, ...] = ()  # modules the scheme left alone (attention-pooling heads)
 
 
-def run_cell(model: nn.Module, scheme: str, images: torch.Tensor | None, seed: int = 0) -> Cell:
-    """``init_(model, scheme, seed=seed)`` timed; for impulse with ``images`` its real-image hit."""
+def run_cell(model: nn.Module, scheme: str, images: torch.Tensor | None, seed: int = 0,
+             options: dict | None = None) -> Cell:
+    """``init_(model, scheme, seed=seed, **options)`` timed; for impulse with ``images`` its
+    real-image hit."""
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # what was left alone is read from the init record below
-            structinit.init_(model, scheme, seed=seed)
+            structinit.init_(model, scheme, seed=seed, **(options or {}))
     except Exception as err:  # the table reports every failure, it does not stop at one
         return Cell(False, error=f"{type(err).__name__}: {str(err).splitlines()[0]}")
     cell = Cell(True, time.perf_counter() - start)
@@ -86,7 +88,7 @@ def run_model(entry: ZooModel, schemes, n_images: int, seed: int = 0) -> dict[st
     """Every scheme on a fresh copy of ``entry``'s model (one build, copied per scheme)."""
     base = build(entry, seed)
     images, _ = real_images(n_images, entry.image_size) if n_images else (None, "")
-    return {s: run_cell(copy.deepcopy(base), s, images, seed) for s in schemes}
+    return {s: run_cell(copy.deepcopy(base), s, images, seed, entry.options.get(s)) for s in schemes}
 
 
 # -- the table -------------------------------------------------------------------------------

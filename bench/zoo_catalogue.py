@@ -31,6 +31,8 @@ class ZooModel:
     image_size: int
     what: str
     refused: dict[str, str] = field(default_factory=dict)  # scheme → what its clear error says (a regex)
+    # scheme → options it is given: what a user tells it, such as the grid of a model that states no image size
+    options: dict[str, dict] = field(default_factory=dict)
     skipped: tuple[str, ...] = ()  # modules every attention scheme leaves alone, by name
 
 
@@ -49,6 +51,17 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
         import torchvision
 
         return getattr(torchvision.models, name)(weights=None, num_classes=10)
+    return build
+
+
+def _torchvision_swin_v2(**kw) -> Callable[[], nn.Module]:
+    """torchvision's ``swin_v2_t`` (patch 4, 8×8 windows, V2 blocks and patch merging) with ``kw``
+    (a smaller ``embed_dim``, ``depths``, ``num_heads``)."""
+    def build():
+        from torchvision.models import swin_transformer as tv
+
+        return tv.SwinTransformer(patch_size=[4, 4], window_size=[8, 8], stochastic_depth_prob=0.0, num_classes=10,
+                                  block=tv.SwinTransformerBlockV2, downsample_layer=tv.PatchMergingV2, **kw)
     return build
 
 
@@ -131,7 +144,7 @@ class ShuffledEncoderViT(nn.Module):
         return vit.head(vit.norm(vit.blocks(x)).mean(1))
 
 
-ROPE = "rotated by position"
+ROPE_NO_CHANNEL = r"rotates q and k by position \(RoPE\).*no learned q and k biases"
 NO_ADAPTER = "attention that no adapter understands"
 
 
@@ -147,7 +160,7 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("timm_vit_medium_patch16_gap_256", "timm", _timm("vit_medium_patch16_gap_256"), 256,
              "no class token, global average pool"),
     ZooModel("timm_eva02_tiny_patch14_224", "timm", _timm("eva02_tiny_patch14_224"), 224,
-             "EVA-02: absolute PE and RoPE, SwiGLU", refused={"impulse": ROPE}),
+             "EVA-02: absolute PE and RoPE (k bias a zero buffer: impulse uses a pre-norm channel), SwiGLU"),
     ZooModel("timm_vit_small_dynamic_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4,
                                                           dynamic_img_size=True), 32, "dynamic_img_size=True"),
     ZooModel("timm_swin_tiny_patch4_window7_224", "timm", _timm("swin_tiny_patch4_window7_224"), 224,
@@ -167,10 +180,16 @@ CATALOGUE: tuple[ZooModel, ...] = (
              "attention-pooling head (one learned query)", skipped=("attn_pool",)),
     ZooModel("timm_vit_rope_mixed_32px", "timm", _timm("vit_base_patch16_rope_mixed_224", img_size=32,
                                                        patch_size=4, depth=2, embed_dim=96, num_heads=3), 32,
-             "2-D RoPE with learned mixed frequencies", refused={"impulse": ROPE}),
+             "2-D RoPE with learned mixed frequencies (bands that turn with rows and columns)"),
+    ZooModel("timm_vit_rope_axial_32px", "timm", _timm("vit_small_patch16_rope_224", img_size=32, patch_size=4,
+                                                       depth=4), 32, "2-D axial RoPE, q/k biases"),
     ZooModel("timm_vit_relpos_small_32px", "timm", _timm("vit_relpos_small_patch16_224", img_size=32, patch_size=4,
-                                                         depth=4), 32, "relative position bias from an MLP",
-             refused={"impulse": "logit term that does not depend on content"}),
+                                                         depth=4), 32,
+             "relative position bias from an MLP (timm's RelPosMlp); impulse fits the MLP, W_q = 0"),
+    ZooModel("timm_swinv2_tiny_window8_64px", "timm", _timm("swinv2_tiny_window8_256", img_size=64, depths=(2, 2),
+                                                           num_heads=(3, 6)), 64,
+             "Swin-V2 (2 stages, 64 px): cosine attention, continuous position bias (16·sigmoid of an MLP); impulse "
+             "fits the MLP and bounds the logit scale"),
     ZooModel("timm_cait_xxs24_32px", "timm", _timm("cait_xxs24_224", img_size=32, patch_size=4, depth=2), 32,
              "CaiT: talking heads (set to the identity), class-attention blocks",
              skipped=("blocks_token_only.0.attn", "blocks_token_only.1.attn")),
@@ -196,6 +215,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("tv_vit_b_32", "torchvision", _torchvision("vit_b_32"), 224, "class token `class_token`"),
     ZooModel("tv_swin_t", "torchvision", _torchvision("swin_t"), 224,
              "Swin-T: the attention takes a (B, H, W, C) map and cuts its own windows"),
+    ZooModel("tv_swin_v2_t_64px", "torchvision", _torchvision_swin_v2(embed_dim=48, depths=[2, 2], num_heads=[2, 4]),
+             64, "swin_v2_t's blocks (2 stages, 64 px): cosine attention, continuous position bias, own windows"),
     # -- vit-pytorch --------------------------------------------------------------------------
     ZooModel("vitpytorch_ViT", "vit-pytorch", _vit_pytorch("vit", "ViT"), 32, "fused `to_qkv`, norm inside"),
     ZooModel("vitpytorch_SimpleViT", "vit-pytorch", _vit_pytorch("simple_vit", "SimpleViT"), 32,
@@ -219,7 +240,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
              skipped=("cls_transformer.layers.0.0.fn",)),
     ZooModel("vitpytorch_RvT", "vit-pytorch",
              _vit_pytorch("rvt", "RvT", use_rotary=True, use_ds_conv=False, use_glu=False), 32,
-             "RvT: 2-D rotary embedding", refused={"impulse": ROPE}),
+             "RvT: 2-D RoPE built at each call for the input's grid (no size stated: impulse is told grid=(8, 8)), "
+             "no q/k bias (impulse uses the attention's own LayerNorm)", options={"impulse": {"grid": (8, 8)}}),
     # -- open_clip ----------------------------------------------------------------------------
     ZooModel("openclip_ViT-B-32", "open_clip", _open_clip("ViT-B-32"), 224, "`.visual`, class token (D,)"),
     ZooModel("openclip_ViT-S-32", "open_clip", _open_clip("ViT-S-32"), 224, "`.visual`, ViT-S/32"),
@@ -248,8 +270,11 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("hf_Swinv2ForImageClassification", "transformers",
              _huggingface("Swinv2Config", "Swinv2ForImageClassification", dict(
                  image_size=32, patch_size=2, embed_dim=48, depths=[2, 2], num_heads=[2, 4], window_size=4)), 32,
-             "Swin-V2: cosine attention, continuous position bias, sibling output projection",
-             refused={"impulse": "normalised"}),
+             "Swin-V2: cosine attention, continuous position bias, sibling output projection"),
+    ZooModel("hf_DINOv3ViTModel", "transformers", _huggingface("DINOv3ViTConfig", "DINOv3ViTModel", dict(
+                 image_size=32, patch_size=4, hidden_size=96, num_attention_heads=3, num_hidden_layers=4,
+                 intermediate_size=192, num_register_tokens=4)), 32,
+             "DINOv3: 2-D RoPE on normalised coordinates, 4 registers, no k bias (impulse uses a pre-norm channel)"),
     ZooModel("hf_CLIPVisionModel", "transformers", _huggingface("CLIPVisionConfig", "CLIPVisionModel"), 32,
              "CLIP vision tower: q/k/v/out_proj, pre-LayerNorm"),
     ZooModel("hf_SiglipVisionModel", "transformers",
@@ -261,7 +286,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("xt_ViTransformerWrapper", "x-transformers", _x_transformers(), 32,
              "separate `to_q`, `to_k`, `to_v`, `to_out`"),
     ZooModel("xt_ViTransformerWrapper_rotary", "x-transformers", _x_transformers(rotary_pos_emb=True), 32,
-             "rotary position embedding on q and k", refused={"impulse": ROPE}),
+             "1-D RoPE over the flattened grid, no q/k bias, bias-free LayerNorm: no content-free channel",
+             refused={"impulse": ROPE_NO_CHANNEL}),
     # -- by hand ------------------------------------------------------------------------------
     ZooModel("torch_TransformerEncoder_ViT", "torch", EncoderViT, 32, "nn.TransformerEncoder (this file)"),
     ZooModel("hand_ShuffledEncoderViT", "torch", ShuffledEncoderViT, 32,

@@ -34,7 +34,9 @@ def test_a_description_that_is_not_what_the_model_computes_is_refused(monkeypatc
 
     def swapped(self):  # rows and columns exchanged: the model turns by y where this says x
         r = real(self)
-        return type(r)(r.freqs, tuple(1 - a for a in r.axes), r.pairs, r.grid, r.num_prefix_tokens)
+        bands = r.angles.shape[-1] // 2
+        angles = torch.cat([r.angles[..., bands:], r.angles[..., :bands]], -1)
+        return type(r)(angles, r.pairs, r.grid, r.num_prefix_tokens)
 
     monkeypatch.setattr(Rotary2d, "rotary", swapped)
     check_rejected(rope_vit(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
@@ -74,12 +76,45 @@ def test_the_content_weights_start_at_zero_and_still_learn():
     assert float(model.blocks[0].attn.qkv.weight.grad[:256].abs().sum()) > 0
 
 
-def test_without_q_k_biases_impulse_is_refused_and_points_to_mimetic():
-    msg = check_rejected(rope_vit(qkv_bias=False), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
-                         r"rotates q and k by position \(RoPE\) and has no q/k bias")
-    assert "'mimetic'" in msg
+def test_without_q_k_biases_a_pre_norm_channel_carries_the_impulse():
     model = rope_vit(qkv_bias=False)
-    structinit.init_(model, "mimetic", seed=0)  # needs no position channel
+    structinit.init_(model, "impulse", seed=0)
+    fid = structinit.impulse_fidelity(model, images())
+    assert bool((fid["hit"] == 1).all()), fid["hit"]
+    for block in model.blocks:
+        record = structinit.get_record(block.attn)
+        assert (record["solver"], record["channel"]) == ("rotary-norm", 127)
+        assert float(block.norm1.weight.detach()[-1]) == 0.0 and float(block.norm1.bias.detach()[-1]) == 1.0
+        assert bool((block.norm1.weight[:-1] == 1).all())  # the other channels keep the norm's init
+        wq = block.attn.qkv.weight[:128]  # (out, in): q reads the reserved channel alone
+        assert bool((wq[:, :-1] == 0).all()) and float(wq.detach()[:, -1].abs().sum()) > 0
+
+
+class _Tapped(nn.Module):
+    """Passes the tokens to ``inner`` and also hands them to ``reader``, a second module
+    that reads the pre-norm's output beside the attention."""
+
+    def __init__(self, inner, dim):
+        super().__init__()
+        self.inner, self.reader = inner, nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.inner(x) + 0 * self.reader(x)
+
+
+def test_without_biases_or_a_usable_pre_norm_impulse_is_refused_and_points_to_mimetic():
+    no_norm = rope_vit(qkv_bias=False)
+    for block in no_norm.blocks:
+        block.norm1 = nn.LayerNorm(128, bias=False)
+    msg = check_rejected(no_norm, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                         r"(?s)rotates q and k by position \(RoPE\).*no learned q and k biases, and no affine "
+                         r"LayerNorm \(with a bias\) feeds it")
+    assert "'mimetic'" in msg
+    structinit.init_(no_norm, "mimetic", seed=0)  # needs no position channel
+    shared = rope_vit(qkv_bias=False)
+    shared.blocks[0].attn = _Tapped(shared.blocks[0].attn, 128)
+    check_rejected(shared, lambda m: structinit.init_(m, "impulse", seed=0, layers=[0]), ValueError,
+                   r"its pre-norm 'blocks.0.norm1' is also read by blocks.0.attn.reader")
 
 
 @pytest.mark.parametrize(("options", "match"), [

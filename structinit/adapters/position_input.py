@@ -14,7 +14,7 @@ from torch import nn
 from structinit.adapters.layout import TokenLayout, grid_pos_embed
 from structinit.adapters.observe import ModuleCall, observe
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.probe import probe_inputs
+from structinit.adapters.probe import probe_at, probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.token_order import out_of_order
 from structinit.adapters.verify import RealMap, real_maps
@@ -39,15 +39,17 @@ def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.
 def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayout,
                          pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a layer attends with position alone, as (tokens, call terms): for a relative-bias
-    or rotary layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the
-    bias, or of the rotated q/k biases (a bias the layer receives with its call comes back as
-    the terms); otherwise
-    :func:`position_only_input` (1, N, D) and no terms."""
+    layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the bias (a
+    bias the layer receives with its call comes back as the terms); for a rotary layer, tokens
+    of ones, the same for every position (impulse's q and k read the biases, or one pre-norm
+    channel that is 1 for every token); otherwise :func:`position_only_input` (1, N, D) and no
+    terms."""
     rb = layer_relative_bias(model, name, adapter)
     if rb is None and adapter.rotary is None:
         return position_only_input(model, layout, pos_embed), None
     terms = rb.bias().detach().float()[None] if rb is not None and rb.received else None
-    return torch.zeros(1, layout.num_tokens, adapter.dim), terms
+    fill = torch.ones if rb is None else torch.zeros
+    return fill(1, layout.num_tokens, adapter.dim), terms
 
 
 def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout, order: torch.Tensor | None,
@@ -55,11 +57,14 @@ def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout,
     """``fn(x) -> x'`` that puts a layer's position-only input (:func:`layer_position_input`)
     in place of the tokens it receives: the grid rows replaced by LayerNorm(PE), each token
     getting its own position's row where the model reorders them (``order``, (B, T)), prefix
-    tokens kept; everything zero for a layer with a relative position bias."""
+    tokens kept; everything zero for a layer with a relative position bias, one for a rotary layer."""
     x_design, _ = layer_position_input(model, name, adapter, layout, pos_embed)
-    relative = layer_relative_bias(model, name, adapter) is not None or adapter.rotary is not None
+    relative = layer_relative_bias(model, name, adapter) is not None
+    rotary = not relative and adapter.rotary is not None
 
     def swap(x: torch.Tensor) -> torch.Tensor:
+        if rotary:
+            return torch.ones_like(x)
         if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
             return torch.zeros_like(x)
         out = x.clone()
@@ -83,7 +88,10 @@ def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout
     probed with zero tokens of the first layer's layout and width, as a model that takes tokens
     would be called. Returns (maps, calls, token order, None when the model keeps grid order),
     or None when neither probe runs through the model."""
-    inputs = probe_inputs(model, chosen, count=1)
+    # A rotation built at each call is probed on the grid the layouts were designed for.
+    rotary = chosen[0][1].rotary is not None
+    inputs = probe_at(model, layouts[0].grid, count=1) if rotary else None
+    inputs = probe_inputs(model, chosen, count=1) if inputs is None else inputs
     order = None if inputs is None else out_of_order(model, chosen[0], layouts[0].num_patches, inputs)
     if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)

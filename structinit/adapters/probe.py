@@ -147,3 +147,14 @@ def _common_width(model: nn.Module) -> int | None:
     attention no adapter claims (so that it can still be probed, and that attention found)."""
     widths = [m.in_features for m in model.modules() if isinstance(m, nn.Linear)]
     return max(set(widths), key=widths.count) if widths else None
+
+
+def probe_at(model: nn.Module, grid: tuple[int, int], count: int = 2) -> torch.Tensor | None:
+    """``count`` probe images whose patches make an h×w ``grid``, for a model whose token grid
+    follows its input (RoPE computed at each call); None when no patch size can be told."""
+    patch = _patch(model)
+    if patch is None:
+        return None
+    size = (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1])
+    images = torch.randn(count, *size, generator=torch.Generator().manual_seed(0))
+    return images.to(device=_device(model), dtype=_dtype(model))

@@ -241,6 +241,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
         return Verdict(name, adapter, "refused", NO_MAP,
                        f"it forms no softmax(q kᵀ) map over its {tokens} tokens (its softmax maps are "
                        f"{maps[0].queries}×{maps[0].keys}: linear or factorised attention): there is no map to shape")
+    adapter.receive_call(call.args, call.kwargs, x)
     terms = adapter.call_terms(call.args, call.kwargs, x)
     ours = adapter.attention_probs(x.float(), terms)
     real = adapter.observed_probs([m.probs for m in square], ours.shape)

@@ -59,7 +59,7 @@ from structinit.functional.orthogonal import (
 from structinit.functional.posembed import sincos_2d, sincos_frequencies
 from structinit.functional.pseudo_input import PSEUDO_INPUTS, pseudo_input
 from structinit.functional.relative import impulse_bias_table, impulse_logit, offset_row, relative_position_index
-from structinit.functional.rope import rope_impulse_terms, rope_logits
+from structinit.functional.rope import rope_impulse_terms, rope_impulse_terms_2d, rope_logits
 from structinit.functional.targets import (
     Offset,
     check_kernel_size,
@@ -85,6 +85,6 @@ __all__ = [
     "cayley", "cayley_conv_matrices", "cayley_kernel", "centre_tap", "conv_weight_from_fft", "delta_orthogonal_kernel",
     "fft_circular_conv", "fft_conv_weight", "orthogonal_matrix", "orthogonality_error", "semi_orthogonal_cayley",
     "space_to_depth", "impulse_bias_table", "impulse_logit", "offset_row", "relative_position_index",
-    "rope_impulse_terms", "rope_logits",
+    "rope_impulse_terms", "rope_impulse_terms_2d", "rope_logits",
     "token_mixing_impulse",
 ]  # fmt: skip

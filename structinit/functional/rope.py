@@ -31,7 +31,7 @@ import torch
 from structinit.functional.targets import Offset
 from structinit.utils import check_int, check_number
 
-__all__ = ["rope_impulse_terms", "rope_logits"]
+__all__ = ["rope_impulse_terms", "rope_impulse_terms_2d", "rope_logits"]
 
 
 def _profile(freqs: torch.Tensor, amplitudes: torch.Tensor, shift: int, extent: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ def _margin(profile: torch.Tensor, shift: int, extent: int) -> float:
 
 def _bands(freqs: torch.Tensor, shift: int, extent: int) -> tuple[torch.Tensor, float]:
     """The fastest bands, as many as give the largest margin per unit amplitude; (mask, margin)."""
-    order = torch.argsort(freqs, descending=True)
+    order = torch.argsort(freqs.abs(), descending=True)
     best, best_k = 0.0, 0
     for k in range(1, len(order) + 1):
         amplitudes = torch.zeros_like(freqs)
@@ -155,13 +155,136 @@ def _scaled(freqs, axes, amplitudes, phases, offset, grid, target_mass) -> torch
     return high * amplitudes
 
 
-def rope_logits(freqs: torch.Tensor, axes: Sequence[int], amplitudes: torch.Tensor, phases: torch.Tensor,
+def rope_logits(freqs: torch.Tensor, axes: Sequence[int] | None, amplitudes: torch.Tensor, phases: torch.Tensor,
                 grid: tuple[int, int]) -> torch.Tensor:
-    """(N, N) logits, N = h·w tokens row-major: L[i, j] = Σ_f A_f cos(ω_f (p_j − p_i)_{a_f} − φ_f)."""
+    """(N, N) logits, N = h·w tokens row-major: L[i, j] = Σ_f A_f cos(ω_f·(p_j − p_i) − φ_f), with
+    ``freqs`` (F,) on the ``axes`` given (axial RoPE), or ``freqs`` (F, 2) = (ω_y, ω_x) per band
+    and ``axes=None``."""
     h, w = grid
     y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     pos = torch.stack([y.flatten(), x.flatten()], 1).double()  # (N, 2)
-    axes = torch.as_tensor(list(axes), dtype=torch.long)
     delta = pos[None, :, :] - pos[:, None, :]  # (N, N, 2): key − query
-    angle = torch.as_tensor(freqs, dtype=torch.float64) * delta[..., axes] - phases  # (N, N, F)
+    freqs = torch.as_tensor(freqs, dtype=torch.float64)
+    if axes is None:
+        angle = delta @ freqs.T - phases  # (N, N, F)
+    else:
+        angle = freqs * delta[..., torch.as_tensor(list(axes), dtype=torch.long)] - phases
     return (torch.as_tensor(amplitudes, dtype=torch.float64) * torch.cos(angle)).sum(-1)
+
+
+# -- bands that turn with rows and columns at once (mixed RoPE, 1-D RoPE over the grid) ----------
+
+def _offsets(grid: tuple[int, int]) -> torch.Tensor:
+    """((2h−1)(2w−1), 2) every key − query offset on the grid, row-major from (−(h−1), −(w−1))."""
+    h, w = grid
+    dy, dx = torch.meshgrid(torch.arange(1 - h, h), torch.arange(1 - w, w), indexing="ij")
+    return torch.stack([dy.flatten(), dx.flatten()], 1).double()
+
+
+def _rivals(offset: Offset, grid: tuple[int, int]) -> torch.Tensor:
+    """Mask over :func:`_offsets`: the offsets Δ ≠ δ that some query whose target is on the grid
+    also sees (|Δ| and |Δ − δ| within the grid on each axis)."""
+    d = _offsets(grid)
+    size = torch.tensor(grid, dtype=torch.float64)
+    target = torch.tensor(offset, dtype=torch.float64)
+    seen = ((d.abs() < size) & ((d - target).abs() < size)).all(1)
+    return seen & ~(d == target).all(1)
+
+
+def _profile_2d(freqs: torch.Tensor, amplitudes: torch.Tensor, offset: Offset, grid) -> torch.Tensor:
+    """Σ_f A_f cos(ω_f·(Δ − δ)) at every offset of :func:`_offsets`."""
+    d = _offsets(grid) - torch.tensor(offset, dtype=torch.float64)
+    return (amplitudes * torch.cos(d @ freqs.T)).sum(1)
+
+
+def _centre(offset: Offset, grid) -> int:
+    h, w = grid
+    return (offset[0] + h - 1) * (2 * w - 1) + offset[1] + w - 1
+
+
+def _worst_mass_2d(profile: torch.Tensor, offset: Offset, grid) -> float:
+    """The smallest softmax mass on the target over every query whose target is on the grid."""
+    h, w = grid
+    y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    y, x = y.flatten(), x.flatten()
+    index = (y[None] - y[:, None] + h - 1) * (2 * w - 1) + (x[None] - x[:, None] + w - 1)  # (query, key)
+    target = (y + offset[0]) * w + x + offset[1]
+    on = (y + offset[0] >= 0) & (y + offset[0] < h) & (x + offset[1] >= 0) & (x + offset[1] < w)
+    probs = torch.softmax(profile[index[on]], -1)
+    return float(probs.gather(1, target[on][:, None]).min())
+
+
+def rope_impulse_terms_2d(freqs: torch.Tensor, offset: Offset, grid: tuple[int, int],
+                          target_mass: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`rope_impulse_terms` for bands that may turn with rows and columns at once:
+    ω_f = (ω_y, ω_x), phases φ_f = ω_f·δ, so every band peaks at Δ = δ.
+
+    The rows and columns no longer separate, so the bands are chosen (fastest first, the
+    number that gives the largest margin per unit amplitude) on the 2-D offsets a query whose
+    target is on the grid can see, and scaled so that every such query puts at least
+    ``target_mass`` on its target. An offset that another one matches for every band (1-D RoPE
+    over the flattened grid: (dy, dx) and (dy + 1, dx − w)) is no rival: no query whose target
+    is on the grid sees both.
+
+    Args:
+        freqs: (F, 2) (ω_y, ω_x) of every rotary pair, radians per row and per column.
+        offset: (dy, dx), key position minus query position.
+        grid: (h, w) of the token grid.
+        target_mass: the least softmax mass a query whose target key is in the grid puts on it.
+
+    Returns:
+        (amplitudes, phases), each (F,) float64, in softmax units; bands left out have amplitude 0.
+
+    Raises ValueError when no set of bands has a unique peak on the grid.
+
+    Examples:
+        >>> freqs = torch.tensor([[0.9, 0.4], [-0.4, 0.9], [0.5, 0.2], [-0.2, 0.5]])
+        >>> amp, phase = rope_impulse_terms_2d(freqs, (1, -1), (4, 4), 0.9)
+        >>> L = rope_logits(freqs, None, amp, phase, (4, 4))
+        >>> int(L[0 * 4 + 1].argmax()) == 1 * 4 + 0  # token (0, 1) looks at (1, 0)
+        True
+    """
+    freqs = torch.as_tensor(freqs, dtype=torch.float64).reshape(-1, 2)
+    if not bool(torch.isfinite(freqs).all()):
+        raise ValueError("freqs: the rotary frequencies hold NaN/inf")
+    for name, size in zip(("grid rows", "grid columns"), grid):
+        check_int(name, size, low=1)
+    check_number("target_mass", target_mass, low=0, high=1, low_open=True, high_open=True)
+    offset = (int(offset[0]), int(offset[1]))
+    if abs(offset[0]) >= grid[0] or abs(offset[1]) >= grid[1]:
+        raise ValueError(f"offset {offset}: outside a {grid[0]}×{grid[1]} grid; choose a smaller kernel_size")
+    rivals = _rivals(offset, grid)
+    if not bool(rivals.any()):  # a 1×1 grid: nothing to tell apart
+        return torch.zeros(len(freqs), dtype=torch.float64), freqs @ torch.tensor(offset, dtype=torch.float64)
+    order = [int(f) for f in torch.argsort(freqs.norm(dim=1), descending=True) if float(freqs[f].norm()) > 0]
+    best, best_k = 0.0, 0
+    for k in range(1, len(order) + 1):
+        amplitudes = torch.zeros(len(freqs), dtype=torch.float64)
+        amplitudes[order[:k]] = 1.0
+        profile = _profile_2d(freqs, amplitudes, offset, grid)
+        score = float(profile[_centre(offset, grid)] - profile[rivals].max()) / k
+        if score > best + 1e-9:
+            best, best_k = score, k
+    if best_k == 0:
+        listed = ", ".join(f"({a:.3g}, {b:.3g})" for a, b in freqs.tolist())
+        raise ValueError(f"the rotary frequencies (ω_y, ω_x) = {listed} give no unique peak at offset {offset} on a "
+                         f"{grid[0]}×{grid[1]} grid (they alias, or are too slow to tell neighbours apart)")
+    chosen = torch.zeros(len(freqs), dtype=torch.float64)
+    chosen[order[:best_k]] = 1.0
+    phases = chosen * (freqs @ torch.tensor(offset, dtype=torch.float64))
+
+    def worst(c: float) -> float:
+        return _worst_mass_2d(_profile_2d(freqs, c * chosen, offset, grid), offset, grid)
+
+    low, high = 0.0, 1.0
+    while worst(high) < target_mass:
+        low, high = high, 2 * high
+        if high > 1e6:
+            listed = ", ".join(f"({a:.3g}, {b:.3g})" for a, b in freqs[chosen > 0].tolist())
+            raise ValueError(f"target_mass={target_mass}: not reachable at offset {offset} on a {grid[0]}×{grid[1]} "
+                             f"grid: the fastest rotary frequencies (ω_y, ω_x) = {listed} tell the target from its "
+                             "neighbours by too little; lower target_mass")
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if worst(mid) < target_mass else (low, mid)
+    return high * chosen, phases

@@ -51,7 +51,9 @@ class Rotary2d(nn.Module):
 
     def rotary(self) -> Rotary:
         """What :meth:`forward` does, for the adapters (:mod:`structinit.adapters.rotary`)."""
-        bands = len(self.freqs)
-        return Rotary(freqs=torch.cat([self.freqs, self.freqs]).cpu(), axes=(0,) * bands + (1,) * bands,
-                      pairs=tuple((2 * c, 2 * c + 1) for c in range(2 * bands)), grid=self.grid,
-                      num_prefix_tokens=self.num_prefix_tokens)
+        h, w = self.grid
+        y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        freqs = self.freqs.cpu()
+        angles = torch.cat([y.flatten()[:, None] * freqs, x.flatten()[:, None] * freqs], 1)  # (h·w, 2·bands)
+        return Rotary(angles=angles[None], pairs=tuple((2 * c, 2 * c + 1) for c in range(angles.shape[1])),
+                      grid=self.grid, num_prefix_tokens=self.num_prefix_tokens)

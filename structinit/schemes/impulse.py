@@ -13,6 +13,7 @@ from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND, find_position_embedding
+from structinit.adapters.position_mlp import PositionMlpBias
 from structinit.adapters.registry import attention_survey, layer_relative_bias
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
@@ -25,10 +26,11 @@ from structinit.functional.targets import (
 )
 from structinit.schemes.checks import check_settable, finish_plan, impulse_check
 from structinit.schemes.plan import Plan
+from structinit.schemes.position_mlp_impulse import POSITION_MLP_TARGET_MASS, plan_position_mlp_impulse
 from structinit.schemes.registry import register_planner
 from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
-from structinit.schemes.rope_impulse import plan_rope_impulse
+from structinit.schemes.rope_impulse import plan_rope_impulse, rotary_at_grid
 from structinit.utils import check_choice, check_finite, check_options, make_generator
 
 VALUE_INITS = ("keep", "mimetic")
@@ -143,13 +145,22 @@ def plan_impulse(
         if not all(relative):
             raise ValueError("some chosen attention layers have a relative position bias and others do not; "
                              "initialise them separately (layers=)")
+        mlp = [isinstance(b, PositionMlpBias) for b in biases]  # Swin-V2, relpos-MLP ViTs: an MLP makes the table
+        if any(mlp) and not all(mlp):
+            raise ValueError("some chosen attention layers store their relative position bias table and others "
+                             "generate it with an MLP; initialise them separately (layers=)")
         check_relative_options(chosen, solver, solver_options, {
-            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given})
+            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
+            **({"carrier": "a relative position bias an MLP generates, whose layers impulse fits"} if any(mlp) else {}))
         gen = make_generator(generator, seed)
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
         plan = Plan()
-        plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
+        if any(mlp):
+            plan_position_mlp_impulse(plan, chosen, biases, per_layer,
+                                      solver_options.get("target_mass", POSITION_MLP_TARGET_MASS), gen)
+        else:
+            plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         _add_check(plan, model, chosen, per_layer, [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases])
         finish_plan(plan, model, "impulse", chosen, skipped)
@@ -160,8 +171,10 @@ def plan_impulse(
             raise ValueError("some chosen attention layers rotate q and k by position (RoPE) and others do not; "
                              "initialise them separately (layers=)")
         check_relative_options(chosen, solver, solver_options, {
-            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
-            carrier="the rotation of q and k (RoPE), which impulse sets through the q/k biases")
+            "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
+            carrier="the rotation of q and k (RoPE), which impulse sets through content-free q and k")
+        if grid is not None:  # the rotation on the grid the model is trained on, not the probe's
+            chosen = rotary_at_grid(model, chosen, tuple(grid))
         layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
         for lay in layouts:
             check_kernel_size(kernel_size, lay.grid)
@@ -169,7 +182,7 @@ def plan_impulse(
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
         plan = Plan()
-        plan_rope_impulse(plan, chosen, per_layer, solver_obj.target_mass)
+        plan_rope_impulse(model, plan, chosen, per_layer, solver_obj.target_mass)
         _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
         _add_check(plan, model, chosen, per_layer, layouts)
         finish_plan(plan, model, "impulse", chosen, skipped)

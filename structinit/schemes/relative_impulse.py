@@ -48,6 +48,15 @@ def check_relative_options(chosen, solver: str, solver_options: dict, given: dic
             raise ValueError(f"{name}={show(value)}: {why}; {name} is about a position embedding, omit it")
 
 
+def check_shared_offsets(written: dict, shared, name: str, offsets, what: str) -> None:
+    """Record layer ``name``'s ``offsets`` for the ``shared`` module or tensor it writes, in
+    ``written``; a ValueError when another layer that writes the same one chose other offsets."""
+    first = written.setdefault(id(shared), (name, list(offsets)))
+    if first[1] != list(offsets):
+        raise ValueError(f"layers {first[0]!r} and {name!r} share one {what}, so they must start with the same "
+                         "offsets; leave per_layer_offsets=False (one draw for every layer)")
+
+
 def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_layer: list[list[Offset]],
                           target_mass: float) -> None:
     """Add to ``plan`` the table of every chosen layer (``biases[i]`` the one layer i uses): head h
@@ -58,10 +67,7 @@ def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_la
         if rb.num_heads != ad.num_heads:
             raise ValueError(f"layer {name!r}: its relative position bias table has {rb.num_heads} columns but the "
                              f"layer {ad.num_heads} heads; structinit writes one column per head")
-        first = written.setdefault(id(rb.table), (name, list(offsets)))
-        if first[1] != list(offsets):
-            raise ValueError(f"layers {first[0]!r} and {name!r} share one relative position bias table, so they must "
-                             "start with the same offsets; leave per_layer_offsets=False (one draw for every layer)")
+        check_shared_offsets(written, rb.table, name, offsets, "relative position bias table")
         keys = rb.num_prefix_tokens + rb.grid[0] * rb.grid[1]
         if keys == 1 and any(tuple(o) != (0, 0) for o in offsets):  # a stage merged down to one token
             raise ValueError(f"layer {name!r} attends within a 1×1 window: each query has one key, so its map is "

@@ -49,7 +49,7 @@ def test_catalogue_spans_the_packages_and_the_kinds_of_attention_people_ship():
     packages = {m.package for m in zoo.CATALOGUE}
     assert packages >= {"timm", "torchvision", "vit-pytorch", "open_clip", "transformers", "x-transformers"}
     refusals = " ".join(why for m in zoo.CATALOGUE for why in m.refused.values())
-    for kind in ("rotated by position", "normalised", "no adapter", "forms no softmax", "does not depend on content"):
+    for kind in ("rotates q and k by position", "normalised", "no adapter", "forms no softmax"):
         assert kind in refusals, kind
     assert any(m.skipped for m in zoo.CATALOGUE)
     # talking heads (a Linear(h, h) and (h, h) parameters) are set, not refused
@@ -68,7 +68,7 @@ def test_impulse_hits_on_the_models_own_maps_or_refuses_clearly(built):
     skipped_before = {n: copy.deepcopy(model.get_submodule(n).state_dict()) for n in entry.skipped}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        structinit.init_(model, "impulse", seed=0)
+        structinit.init_(model, "impulse", seed=0, **entry.options.get("impulse", {}))
     record = structinit.get_record(model, "init")
     assert [n for n, _ in record["skipped"]] == list(entry.skipped)
     assert bool(record["head_mixers"]) == ("talking heads" in entry.what)
