@@ -3,6 +3,7 @@ model hands its layers, and the pre-norm channel that carries the impulse when q
 learned bias. The models here are written as timm, Hugging Face and vit-pytorch write theirs
 (the zoo tests run those packages' own models)."""
 
+import copy
 import math
 
 import pytest
@@ -286,3 +287,20 @@ def test_a_grid_the_model_cannot_be_probed_on_is_refused():
     check_rejected(FixedSizeViT(k_bias_learned=True), lambda m: structinit.init_(m, "impulse", seed=0, grid=(5, 5)),
                    ValueError, r"grid=\(5, 5\): on images of that many patches, layer 'blocks.0.attn' received no "
                                "rotation")
+
+
+def test_learned_frequencies_are_read_again_when_the_model_is_initialised_again():
+    """The probe that finds the layers is kept per model; a mixed RoPE's angles are weights,
+    and move in training: a second init reads them as they are then, and writes what an init
+    of a fresh copy writes."""
+    torch.manual_seed(0)
+    model = HandedRopeViT(mixed=True, k_bias_learned=True)
+    structinit.init_(model, "impulse", seed=0)
+    structinit.find_attention_layers(model)  # the probe that finds the layers, kept for the model
+    with torch.no_grad():
+        model.freqs.mul_(1.3)  # as training would move them
+    twin = copy.deepcopy(model)  # a new model: nothing kept for it
+    structinit.init_(model, "impulse", seed=1)
+    structinit.init_(twin, "impulse", seed=1)
+    for block, fresh in zip(model.blocks, twin.blocks):
+        assert torch.equal(block.attn.q_bias, fresh.attn.q_bias) and torch.equal(block.attn.k_bias, fresh.attn.k_bias)

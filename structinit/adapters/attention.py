@@ -40,6 +40,7 @@ class AttentionAdapter:
     head_dim: int
     dim: int
     scale: float
+    rotary_received: bool = False  # the rotation came with the probe's call (:meth:`receive_call`)
     # Each token's logit on itself masked out (vit-pytorch's LSA): a logit term that does not
     # depend on content, which the maps include and impulse, whose centre offset it hides, refuses.
     masks_self: bool = False
@@ -138,8 +139,9 @@ class AttentionAdapter:
         """Read what the module receives with a call on tokens ``x`` (B, T, D) that the adapter
         needs to recompute its logits: a rotation the model hands to each layer (timm's EVA and
         RoPE ViTs, DINOv3; :func:`~structinit.adapters.rotary.received_rotary`)."""
-        if self.rotary is None and x.ndim == 3:
+        if (self.rotary is None or self.rotary_received) and x.ndim == 3:
             self.rotary = received_rotary(self.module, args, kwargs, x.shape[-2], self.head_dim)
+            self.rotary_received = self.rotary is not None
 
     @functools.cached_property
     def relative(self) -> RelativeBias | PositionMlpBias | None:

@@ -269,11 +269,15 @@ _SURVEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],
-                     inputs: torch.Tensor | None) -> AttentionSurvey:
+                     inputs: torch.Tensor | None, *, fresh: bool = False) -> AttentionSurvey:
     """Judge every candidate (name, adapter) by one probe of ``inputs`` through ``model``, and
     list the attention no candidate covers (module doc). ``inputs=None``, or a probe the model
     does not take: every candidate is 'self', unchecked, and ``probed`` is False. The answer
-    is kept while the model holds the same modules (it depends on their code, not weights)."""
+    is kept while the model holds the same modules (it depends on their code, not weights);
+    ``fresh=True`` probes again, for what a call hands a layer that depends on the weights (a
+    learned RoPE's angles)."""
+    if fresh:
+        return _survey(model, candidates, inputs)
     key = (tuple((n, id(ad.module)) for n, ad in candidates), None if inputs is None else tuple(inputs.shape))
     return kept(_SURVEYS, model, key, lambda: _survey(model, candidates, inputs))
 

@@ -173,8 +173,10 @@ def plan_impulse(
         check_relative_options(chosen, solver, solver_options, {
             "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
             carrier="the rotation of q and k (RoPE), which impulse sets through content-free q and k")
-        if grid is not None:  # the rotation on the grid the model is trained on, not the probe's
-            chosen = rotary_at_grid(model, chosen, tuple(grid))
+        if grid is not None or any(ad.rotary_received for _, ad in chosen):
+            # A rotation the model hands its layers is read again now, on the grid asked for (the probe
+            # that found the layers is kept per model, and a learned RoPE's angles move in training).
+            chosen = rotary_at_grid(model, chosen, tuple(grid) if grid is not None else chosen[0][1].rotary.grid)
         layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
         for lay in layouts:
             check_kernel_size(kernel_size, lay.grid)

@@ -107,17 +107,18 @@ def _carriers(model: nn.Module, chosen) -> list[InputNorm | None]:
 
 
 def rotary_at_grid(model: nn.Module, chosen, grid: tuple[int, int]) -> list:
-    """``chosen`` (name, adapter) with each layer's rotation as the model computes it on images
-    whose patches make ``grid``: a model that builds its RoPE at each call (vit-pytorch's RvT,
-    DINOv3) turns by other angles on another grid, and one that states no image size was probed
-    at a guessed one. A ValueError when the model cannot be probed so."""
+    """``chosen`` (name, adapter) with each layer's rotation as the model computes it now, on
+    images whose patches make ``grid``: a model that builds its RoPE at each call (vit-pytorch's
+    RvT, DINOv3) turns by other angles on another grid, one that states no image size was
+    probed at a guessed one, and learned angles (mixed RoPE) move in training. A ValueError
+    when the model cannot be probed so."""
     inputs = probe_at(model, grid)
     if inputs is None:
         raise ValueError(f"grid={grid}: the model's rotation depends on its input, and structinit cannot tell its "
                          "patch size to build images of that grid (no patch_size, no patch convolution)")
     names = [n for n, _ in chosen]
-    fresh = [(n, ad) for n, ad in candidate_layers(model)[0] if n in names]
-    survey = survey_attention(model, fresh, inputs)
+    found = [(n, ad) for n, ad in candidate_layers(model)[0] if n in names]
+    survey = survey_attention(model, found, inputs, fresh=True)
     out = []
     for name, _ in chosen:
         verdict = survey.verdict(name)
