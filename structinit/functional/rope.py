@@ -144,15 +144,22 @@ def _scaled(freqs, axes, amplitudes, phases, offset, grid, target_mass) -> torch
             mass *= _worst_mass(freqs[on], c * amplitudes[on], int(offset[axis]), int(grid[axis]))
         return mass
 
+    return _least_scale(worst, target_mass, f"target_mass={target_mass}: not reachable on this grid with these "
+                        "frequencies") * amplitudes
+
+
+def _least_scale(worst, target_mass: float, unreachable: str) -> float:
+    """The least factor c (to 60 halvings) with ``worst(c)`` ≥ ``target_mass``, ``worst`` rising
+    with c; ValueError(``unreachable``) when c would pass 10⁶."""
     low, high = 0.0, 1.0
     while worst(high) < target_mass:
         low, high = high, 2 * high
         if high > 1e6:
-            raise ValueError(f"target_mass={target_mass}: not reachable on this grid with these frequencies")
+            raise ValueError(unreachable)
     for _ in range(60):
         mid = (low + high) / 2
         low, high = (mid, high) if worst(mid) < target_mass else (low, mid)
-    return high * amplitudes
+    return high
 
 
 def rope_logits(freqs: torch.Tensor, axes: Sequence[int] | None, amplitudes: torch.Tensor, phases: torch.Tensor,
@@ -276,15 +283,7 @@ def rope_impulse_terms_2d(freqs: torch.Tensor, offset: Offset, grid: tuple[int, 
     def worst(c: float) -> float:
         return _worst_mass_2d(_profile_2d(freqs, c * chosen, offset, grid), offset, grid)
 
-    low, high = 0.0, 1.0
-    while worst(high) < target_mass:
-        low, high = high, 2 * high
-        if high > 1e6:
-            listed = ", ".join(f"({a:.3g}, {b:.3g})" for a, b in freqs[chosen > 0].tolist())
-            raise ValueError(f"target_mass={target_mass}: not reachable at offset {offset} on a {grid[0]}×{grid[1]} "
-                             f"grid: the fastest rotary frequencies (ω_y, ω_x) = {listed} tell the target from its "
-                             "neighbours by too little; lower target_mass")
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if worst(mid) < target_mass else (low, mid)
-    return high * chosen, phases
+    listed = ", ".join(f"({a:.3g}, {b:.3g})" for a, b in freqs[chosen > 0].tolist())
+    return _least_scale(worst, target_mass, f"target_mass={target_mass}: not reachable at offset {offset} on a "
+                        f"{grid[0]}×{grid[1]} grid: the fastest rotary frequencies (ω_y, ω_x) = {listed} tell the "
+                        "target from its neighbours by too little; lower target_mass") * chosen, phases
