@@ -186,6 +186,10 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("timm_vit_relpos_small_32px", "timm", _timm("vit_relpos_small_patch16_224", img_size=32, patch_size=4,
                                                          depth=4), 32,
              "relative position bias from an MLP (timm's RelPosMlp); impulse fits the MLP, W_q = 0"),
+    ZooModel("timm_vit_srelpos_small_32px", "timm", _timm("vit_srelpos_small_patch16_224", img_size=32,
+                                                         patch_size=4, depth=4), 32,
+             "one relative-bias MLP for every layer (timm's shared_rel_pos), handed to each with its call; impulse "
+             "fits it once, W_q = 0"),
     ZooModel("timm_swinv2_tiny_window8_64px", "timm", _timm("swinv2_tiny_window8_256", img_size=64, depths=(2, 2),
                                                            num_heads=(3, 6)), 64,
              "Swin-V2 (2 stages, 64 px): cosine attention, continuous position bias (16·sigmoid of an MLP); impulse "

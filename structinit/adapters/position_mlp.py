@@ -21,6 +21,7 @@ description that is not what the layer computes is refused there.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ from torch.nn import functional as F
 from structinit.adapters.relative import _window
 from structinit.functional.targets import Offset, target_index
 
-__all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp"]
+__all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp", "holds_position_mlp"]
 
 COSINE_MAX_LOG = math.log(100.0)  # Swin-V2 clamps logit_scale at log(1 / 0.01)
 SWIN_V2_GAIN = 16.0
@@ -56,7 +57,7 @@ class PositionMlpBias:
     num_prefix_tokens: int
     activation: str
     gain: float
-    received: bool = False
+    received: bool = False  # generated outside the layer and handed to it with each call
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -174,6 +175,14 @@ def find_position_mlp(module: nn.Module) -> PositionMlpBias | None:
         if found is not None:
             return found
     return None
+
+
+def holds_position_mlp(module: nn.Module) -> PositionMlpBias | None:
+    """The :class:`PositionMlpBias` that ``module`` itself holds (its own buffers and MLP, not
+    those of a module inside it), marked ``received``: a bias generated outside the attention
+    layers and handed to each of them with its call (timm's ``shared_rel_pos=True``); else None."""
+    found = _holder(module, module, cosine=False)
+    return None if found is None else dataclasses.replace(found, received=True)
 
 
 def _holder(holder: nn.Module, attention: nn.Module, cosine: bool) -> PositionMlpBias | None:

@@ -18,6 +18,7 @@ from structinit.adapters.attention import (
 )
 from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
+from structinit.adapters.position_mlp import PositionMlpBias, holds_position_mlp
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.verify import AttentionSurvey, survey_attention
@@ -201,19 +202,21 @@ def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "
     return out
 
 
-def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | None:
+def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
     """The relative position bias attention layer ``name`` of ``model`` uses: its own
     (``adapter.relative``), else one its block holds beside it and hands it with each call
     (Hugging Face's BEiT), else the only one the model holds outside its attention layers
-    (timm's BEiT with ``use_shared_rel_pos_bias``); None if there is none."""
+    (timm's BEiT with ``use_shared_rel_pos_bias``, timm's relpos ViTs with ``shared_rel_pos``,
+    whose bias an MLP generates); None if there is none."""
     if adapter.relative is not None:
         return adapter.relative
     parent = model.get_submodule(name.rpartition(".")[0]) if name else None
     siblings = [] if parent is None else [c for c in parent.children() if c is not adapter.module]
     for child in siblings:
-        if holds_relative_bias(child):
-            return _received(child)
-    outside = [m for m in model.modules() if holds_relative_bias(m) and not _inside_attention(model, m)]
+        if (found := _received(child)) is not None:
+            return found
+    outside = [m for m in model.modules() if (holds_relative_bias(m) or holds_position_mlp(m) is not None)
+               and not _inside_attention(model, m)]
     return _received(outside[0]) if len(outside) == 1 else None
 
 
@@ -221,6 +224,9 @@ def _inside_attention(model: nn.Module, holder: nn.Module) -> bool:
     return any(holder in list(m.modules()) for m in model.modules() if adapter_for(m) is not None)
 
 
-def _received(holder: nn.Module) -> RelativeBias:
+def _received(holder: nn.Module) -> RelativeBias | PositionMlpBias | None:
+    """The bias ``holder`` itself holds, marked as handed to the layer with its call; None if none."""
+    if not holds_relative_bias(holder):
+        return holds_position_mlp(holder)
     found = find_relative_bias(holder)
     return RelativeBias(found.owner, found.table, found.index, found.grid, found.num_prefix_tokens, received=True)

@@ -77,6 +77,7 @@ def plan_position_mlp_impulse(plan: Plan, chosen, biases: list[PositionMlpBias],
     doc): head h of layer i at offset ``per_layer[i][h]``, with its record
     (``solver='position-mlp'``, the fit's ``residual`` and the ``mass`` it guarantees)."""
     written: dict[int, tuple[str, list[Offset]]] = {}
+    fitted: dict[int, dict] = {}  # one fit per MLP: timm's shared_rel_pos hands one to every layer
     for (name, ad), pb, offsets in zip(chosen, biases, per_layer):
         if pb.num_heads != ad.num_heads:
             raise _refuse(name, ad, f"its position MLP gives {pb.num_heads} logits per offset but the layer has "
@@ -91,9 +92,14 @@ def plan_position_mlp_impulse(plan: Plan, chosen, biases: list[PositionMlpBias],
                                  "the layer out with layers=")
             plan.records.append((ad.module, "impulse", record))
             continue
-        rows = [pb.row_of(tuple(o)) for o in offsets]
-        writes, record_fit = _fit(name, ad, pb, rows, keys, target_mass, generator)
-        plan.add(writes)
+        if id(pb.mlp) in fitted and ad.cosine is not None:
+            raise _refuse(name, ad, "it shares its position MLP with another layer, and its cosine attention needs a "
+                                    "logit scale fitted to the table of its own")
+        if id(pb.mlp) not in fitted:
+            rows = [pb.row_of(tuple(o)) for o in offsets]
+            writes, fitted[id(pb.mlp)] = _fit(name, ad, pb, rows, keys, target_mass, generator)
+            plan.add(writes)
+        record_fit = fitted[id(pb.mlp)]
         if ad.cosine is None:
             wq, _, wk, bk = ad.read_qk()
             if ad.qk_normalised:
