@@ -7,7 +7,6 @@ from structinit.adapters.attention import (
     AttentionAdapter,
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
-    SeparateQKVAdapter,
     is_self_attention,
 )
 from structinit.adapters.conv import find_depthwise_convs, is_depthwise
@@ -32,6 +31,7 @@ from structinit.adapters.registry import (
     select_layers,
     unregister_adapter,
 )
+from structinit.adapters.separate import SeparateQKVAdapter
 from structinit.adapters.ssm import (
     SSM_ADAPTERS,
     HuggingFaceMambaAdapter,

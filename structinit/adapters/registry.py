@@ -9,18 +9,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from structinit.adapters.attention import (
-    AttentionAdapter,
-    FusedQKVAdapter,
-    MultiheadAttentionAdapter,
-    SeparateQKVAdapter,
-    sibling_output,
-)
+from structinit.adapters.attention import AttentionAdapter, FusedQKVAdapter, MultiheadAttentionAdapter
 from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
 from structinit.adapters.position_mlp import PositionMlpBias, holds_position_mlp
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
+from structinit.adapters.separate import SeparateQKVAdapter, sibling_output
 from structinit.adapters.verify import AttentionSurvey, survey_attention
 from structinit.utils import Registry, is_int
 
