@@ -12,8 +12,7 @@ from broken_attention import LateClassViT, PublishedGPSA, SelfMaskedAttention, m
 import structinit
 from rejection import check_rejected
 from structinit.adapters import FusedLinearAdapter, GatedPositionalAdapter
-from structinit.adapters.observe import observe
-from structinit.adapters.verify import real_maps
+from structinit.adapters.observe import observe, real_maps
 from structinit.schemes.checks import diagonal_strength
 
 

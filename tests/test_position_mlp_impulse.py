@@ -17,8 +17,8 @@ from torch.nn import functional as F
 import structinit
 import structinit.functional.position_mlp as position_mlp
 from rejection import check_rejected
+from structinit.adapters.observe import real_maps
 from structinit.adapters.position_mlp import find_position_mlp
-from structinit.adapters.verify import real_maps
 from structinit.functional.position_mlp import fit_last_layer, position_mlp_features
 from structinit.functional.relative import relative_position_index
 from structinit.functional.targets import target_index

@@ -25,11 +25,17 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from structinit.adapters.relative import reachable
+
+if TYPE_CHECKING:
+    from structinit.adapters.attention import AttentionAdapter
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
 _SDPA = F.scaled_dot_product_attention
@@ -264,3 +270,53 @@ def module_output(call: ModuleCall) -> torch.Tensor | None:
     if isinstance(out, (tuple, list)) and out:
         out = out[0]
     return out if isinstance(out, torch.Tensor) else None
+
+
+@dataclass
+class RealMap:
+    """One layer's attention as its forward computed it: ``probs`` (B', heads, T, T) float32 (B'
+    counts images × windows for a windowed layer) and ``open_pairs`` (B', 1 or heads, T, T) bool,
+    the pairs the call did not mask, or None when it masked none."""
+
+    probs: torch.Tensor
+    open_pairs: torch.Tensor | None
+    logits: torch.Tensor | None = None  # the softmax's input, same shape, when it was visible
+
+
+MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
+
+
+@torch.no_grad()
+def real_maps(model: nn.Module, inputs, chosen: list[tuple[str, AttentionAdapter]],
+              calls: dict[nn.Module, ModuleCall] | None = None) -> list[RealMap]:
+    """The attention probabilities each chosen layer computes in one forward of ``inputs``
+    (:func:`~structinit.adapters.observe.observe`; or read from its ``calls``, already
+    observed). RuntimeError, naming the layer, when one is not called or forms no square map
+    over its tokens."""
+
+    if calls is None:
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
+    out = []
+    for name, ad in chosen:
+        call = calls[ad.module]
+        found = [m for m in call.maps if m.probs.ndim >= 3 and m.queries == m.keys]
+        square = [m.probs for m in found]
+        if not call.done or not square:
+            raise RuntimeError(f"attention layer {name!r} was {'not called' if not call.done else 'called'} in the "
+                               "model's forward but formed no square attention map there; its maps cannot be read")
+        t = square[0].shape[-1]
+        shape = torch.Size((square[0].numel() // (ad.num_heads * t * t), ad.num_heads, t, t))
+        probs = ad.observed_probs(square, shape)
+        if probs is None:
+            raise RuntimeError(f"attention layer {name!r} formed maps of shape {tuple(square[0].shape)}, which do not "
+                               f"split into its {ad.num_heads} heads")
+        if call.x is not None and call.x.ndim == 3 and call.x.shape[-2] == t:
+            open_pairs = reachable(ad.call_terms(call.args, call.kwargs, call.x))
+            if open_pairs is not None and open_pairs.shape[0] != probs.shape[0]:
+                open_pairs = None
+        else:  # the layer cuts its own windows and masks inside: read the mask off the map
+            open_pairs = probs > MASKED_PROB
+        source = next((m for m in found if m.probs.data_ptr() == probs.data_ptr()), None)
+        logits = None if source is None or source.logits is None else source.logits.reshape(probs.shape)
+        out.append(RealMap(probs, open_pairs, logits))
+    return out

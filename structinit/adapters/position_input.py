@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 from structinit.adapters.layout import TokenLayout, grid_pos_embed
-from structinit.adapters.observe import ModuleCall, observe
+from structinit.adapters.observe import ModuleCall, RealMap, observe, real_maps
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.probe import probe_at, probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.token_order import out_of_order
-from structinit.adapters.verify import RealMap, real_maps
 from structinit.functional.attention import layer_norm_tokens
 from structinit.utils import check_finite
 
@@ -84,7 +83,7 @@ def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout
     """What each chosen layer (name, adapter) computes on its position-only input, in the
     model's own forward: one probe image runs through the model with every chosen layer's
     tokens swapped for :func:`design_token_swap`'s, and each layer's own softmax maps are read
-    (:func:`~structinit.adapters.verify.real_maps`). A model whose input size cannot be told is
+    (:func:`~structinit.adapters.observe.real_maps`). A model whose input size cannot be told is
     probed with zero tokens of the first layer's layout and width, as a model that takes tokens
     would be called. Returns (maps, calls, token order, None when the model keeps grid order),
     or None when neither probe runs through the model."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import AttentionAdapter, find_attention_layers, select_layers
-from structinit.adapters.verify import real_maps
+from structinit.adapters.observe import real_maps
 
 
 def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *, with_terms: bool = False) -> None:
@@ -54,7 +54,7 @@ def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None
 
     These are the maps the model computes itself, captured from its own softmax,
     ``scaled_dot_product_attention`` or ``nn.MultiheadAttention`` in its forward
-    (:func:`structinit.adapters.verify.real_maps`), whatever it does to q and k on the way (a
+    (:func:`structinit.adapters.observe.real_maps`), whatever it does to q and k on the way (a
     windowed layer gives B·windows maps of the window's tokens). Holds all maps in memory; for
     large batches use :func:`impulse_fidelity`, which reduces them on the fly.
     """

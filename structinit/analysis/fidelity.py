@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, is_token_mixing, select_layers
+from structinit.adapters.observe import RealMap, real_maps
 from structinit.adapters.position_input import layer_position_input, position_only_maps
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
 from structinit.adapters.token_order import canonical, out_of_order
-from structinit.adapters.verify import RealMap, real_maps
 from structinit.functional.targets import Offset, enumerated_offsets, target_index
 from structinit.models import create_model
 from structinit.schemes.records import get_record
@@ -174,7 +174,7 @@ def impulse_fidelity(
     With ``images`` the model runs forward and each layer is scored on the attention
     probabilities it computes itself, captured from its own softmax (or
     ``scaled_dot_product_attention``, or ``nn.MultiheadAttention``), whatever it does to q and k
-    on the way (:func:`structinit.adapters.verify.real_maps`), in grid order even when the model
+    on the way (:func:`structinit.adapters.observe.real_maps`), in grid order even when the model
     shuffles its tokens (MAE's encoder; :mod:`structinit.adapters.token_order`). With
     ``images=None`` every chosen layer is fed the position-only pseudo input LayerNorm(PE) (the
     grid rows of the model's position embedding, or ``pos_embed``), as in the papers, inside
@@ -242,7 +242,7 @@ def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> l
 
 def grid_order_maps(model: nn.Module, images: torch.Tensor, chosen, layouts, batch_size: int):
     """Yield (layer index, images in the batch, real map) per chosen layer and batch of
-    ``images``: the maps of the model's own forward (:func:`~structinit.adapters.verify.real_maps`),
+    ``images``: the maps of the model's own forward (:func:`~structinit.adapters.observe.real_maps`),
     each layer's token count checked against its layout, put back in grid order where the model
     reorders its tokens (the same seed, the same order)."""
     reorders = reorders_tokens(model, chosen, layouts)

@@ -256,7 +256,7 @@ def attention_metrics(
 
     The model runs in eval mode once per batch of ``batch_size`` images, and each layer's
     maps are the ones the model itself computes (its own softmax, whatever it does to q and k
-    on the way: :func:`structinit.adapters.verify.real_maps`), read in grid order when the
+    on the way: :func:`structinit.adapters.observe.real_maps`), read in grid order when the
     model reorders its tokens, and reduced at once (never all held). The token layout is the
     one the impulse init recorded on the layers, else :func:`structinit.infer_layout` (``grid``
     / ``num_prefix_tokens`` where it cannot read them); every layer's token count is checked

@@ -21,11 +21,11 @@ from torch import nn
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers
-from structinit.adapters.observe import observe
+from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.registry import attention_survey
-from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, real_maps, tolerance
+from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
 from structinit.functional.targets import target_index
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
