@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from structinit.adapters.relative import _window
 from structinit.functional.targets import Offset, target_index
 
-__all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp", "holds_position_mlp"]
+__all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp", "held_position_mlp"]
 
 COSINE_MAX_LOG = math.log(100.0)  # Swin-V2 clamps logit_scale at log(1 / 0.01)
 SWIN_V2_GAIN = 16.0
@@ -177,7 +177,7 @@ def find_position_mlp(module: nn.Module) -> PositionMlpBias | None:
     return None
 
 
-def holds_position_mlp(module: nn.Module) -> PositionMlpBias | None:
+def held_position_mlp(module: nn.Module) -> PositionMlpBias | None:
     """The :class:`PositionMlpBias` that ``module`` itself holds (its own buffers and MLP, not
     those of a module inside it), marked ``received``: a bias generated outside the attention
     layers and handed to each of them with its call (timm's ``shared_rel_pos=True``); else None."""

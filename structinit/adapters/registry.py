@@ -4,6 +4,7 @@ built-in ones, most recently registered first."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from torch import nn
 from structinit.adapters.attention import AttentionAdapter, FusedQKVAdapter, MultiheadAttentionAdapter
 from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
-from structinit.adapters.position_mlp import PositionMlpBias, holds_position_mlp
+from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
 from structinit.adapters.probe import probe_inputs
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.separate import SeparateQKVAdapter, sibling_output
@@ -210,7 +211,8 @@ def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | 
     for child in siblings:
         if (found := _received(child)) is not None:
             return found
-    outside = [m for m in model.modules() if (holds_relative_bias(m) or holds_position_mlp(m) is not None)
+    # a cheap test first: the bias itself is read only for the one holder outside the attention layers
+    outside = [m for m in model.modules() if (holds_relative_bias(m) or held_position_mlp(m) is not None)
                and not _inside_attention(model, m)]
     return _received(outside[0]) if len(outside) == 1 else None
 
@@ -222,6 +224,5 @@ def _inside_attention(model: nn.Module, holder: nn.Module) -> bool:
 def _received(holder: nn.Module) -> RelativeBias | PositionMlpBias | None:
     """The bias ``holder`` itself holds, marked as handed to the layer with its call; None if none."""
     if not holds_relative_bias(holder):
-        return holds_position_mlp(holder)
-    found = find_relative_bias(holder)
-    return RelativeBias(found.owner, found.table, found.index, found.grid, found.num_prefix_tokens, received=True)
+        return held_position_mlp(holder)
+    return dataclasses.replace(find_relative_bias(holder), received=True)
