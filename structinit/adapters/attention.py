@@ -101,28 +101,21 @@ class AttentionAdapter:
 
     def vo_writes(self, wv, wo, bv=None, bo=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         v = self.linear_views()
-        out = [(v["v"][0], wv.T), (v["o"][0], wo.T)]
-        for b_dst, b in ((v["v"][1], bv), (v["o"][1], bo)):
-            if b_dst is not None:
-                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b))
-        return out
+        biases = [(b_dst, torch.zeros_like(b_dst) if b is None else b)
+                  for b_dst, b in ((v["v"][1], bv), (v["o"][1], bo)) if b_dst is not None]
+        return [(v["v"][0], wv.T), (v["o"][0], wo.T), *biases]
 
     def qk_features(self, x: torch.Tensor):
         """q, k of shape (..., heads, T, r) for input tokens x (..., T, D), with the module's
         q/k normalisation and rotary position embedding if it has them."""
         wq, bq, wk, bk = self.read_qk()
-        wq, wk = wq.to(x.dtype), wk.to(x.dtype)
-        q = torch.einsum("...td,hdr->...htr", x, wq)
-        k = torch.einsum("...td,hdr->...htr", x, wk)
-        if bq is not None:
-            q = q + bq.to(x.dtype)[:, None, :]
-        if bk is not None:
-            k = k + bk.to(x.dtype)[:, None, :]
-        q_norm, k_norm = getattr(self.module, "q_norm", None), getattr(self.module, "k_norm", None)
-        if isinstance(q_norm, nn.Module):
-            q = q_norm(q)
-        if isinstance(k_norm, nn.Module):
-            k = k_norm(k)
+        qk = []
+        for w, b, norm in ((wq, bq, "q_norm"), (wk, bk, "k_norm")):
+            t = torch.einsum("...td,hdr->...htr", x, w.to(x.dtype))
+            t = t if b is None else t + b.to(x.dtype)[:, None, :]
+            norm = getattr(self.module, norm, None)
+            qk.append(norm(t) if isinstance(norm, nn.Module) else t)
+        q, k = qk
         if self.cosine is not None:  # Swin-V2: s_h·cos(q, k)
             q, k = self.cosine.features(q, k, self.scale)
         if self.rotary is not None:
@@ -169,12 +162,10 @@ class AttentionAdapter:
         (:attr:`relative`), the call's ``terms`` (:meth:`call_terms`) if given; causal (keys after
         the query masked) when the module says so (:attr:`causal`)."""
         q, k = self.qk_features(x)
-        bias = None if self.relative is None else self.relative.bias().to(q.dtype)
-        if terms is not None:
-            bias = terms.to(q.dtype) if bias is None else bias + terms.to(q.dtype)
-        if self.masks_self:
-            bias = self_mask(q.shape[-2], q.dtype, q.device) if bias is None else bias + self_mask(
-                q.shape[-2], q.dtype, q.device)
+        parts = [None if self.relative is None else self.relative.bias(), terms,
+                 self_mask(q.shape[-2], q.dtype, q.device) if self.masks_self else None]
+        parts = [p.to(q.dtype) for p in parts if p is not None]
+        bias = sum(parts[1:], parts[0]) if parts else None  # relative bias + terms + self mask, in that order
         return attention_probs(q, k, self.scale, causal=self.causal, bias=bias)
 
     def positional_writes(self, offsets: list, grid: tuple[int, int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -188,10 +179,7 @@ class AttentionAdapter:
         its forward (:mod:`structinit.adapters.observe`), as ``shape`` (B, heads, T, T): the
         first that has that many entries, or None. An adapter whose module mixes several maps
         (ConViT's gated positional attention) returns the mixture."""
-        for probs in maps:
-            if probs.numel() == shape.numel():
-                return probs.reshape(shape)
-        return None
+        return next((probs.reshape(shape) for probs in maps if probs.numel() == shape.numel()), None)
 
     @property
     def qk_normalised(self) -> bool:
@@ -228,6 +216,12 @@ def _clone(t):
     return None if t is None else t.detach().clone()
 
 
+def split_views(weight: torch.Tensor, bias: torch.Tensor | None, n: int, names: str = "qkv") -> Views:
+    """(weight, bias) rows [i·n, (i + 1)·n) of a fused projection, under the i-th of ``names``."""
+    return {name: (weight[i * n:(i + 1) * n], None if bias is None else bias[i * n:(i + 1) * n])
+            for i, name in enumerate(names)}
+
+
 class FusedQKVAdapter(AttentionAdapter):
     """Modules with ``qkv = Linear(D, 3·heads·r)`` laid out [q; k; v] and ``proj`` (timm)."""
 
@@ -241,16 +235,13 @@ class FusedQKVAdapter(AttentionAdapter):
 
     def linear_views(self) -> Views:
         qkv, proj, n = self.module.qkv, self.module.proj, self.num_heads * self.head_dim
-        b = qkv.bias
-        if b is None:  # BEiT keeps q/v biases apart from the Linear (and k's as a zero buffer)
+        views = split_views(qkv.weight, qkv.bias, n)
+        if qkv.bias is None:  # BEiT keeps q/v biases apart from the Linear (and k's as a zero buffer)
             parts = [getattr(self.module, f"{name}_bias", None) for name in "qkv"]
             if any(isinstance(t, nn.Parameter) for t in parts):
-                return {name: (qkv.weight[i * n : (i + 1) * n], t if isinstance(t, torch.Tensor) else None)
-                        for i, (name, t) in enumerate(zip("qkv", parts))} | {"o": (proj.weight, proj.bias)}
-        return {
-            name: (qkv.weight[i * n : (i + 1) * n], None if b is None else b[i * n : (i + 1) * n])
-            for i, name in enumerate("qkv")
-        } | {"o": (proj.weight, proj.bias)}
+                views = {name: (views[name][0], t if isinstance(t, torch.Tensor) else None)
+                         for name, t in zip("qkv", parts)}
+        return views | {"o": (proj.weight, proj.bias)}
 
     @staticmethod
     def matches(m: nn.Module) -> bool:
@@ -289,11 +280,8 @@ class MultiheadAttentionAdapter(AttentionAdapter):
         self.scale = self.head_dim**-0.5
 
     def linear_views(self) -> Views:
-        m, d = self.module, self.module.embed_dim
-        b = m.in_proj_bias
-        ws = [m.in_proj_weight[i * d : (i + 1) * d] for i in range(3)]
-        views = {n: (w, None if b is None else b[i * d : (i + 1) * d]) for i, (n, w) in enumerate(zip("qkv", ws))}
-        return views | {"o": (m.out_proj.weight, m.out_proj.bias)}
+        m = self.module
+        return split_views(m.in_proj_weight, m.in_proj_bias, m.embed_dim) | {"o": (m.out_proj.weight, m.out_proj.bias)}
 
     @staticmethod
     def matches(m: nn.Module) -> bool:

@@ -40,10 +40,8 @@ def find_depthwise_convs(model: nn.Module, names: Sequence[str] | None = None) -
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if names is not None:
-        if isinstance(names, str):
-            names = [names]
+        names = [names] if isinstance(names, str) else list(names)
         modules = dict(model.named_modules())
-        out = []
         for name in names:
             if name not in modules:
                 raise ValueError(f"names: {name!r} is not a module of {type(model).__name__}; "
@@ -51,8 +49,7 @@ def find_depthwise_convs(model: nn.Module, names: Sequence[str] | None = None) -
             if not is_depthwise(modules[name]):
                 raise ValueError(f"names: {_describe(name, modules[name])}, not a depthwise conv (needs an nn.Conv2d "
                                  "with groups == in_channels == out_channels and a square kernel); leave it out")
-            out.append((name, modules[name]))
-        return out
+        return [(name, modules[name]) for name in names]
     found = [(n, m) for n, m in model.named_modules() if is_depthwise(m)]
     if not found:
         raise ValueError(f"{type(model).__name__} has no depthwise conv (an nn.Conv2d with groups == in_channels == "

@@ -26,40 +26,29 @@ import weakref
 import torch
 from torch import nn
 
-from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, module_scale
+from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, module_scale, split_views
 from structinit.utils import is_int
 
 _ATOL = 1e-5  # float32 recomputation of a small attention: differences are ~1e-7
-# module → ((qkv, out), heads) of a passed verification; find_attention_layers runs often
+# module → ((qkv, out), heads, scale, masks_self) of a passed verification; find_attention_layers runs often
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _linears(module: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """Linear children of ``module``, and those of its nn.Sequential children (``to_out =
-    Sequential(Linear, Dropout)``), in definition order."""
-    out = []
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear):
-            out.append((name, child))
-        elif isinstance(child, nn.Sequential):
-            out += [(f"{name}.{n}", c) for n, c in child.named_children() if isinstance(c, nn.Linear)]
-    return out
-
-
 def fused_candidate(module: nn.Module) -> tuple[nn.Linear, nn.Linear] | None:
-    """(qkv Linear D → 3·inner, output Linear inner → D) when ``module``'s own Linears have that
-    shape (exactly one of each), else None."""
+    """(qkv Linear D → 3·inner, output Linear inner → D) when ``module``'s own Linears (its Linear
+    children and those of its nn.Sequential children, as ``to_out = Sequential(Linear, Dropout)``)
+    have that shape (exactly one of each), else None."""
     if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
         return None
-    lins = [m for _, m in _linears(module)]
+    lins = [m for c in module.children() for m in (c.children() if isinstance(c, nn.Sequential) else [c])
+            if isinstance(m, nn.Linear)]
     pairs = [(qkv, out) for qkv in lins for out in lins
              if qkv is not out and qkv.out_features == 3 * out.in_features and out.out_features == qkv.in_features]
     return pairs[0] if len(pairs) == 1 else None
 
 
 def _head_counts(module: nn.Module, inner: int) -> list[int]:
-    """Head counts to verify, most likely first: a stated one, the one the scale implies, then
-    every divisor of ``inner``."""
+    """Head counts to verify, most likely first (module doc), among the divisors of ``inner``."""
     stated = [int(getattr(module, a)) for a in _HEAD_ATTRS if is_int(getattr(module, a, None))]
     if stated:
         return stated[:1]
@@ -69,8 +58,7 @@ def _head_counts(module: nn.Module, inner: int) -> list[int]:
 
 
 def _scales(module: nn.Module) -> list[float | str | None]:
-    """Softmax scales to verify: the stated or r^−½ one, none at all (q/k-normed attention),
-    and exp(``temperature``) when the module holds a learned scalar temperature."""
+    """Softmax scales to verify (module doc): None for the stated or r^−½ one, 1, 'temperature'."""
     temperature = getattr(module, "temperature", None)
     learned = isinstance(temperature, torch.Tensor) and temperature.numel() == 1
     return [None, 1.0] + (["temperature"] if learned else [])
@@ -85,13 +73,12 @@ class FusedLinearAdapter(AttentionAdapter):
         if found is None:
             raise ValueError(f"{type(module).__name__} has no fused q/k/v Linear and output Linear of matching shapes")
         self.module, (self.qkv, self.out) = module, found
-        inner = self.qkv.out_features // 3
         known = _VERIFIED.get(module)
         if num_heads is None and known is not None and known[0] == (self.qkv, self.out):
             self._set_heads(*known[1:])  # verified before: the class's code, not its weights, decides
             return
         for masks_self in (False, True):
-            for heads in [num_heads] if num_heads else _head_counts(module, inner):
+            for heads in [num_heads] if num_heads else _head_counts(module, self.qkv.out_features // 3):
                 for scale in _scales(module):
                     self._set_heads(heads, scale, masks_self)
                     if verify(self):
@@ -114,15 +101,11 @@ class FusedLinearAdapter(AttentionAdapter):
         return self.qkv
 
     def linear_views(self) -> Views:
-        n, w, b = self.num_heads * self.head_dim, self.qkv.weight, self.qkv.bias
-        views = {name: (w[i * n:(i + 1) * n], None if b is None else b[i * n:(i + 1) * n])
-                 for i, name in enumerate("qkv")}
+        views = split_views(self.qkv.weight, self.qkv.bias, self.num_heads * self.head_dim)
         return views | {"o": (self.out.weight, self.out.bias)}
 
     @staticmethod
     def matches(module: nn.Module) -> bool:
-        if fused_candidate(module) is None:
-            return False
         try:
             FusedLinearAdapter(module)
         except (ValueError, RuntimeError, TypeError):
@@ -150,14 +133,8 @@ def verify(adapter: FusedLinearAdapter, tokens: int = 6) -> bool:
         module.train(was_training)
     if not isinstance(y, torch.Tensor) or y.shape != x.shape or "x" not in seen:
         return False
-    return torch.allclose(y, recompute(adapter, seen["x"]), atol=_ATOL, rtol=1e-4)
-
-
-def recompute(adapter: AttentionAdapter, x: torch.Tensor) -> torch.Tensor:
-    """The attention output from the adapter's views for q/k input tokens ``x`` (B, T, D):
-    concat_h P_h (x W_v[h] + b_v[h]) then the output Linear, P_h = softmax(q kᵀ · scale)."""
-    probs = adapter.attention_probs(x)  # (B, H, T, T)
-    (wv, bv), (wo, bo) = adapter.linear_views()["v"], adapter.linear_views()["o"]
-    v = nn.functional.linear(x, wv, bv).unflatten(-1, (adapter.num_heads, adapter.head_dim)).transpose(1, 2)
-    y = (probs @ v).transpose(1, 2).flatten(2)
-    return nn.functional.linear(y, wo, bo)
+    # concat_h P_h (x W_v[h] + b_v[h]) then the output Linear, P_h = softmax(q kᵀ · scale)
+    x, views = seen["x"], adapter.linear_views()
+    v = nn.functional.linear(x, *views["v"]).unflatten(-1, (adapter.num_heads, adapter.head_dim)).transpose(1, 2)
+    ours = nn.functional.linear((adapter.attention_probs(x) @ v).transpose(1, 2).flatten(2), *views["o"])
+    return torch.allclose(y, ours, atol=_ATOL, rtol=1e-4)

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter, Views, module_scale
+from structinit.adapters.attention import AttentionAdapter, Views, module_scale, split_views
 from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
 from structinit.functional.targets import Offset
 
@@ -56,12 +56,9 @@ class GatedPositionalAdapter(AttentionAdapter):
     matches = staticmethod(is_gated_positional)
 
     def linear_views(self) -> Views:
-        qk, n = self.module.qk, self.num_heads * self.head_dim
-        b = qk.bias
-        views = {name: (qk.weight[i * n:(i + 1) * n], None if b is None else b[i * n:(i + 1) * n])
-                 for i, name in enumerate("qk")}
-        return views | {"v": (self.module.v.weight, self.module.v.bias),
-                        "o": (self.module.proj.weight, self.module.proj.bias)}
+        m = self.module
+        return split_views(m.qk.weight, m.qk.bias, self.num_heads * self.head_dim, "qk") | {
+            "v": (m.v.weight, m.v.bias), "o": (m.proj.weight, m.proj.bias)}
 
     def relative_positions(self, tokens: int) -> torch.Tensor:
         """(T, T, 3): the module's own ``rel_indices`` when they fit ``tokens``, else those of a
@@ -110,7 +107,4 @@ class GatedPositionalAdapter(AttentionAdapter):
         alpha = float(getattr(self.module, "locality_strength", 1.0))
         weight = gaussian_positional_weight([(dx, dy) for dy, dx in offsets], alpha, dtype=pos.weight.dtype,
                                             device=pos.weight.device)
-        out = [(pos.weight, weight)]
-        if pos.bias is not None:
-            out.append((pos.bias, torch.zeros_like(pos.bias)))
-        return out
+        return [(pos.weight, weight)] + ([] if pos.bias is None else [(pos.bias, torch.zeros_like(pos.bias))])

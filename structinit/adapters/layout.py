@@ -40,11 +40,6 @@ class TokenLayout:
             )
 
 
-def _pe_rows(found: Discovery) -> int | None:
-    pos = found.pos_embed
-    return None if pos is None else int(pos.reshape(-1, pos.shape[-1]).shape[0])
-
-
 def infer_layout(
     model: nn.Module, grid: tuple[int, int] | None = None, num_prefix_tokens: int | None = None
 ) -> TokenLayout:
@@ -71,19 +66,16 @@ def infer_layout(
                 f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
             )
     prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
-    rows = _pe_rows(found)
-    if grid is None:
-        grid = found.grid
+    pos = found.pos_embed
+    rows = None if pos is None else int(pos.reshape(-1, pos.shape[-1]).shape[0])
+    grid = found.grid if grid is None else grid
     rotary = next((r for m in model.modules() if (r := find_rotary(m)) is not None), None)
     if grid is None and rotary is not None:  # RoPE: no position embedding, the rotation knows its grid
         grid, prefix = rotary.grid, prefix if num_prefix_tokens is not None or declared else rotary.num_prefix_tokens
     if grid is None and rows is not None:
         no_row = bool(getattr(model, "no_embed_class", False))
-        for n in ((rows,) if no_row else (rows - prefix, rows)):
-            side = square_side(n)
-            if side is not None:
-                grid = (side, side)
-                break
+        sides = [s for n in ((rows,) if no_row else (rows - prefix, rows)) if (s := square_side(n)) is not None]
+        grid = (sides[0], sides[0]) if sides else None
     if grid is None:
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(

@@ -89,10 +89,6 @@ def _detached(value):
     return value
 
 
-def _softmax_dim(args: tuple, kwargs: dict):
-    return kwargs.get("dim", args[1] if len(args) > 1 else None)
-
-
 def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
     bound = dict(zip(_SDPA_ARGS, args)) | kwargs
     q, k = bound["query"].detach().float(), bound["key"].detach().float()
@@ -112,9 +108,8 @@ def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
 
 def _mha_map(args: tuple, kwargs: dict) -> AttentionMap | None:
     bound = _MHA_SIGNATURE.bind(*args, **kwargs)
-    bound.arguments["need_weights"] = True
-    bound.arguments["average_attn_weights"] = False
-    bound.arguments["is_causal"] = False  # torch needs a mask beside the hint; the mask is passed as well
+    # is_causal off: torch needs a mask beside the hint, and the mask is passed as well
+    bound.arguments.update(need_weights=True, average_attn_weights=False, is_causal=False)
     _, weights = _MHA(*bound.args, **bound.kwargs)
     if weights is None:
         return None
@@ -136,7 +131,7 @@ class _Spy(TorchFunctionMode):
             return out
         found = None
         if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3:
-            dim = _softmax_dim(args, kwargs)
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is not None and dim % out.ndim == out.ndim - 1:
                 found = AttentionMap(out.detach().float(), args[0].detach().float(), "softmax")
         elif func is _SDPA:
@@ -149,10 +144,7 @@ class _Spy(TorchFunctionMode):
 
 
 def _owner(stack: list[nn.Module]) -> nn.Module:
-    for module in reversed(stack):
-        if not isinstance(module, _CARRIERS):
-            return module
-    return stack[-1]
+    return next((module for module in reversed(stack) if not isinstance(module, _CARRIERS)), stack[-1])
 
 
 @torch.no_grad()
@@ -164,8 +156,7 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
     ``watched`` holds (module, input module, adapter-like) triples: for each module its first
     call is recorded (:class:`ModuleCall`), with the tokens its input module received read by
     ``adapter.input_tokens(args, kwargs)`` and every map made anywhere inside it. The second
-    result files every attention-shaped map of the pass under the innermost module that made
-    it (a module that only holds a softmax counts as its parent). Raises whatever the forward
+    result files every map of the pass by module (module doc). Raises whatever the forward
     raises; the caller decides what a failed probe means.
 
     ``substitute`` maps a watched module to ``fn(x) -> x'``: in its first call the tokens its
@@ -293,7 +284,6 @@ def real_maps(model: nn.Module, inputs, chosen: list[tuple[str, AttentionAdapter
     (:func:`~structinit.adapters.observe.observe`; or read from its ``calls``, already
     observed). RuntimeError, naming the layer, when one is not called or forms no square map
     over its tokens."""
-
     if calls is None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
     out = []

@@ -152,12 +152,8 @@ def _grid_from(image_size, patch_size) -> tuple[int, int] | None:
 
 
 def _tokens(owner: nn.Module, prefix: str, names) -> tuple[Token, ...]:
-    out = []
-    for n in names:
-        t = getattr(owner, n, None)
-        if isinstance(t, torch.Tensor) and t.ndim >= 1:
-            out.append((f"{prefix}{n}", t))
-    return tuple(out)
+    return tuple((f"{prefix}{n}", t) for n in names if isinstance(t := getattr(owner, n, None), torch.Tensor)
+                 and t.ndim >= 1)
 
 
 def _count(tokens: tuple[Token, ...]) -> int:
@@ -191,9 +187,8 @@ def _huggingface(model: nn.Module) -> Discovery | None:
     tokens = _tokens(emb, prefix, ("cls_token", "distillation_token", "register_tokens"))
     patches = emb.patch_embeddings
     config = getattr(emb, "config", None) or getattr(model, "config", None)
-    grid = _grid_from(getattr(patches, "image_size", None), getattr(patches, "patch_size", None))
-    if grid is None and config is not None:
-        grid = _grid_from(getattr(config, "image_size", None), getattr(config, "patch_size", None))
+    grid = _grid_from(getattr(patches, "image_size", None), getattr(patches, "patch_size", None)) or _grid_from(
+        getattr(config, "image_size", None), getattr(config, "patch_size", None))
     return Discovery(emb.position_embeddings, f"{prefix}position_embeddings", grid, _count(tokens), tokens,
                      "huggingface")
 
@@ -250,13 +245,9 @@ def _patch_conv_grid(model: nn.Module) -> tuple[int, int] | None:
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
     if conv is None:
         return None
-    config = getattr(model, "config", None)
-    for owner in (model, config):
-        for attr in ("img_size", "image_size"):
-            grid = _grid_from(getattr(owner, attr, None), tuple(conv.stride))
-            if grid is not None:
-                return grid
-    return None
+    grids = (_grid_from(getattr(owner, attr, None), tuple(conv.stride))
+             for owner in (model, getattr(model, "config", None)) for attr in ("img_size", "image_size"))
+    return next((g for g in grids if g is not None), None)
 
 
 for _name, _finder in (("timm", _timm), ("huggingface", _huggingface), ("generic", _generic)):

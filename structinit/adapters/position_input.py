@@ -1,8 +1,7 @@
-"""What an attention layer attends with position alone: the papers' pseudo input
-LayerNorm(PE) for a layer that reads position from the tokens, content-free zero tokens for a
-layer with a relative position bias or a rotary embedding. Impulse designs its maps for this input; the check after an
-impulse write, fidelity without images and the position-only figures feed it to the model's
-own layers inside one real forward (:func:`position_only_maps`)."""
+"""What an attention layer attends with position alone (:func:`layer_position_input`). Impulse
+designs its maps for this input; the check after an impulse write, fidelity without images and
+the position-only figures feed it to the model's own layers inside one real forward
+(:func:`position_only_maps`)."""
 
 from __future__ import annotations
 
@@ -96,12 +95,10 @@ def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
     swaps = {ad.module: design_token_swap(model, name, ad, lay, order, pos_embed)
              for (name, ad), lay in zip(chosen, layouts)}
-    watched = [(ad.module, ad.input_module, ad) for _, ad in chosen]
-    with torch.no_grad():
-        try:
-            calls, _ = observe(model, inputs, watched, substitute=swaps)
-            return real_maps(model, inputs, chosen, calls), calls, order
-        except Exception:  # the token probe is a guess: a model it does not fit cannot be probed
-            if inputs.ndim == 4:
-                raise
-            return None
+    try:
+        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
+        return real_maps(model, inputs, chosen, calls), calls, order
+    except Exception:  # the token probe is a guess: a model it does not fit cannot be probed
+        if inputs.ndim == 4:
+            raise
+        return None

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from structinit.adapters.relative import _window
-from structinit.functional.targets import Offset, target_index
+from structinit.adapters.relative import _offset_row, _window
+from structinit.functional.targets import Offset
 
 __all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp", "held_position_mlp"]
 
@@ -116,20 +116,9 @@ class PositionMlpBias:
     def row_of(self, offset: Offset) -> int:
         """The table row of every grid pair whose key is the query moved by ``offset``; a
         ValueError if the offset leaves the window or its pairs share no row of their own."""
-        h, w = self.grid
-        dy, dx = offset
-        name = type(self.owner).__name__
-        if not (abs(dy) < h and abs(dx) < w):
-            raise ValueError(f"offset {tuple(offset)} lies outside the {h}×{w} window of {name}, whose offsets are "
-                             f"within ±{h - 1} rows and ±{w - 1} columns; choose a smaller kernel_size")
-        t = target_index(self.grid, offset)
-        q = torch.nonzero(t >= 0).squeeze(1)
-        rows = self.index[q, t[q]].cpu()
-        row = int(rows[0])
-        if not bool((rows == row).all()) or int((self.index == row).sum()) != len(q):
-            raise ValueError(f"{name}'s relative index does not give the offset {tuple(offset)} one row of its own, "
-                             "so its bias cannot be set without biasing other pairs")
-        return row
+        return _offset_row(self.owner, self.index, self.grid, offset, 0,
+                           f"{type(self.owner).__name__}'s relative index does not give the offset {tuple(offset)} "
+                           "one row of its own, so its bias cannot be set without biasing other pairs")
 
 
 def _is_mlp(module: nn.Module) -> bool:
@@ -142,10 +131,8 @@ def _activation(holder: nn.Module, cosine: bool) -> tuple[str, float] | None:
     gain = 1.0 if gain is None else gain
     if not isinstance(gain, (int, float)) or isinstance(gain, bool):
         return None
-    if isinstance(act, nn.Sigmoid):
-        return "sigmoid", float(gain)
-    if isinstance(act, nn.Identity):
-        return "identity", float(gain)
+    if isinstance(act, (nn.Sigmoid, nn.Identity)):
+        return "sigmoid" if isinstance(act, nn.Sigmoid) else "identity", float(gain)
     if act is not None:
         return None  # another activation: the probe would refuse the layer; impulse cannot target it
     return ("sigmoid", SWIN_V2_GAIN) if cosine else ("identity", 1.0)
@@ -170,11 +157,7 @@ def find_position_mlp(module: nn.Module) -> PositionMlpBias | None:
         ((2, 2), 9, (1, 4, 4), 'identity')
     """
     cosine = find_cosine_logits(module) is not None
-    for holder in module.modules():
-        found = _holder(holder, module, cosine)
-        if found is not None:
-            return found
-    return None
+    return next((found for m in module.modules() if (found := _holder(m, module, cosine)) is not None), None)
 
 
 def held_position_mlp(module: nn.Module) -> PositionMlpBias | None:

@@ -60,6 +60,7 @@ def input_norms(model: nn.Module, chosen: list, inputs: torch.Tensor) -> list[In
             received.setdefault(index, x)
         return hook
 
+    was = model.training
     try:
         for m in model.modules():
             if _affine_norm(m):
@@ -67,13 +68,10 @@ def input_norms(model: nn.Module, chosen: list, inputs: torch.Tensor) -> list[In
             handles.append(m.register_forward_pre_hook(before, with_kwargs=True))
         for i, (_, ad) in enumerate(chosen):
             handles.append(ad.input_module.register_forward_pre_hook(grab(i), with_kwargs=True))
-        was = model.training
         model.eval()
-        try:
-            model(inputs)
-        finally:
-            model.train(was)
+        model(inputs)
     finally:
+        model.train(was)
         for h in handles:
             h.remove()
     out: list[InputNorm | None] = []

@@ -48,12 +48,9 @@ def _pair(v) -> tuple[int, int] | None:
 
 def _stated(model: nn.Module, attrs) -> tuple[int, int] | None:
     """The first (h, w) the model, its config or its patch embedding states under ``attrs``."""
-    for owner in (model, getattr(model, "config", None), getattr(model, "patch_embed", None)):
-        for attr in attrs:
-            found = _pair(getattr(owner, attr, None))
-            if found is not None:
-                return found
-    return None
+    owners = (model, getattr(model, "config", None), getattr(model, "patch_embed", None))
+    pairs = (_pair(getattr(owner, attr, None)) for owner in owners for attr in attrs)
+    return next((p for p in pairs if p is not None), None)
 
 
 def _patch(model: nn.Module) -> tuple[int, int] | None:
@@ -81,12 +78,8 @@ def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
         return [(chans, *stated)]
     if patch is None:
         return []
-    sides = []
-    for rows in sorted({_rows(t) for _, t in candidates}, reverse=True):
-        for n in range(rows, max(rows - _MAX_ROW_SLACK, 0), -1):
-            side = square_side(n)
-            if side is not None and side not in sides:
-                sides.append(side)
+    sides = dict.fromkeys(side for rows in sorted({_rows(t) for _, t in candidates}, reverse=True)
+                          for n in range(rows, max(rows - _MAX_ROW_SLACK, 0), -1) if (side := square_side(n)))
     return [(chans, s * patch[0], s * patch[1]) for s in sides]
 
 
@@ -97,9 +90,11 @@ def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Te
     can be told."""
     dim = candidates[0][1].dim if candidates else _common_width(model)
     sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
-    if not sizes:
-        return None
-    images = torch.randn(count, *sizes[0], generator=torch.Generator().manual_seed(0))
+    return _images(model, count, sizes[0]) if sizes else None
+
+
+def _images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:
+    images = torch.randn(count, *size, generator=torch.Generator().manual_seed(0))
     return images.to(device=_device(model), dtype=_dtype(model))
 
 
@@ -155,6 +150,4 @@ def probe_at(model: nn.Module, grid: tuple[int, int], count: int = 2) -> torch.T
     patch = _patch(model)
     if patch is None:
         return None
-    size = (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1])
-    images = torch.randn(count, *size, generator=torch.Generator().manual_seed(0))
-    return images.to(device=_device(model), dtype=_dtype(model))
+    return _images(model, count, (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1]))

@@ -1,6 +1,5 @@
 """Which adapter understands which attention module, finding every attention layer of a
-model, and the relative position bias each one uses. User adapters are tried before the
-built-in ones, most recently registered first."""
+model, and the relative position bias each one uses."""
 
 from __future__ import annotations
 
@@ -87,10 +86,7 @@ def adapter_for(module: nn.Module) -> AttentionAdapter | None:
 def first_match(registry: Registry, module: object):
     """``entry.factory(module)`` of the first entry of ``registry`` whose ``entry.match``
     accepts ``module``, or None."""
-    for entry in registry.values():
-        if entry.match(module):
-            return entry.factory(module)
-    return None
+    return next((entry.factory(module) for entry in registry.values() if entry.match(module)), None)
 
 
 def candidate_layers(model: nn.Module) -> tuple[list[tuple[str, AttentionAdapter]], list[tuple[str, str]]]:
@@ -147,8 +143,7 @@ def find_attention_layers(model: nn.Module, *, pooling: bool = False) -> list[tu
     that says attention).
     """
     survey = attention_survey(model)
-    unknown = survey.unknown
-    if unknown:
+    if unknown := survey.unknown:
         raise ValueError(
             "found attention that no adapter understands: "
             + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
@@ -174,10 +169,8 @@ def find_attention_layers(model: nn.Module, *, pooling: bool = False) -> list[tu
 
 def _looks_like_attention(m: nn.Module) -> bool:
     name = type(m).__name__.lower()
-    has_weights = any(True for _ in m.parameters(recurse=False)) or any(
-        isinstance(c, nn.Linear) for c in m.children()
-    )
-    return ("attention" in name or name.endswith("attn")) and has_weights
+    return ("attention" in name or name.endswith("attn")) and (
+        any(True for _ in m.parameters(recurse=False)) or any(isinstance(c, nn.Linear) for c in m.children()))
 
 
 def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "attention") -> list:
@@ -185,17 +178,14 @@ def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "
     names the layers in the error ("attention", "SSM", …)."""
     if layers is None:
         return list(found)
-    if is_int(layers):
-        layers = [layers]
-    out = []
+    layers = [layers] if is_int(layers) else list(layers)
     for i in layers:
         if not is_int(i) or not -len(found) <= i < len(found):
             raise ValueError(
                 f"layers contains {i!r}, but the model has {len(found)} {kind} layers "
                 f"(valid indices 0 … {len(found) - 1}, or negative from the end)"
             )
-        out.append(found[i])
-    return out
+    return [found[i] for i in layers]
 
 
 def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | PositionMlpBias | None:

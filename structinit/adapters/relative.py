@@ -61,22 +61,30 @@ class RelativeBias:
         """The table row holding the bias of every pair whose key is the query moved by
         ``offset``; a ValueError if the offset leaves the window or its pairs share no row of
         their own (the index does not encode offsets)."""
-        h, w = self.grid
-        dy, dx = offset
-        if not (abs(dy) < h and abs(dx) < w):
-            raise ValueError(f"offset {tuple(offset)} lies outside the {h}×{w} window of {type(self.owner).__name__}, "
-                             f"whose offsets are within ±{h - 1} rows and ±{w - 1} columns; choose a smaller "
-                             "kernel_size")
-        t = target_index(self.grid, offset)
-        q = torch.nonzero(t >= 0).squeeze(1)
-        p = self.num_prefix_tokens
-        rows = self.index[q + p, t[q] + p].cpu()
-        row = int(rows[0])
-        if not bool((rows == row).all()) or int((self.index == row).sum()) != len(q):
-            raise ValueError(f"{type(self.owner).__name__}.{INDEX} does not give the offset {tuple(offset)} one table "
-                             "row of its own, so its bias cannot be set without biasing other pairs; structinit "
-                             "reads timm's and Hugging Face's relative index (row = a function of the offset)")
-        return row
+        return _offset_row(self.owner, self.index, self.grid, offset, self.num_prefix_tokens,
+                           f"{type(self.owner).__name__}.{INDEX} does not give the offset {tuple(offset)} one table "
+                           "row of its own, so its bias cannot be set without biasing other pairs; structinit "
+                           "reads timm's and Hugging Face's relative index (row = a function of the offset)")
+
+
+def _offset_row(owner: nn.Module, index: torch.Tensor, grid: tuple[int, int], offset: Offset, prefix: int,
+                no_row: str) -> int:
+    """The row of ``index`` ((prefix + h·w)², the window ``grid`` after ``prefix`` tokens) of every
+    grid pair whose key is the query moved by ``offset``; a ValueError if the offset leaves the
+    window, or with the message ``no_row`` if those pairs share no row of their own."""
+    h, w = grid
+    dy, dx = offset
+    if not (abs(dy) < h and abs(dx) < w):
+        raise ValueError(f"offset {tuple(offset)} lies outside the {h}×{w} window of {type(owner).__name__}, "
+                         f"whose offsets are within ±{h - 1} rows and ±{w - 1} columns; choose a smaller "
+                         "kernel_size")
+    t = target_index(grid, offset)
+    q = torch.nonzero(t >= 0).squeeze(1)
+    rows = index[q + prefix, t[q] + prefix].cpu()
+    row = int(rows[0])
+    if not bool((rows == row).all()) or int((index == row).sum()) != len(q):
+        raise ValueError(no_row)
+    return row
 
 
 def _window(module: nn.Module) -> tuple[int, int] | None:
@@ -169,12 +177,7 @@ def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: 
         elif v.ndim != 4:
             continue
         found.append(v)
-    if not found:
-        return None
-    total = found[0]
-    for v in found[1:]:
-        total = total + v
-    return total
+    return sum(found[1:], found[0]) if found else None
 
 
 def reachable(terms: torch.Tensor | None) -> torch.Tensor | None:

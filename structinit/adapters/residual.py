@@ -94,15 +94,14 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
         where = block_path
         if mlp_out is None and block_path:
             where, mlp_out = _next_block_mlp(model, block_path, adapter, layers)
-        if mlp_out is not None:
-            out.append(_weight_and_bias(f"{where}.{mlp_out[0]}".lstrip("."), mlp_out[1]))
-        else:
+        if mlp_out is None:
             raise ValueError(
                 f"the block {block_path or '<root>'!r} around attention layer {name!r} has no MLP output "
                 f"structinit knows (looked for {', '.join(MLP_OUT_PATHS)}, a Linear to width {adapter.dim}, and for "
                 "the block's last Linear to that width outside the attention); "
                 "use reserve='patch' to reserve the patch embedding only"
             )
+        out.append(_weight_and_bias(f"{where}.{mlp_out[0]}".lstrip("."), mlp_out[1]))
     return out
 
 

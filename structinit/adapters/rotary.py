@@ -13,17 +13,12 @@ grid (ω_y = w·ω_x). :meth:`Rotary.frequencies` reads ω from the angles and c
 are linear, so the impulse solver (:mod:`structinit.functional.rope`) works from what the
 layer really does.
 
-Where the rotation comes from:
-
-- a submodule of the attention with a ``rotary()`` method that returns a :class:`Rotary`
-  (structinit's own :class:`~structinit.models.rope.Rotary2d`);
-- the layer's call: a sin/cos table the model hands to each attention layer (timm's EVA and
-  RoPE ViTs: ``rope=``; Hugging Face's DINOv3: ``position_embeddings=(cos, sin)``), read by
-  :func:`received_rotary` when the probe observes the call.
-
-Either way the adapter applies it in :meth:`~structinit.adapters.AttentionAdapter.qk_features`
-and the probe compares that recomputation with the model's own logits, so a description that
-does not match what the module computes is refused, not trusted.
+The rotation is declared by a submodule (:func:`find_rotary`; structinit's own
+:class:`~structinit.models.rope.Rotary2d`) or handed to the layer with its call
+(:func:`received_rotary`). Either way the adapter applies it in
+:meth:`~structinit.adapters.AttentionAdapter.qk_features` and the probe compares that
+recomputation with the model's own logits, so a description that does not match what the
+module computes is refused, not trusted.
 """
 
 from __future__ import annotations
@@ -146,13 +141,8 @@ def rotary_from_tables(cos: torch.Tensor, sin: torch.Tensor, half: bool, num_pre
 
 def find_rotary(module: nn.Module) -> Rotary | None:
     """The :class:`Rotary` a direct submodule of ``module`` declares (its ``rotary()``), or None."""
-    for child in module.children():
-        describe = getattr(child, "rotary", None)
-        if callable(describe):
-            found = describe()
-            if isinstance(found, Rotary):
-                return found
-    return None
+    found = (describe() for child in module.children() if callable(describe := getattr(child, "rotary", None)))
+    return next((rotary for rotary in found if isinstance(rotary, Rotary)), None)
 
 
 def received_rotary(module: nn.Module, args: tuple, kwargs: dict, tokens: int, head_dim: int) -> Rotary | None:
@@ -174,10 +164,9 @@ def received_rotary(module: nn.Module, args: tuple, kwargs: dict, tokens: int, h
         prefix = int(getattr(module, "num_prefix_tokens", tokens - rope.shape[-2]))
         return _fitting(cos, sin, bool(getattr(module, "rotate_half", False)), prefix, tokens)
     pair = kwargs.get("position_embeddings")
-    if _two_tensors(pair):
+    if _two_tensors(pair) and pair[0].shape[-1] == head_dim:
         cos, sin = pair
-        if cos.shape[-1] == head_dim:
-            return _fitting(cos, sin, True, tokens - cos.shape[-2], tokens)
+        return _fitting(cos, sin, True, tokens - cos.shape[-2], tokens)
     pair = kwargs.get("pos_emb")
     if _two_tensors(pair) and pair[0].shape[-1] <= head_dim:
         sin, cos = pair

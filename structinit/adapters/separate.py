@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, module_scale
+from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, module_scale, split_views
 
 __all__ = ["SeparateQKVAdapter", "sibling_output"]
 
@@ -33,10 +33,9 @@ def _heads(module: nn.Module) -> int | None:
 
 
 class SeparateQKVAdapter(AttentionAdapter):
-    """Modules with separate q/k/v ``nn.Linear`` projections (q/k/v, q_proj/…, query/…,
-    to_q/…, wq/…), or q apart from a fused [k; v] (q/kv, to_q/to_kv), an output projection
-    (proj, o_proj, out_proj, o, out, to_out, wo) and a head count attribute. What the module
-    computes is checked against its own forward (:mod:`structinit.adapters.verify`)."""
+    """Modules with the q/k/v projections of the module doc, an output projection (proj, o_proj,
+    out_proj, o, out, to_out, wo; else ``out``, a sibling's) and a head count attribute. What the
+    module computes is checked against its own forward (:mod:`structinit.adapters.verify`)."""
 
     def __init__(self, module: nn.Module, out: nn.Linear | None = None):
         self.module = module
@@ -71,11 +70,8 @@ class SeparateQKVAdapter(AttentionAdapter):
             lin = [_linear(self.module, n) for n in self._qkv]
             return {name: (m.weight, m.bias) for name, m in zip("qkv", lin)} | {"o": (out.weight, out.bias)}
         q, kv = (_linear(self.module, n) for n in self._split)
-        n, b = kv.out_features // 2, kv.bias
-        return {"q": (q.weight, q.bias),
-                "k": (kv.weight[:n], None if b is None else b[:n]),
-                "v": (kv.weight[n:], None if b is None else b[n:]),
-                "o": (out.weight, out.bias)}
+        return ({"q": (q.weight, q.bias)} | split_views(kv.weight, kv.bias, kv.out_features // 2, "kv")
+                | {"o": (out.weight, out.bias)})
 
     @staticmethod
     def matches(m: nn.Module) -> bool:

@@ -109,14 +109,10 @@ def _as(t: torch.Tensor, shape) -> torch.Tensor | None:
     return t.reshape(shape) if t.numel() == torch.Size(shape).numel() else None
 
 
-def _finite(t: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
-
-
 def _rows_centred(t: torch.Tensor) -> torch.Tensor:
     """Logits with each row's mean over its finite entries removed: a softmax does not see it."""
     finite = torch.isfinite(t)
-    mean = _finite(t).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
+    mean = torch.where(finite, t, torch.zeros_like(t)).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
     return torch.where(finite, t - mean, torch.zeros_like(t))
 
 
@@ -133,46 +129,43 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
             norms = q_real.norm(dim=-1)
             if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
                 return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
-    if real.logits is not None and _as(real.logits, shape) is not None:
-        raw_real, raw_ours = _as(real.logits, shape), adapter_logits(adapter, x.float(), terms)
+    raw_real = None if real.logits is None else _as(real.logits, shape)
+    if raw_real is not None:
+        raw_ours = adapter_logits(adapter, x.float(), terms)
         eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
         diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
         if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
             # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
             return ROTATION, ("the q and k it really uses are its projections' rotated by position (rotary "
                               "position embeddings): its logits keep the diagonal and differ off it")
-    if real.logits is not None:
-        real_logits = _as(real.logits, shape)
-        if real_logits is not None:
-            real_logits = _rows_centred(real_logits)
-            heads = shape[1]
-            a = ours_logits.transpose(0, 1).reshape(heads, -1).T  # (pairs, H)
-            b = real_logits.transpose(0, 1).reshape(heads, -1).T
-            design = torch.cat([a, torch.ones(len(a), 1, device=a.device)], 1).double()
-            mix = torch.linalg.lstsq(design, b.double()).solution
-            residual = float((design @ mix - b.double()).norm() / b.double().norm().clamp_min(1e-12))
-            identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
-            if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], identity, atol=1e-3):
-                return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
-                                     "is not its own q kᵀ")
-            diff = real_logits - ours_logits
-            half = shape[0] // 2  # the probe's two images, window by window
-            constant = torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + float(diff.abs().max())))
-            if shape[0] > 1 and shape[0] % 2 == 0 and constant:
-                return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
-                                       "structinit does not model)")
-    if real.logits is not None and shape[0] > 1 and _cosine(adapter, real, x, shape):
+        real_logits = _rows_centred(raw_real)
+        heads = shape[1]
+        a = ours_logits.transpose(0, 1).reshape(heads, -1).T  # (pairs, H)
+        b = real_logits.transpose(0, 1).reshape(heads, -1).T
+        design = torch.cat([a, torch.ones(len(a), 1, device=a.device)], 1).double()
+        mix = torch.linalg.lstsq(design, b.double()).solution
+        residual = float((design @ mix - b.double()).norm() / b.double().norm().clamp_min(1e-12))
+        identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
+        if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], identity, atol=1e-3):
+            return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
+                                 "is not its own q kᵀ")
+        diff = real_logits - ours_logits
+        half = shape[0] // 2  # the probe's two images, window by window
+        constant = torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + float(diff.abs().max())))
+        if shape[0] > 1 and shape[0] % 2 == 0 and constant:
+            return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
+                                   "structinit does not model)")
+    if shape[0] > 1 and _cosine(adapter, raw_real, x, shape):
         return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
                          "cos(q, k) plus a term that does not depend on content)")
     return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
                     "packed per head, or a transform of q and k)")
 
 
-def _cosine(adapter: AttentionAdapter, real: AttentionMap, x: torch.Tensor, shape) -> bool:
+def _cosine(adapter: AttentionAdapter, real_logits: torch.Tensor | None, x: torch.Tensor, shape) -> bool:
     """Whether the real logits are s_h · cos(q_i, k_j) + a term the same for every sample (Swin-V2's
     cosine attention with its position bias): the difference between two samples' logits must be
     s_h times the difference of their cosines, for one s_h per head."""
-    real_logits = _as(real.logits, shape)
     if real_logits is None or not torch.isfinite(real_logits).all():
         return False
     q, k = adapter.qk_features(x.float())
@@ -223,9 +216,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it forms no softmax(q kᵀ) map over its tokens (linear or factorised attention): there "
                        "is no map to shape")
     x = call.x
-    if x is None or x.ndim != 3:  # a layer that cuts its own windows from a (B, H, W, C) map
-        return Verdict(name, adapter, "self", checked=False)
-    if not bool(torch.isfinite(x).all()):  # NaN/inf in the model already: the probe can tell nothing
+    # A layer that cuts its own windows from a (B, H, W, C) map, or NaN/inf in the model already: the
+    # probe can tell nothing.
+    if x is None or x.ndim != 3 or not bool(torch.isfinite(x).all()):
         return Verdict(name, adapter, "self", checked=False)
     tokens = x.shape[-2]
     first = call.args[0] if call.args and isinstance(call.args[0], torch.Tensor) else None
@@ -244,8 +237,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     terms = adapter.call_terms(call.args, call.kwargs, x)
     ours = adapter.attention_probs(x.float(), terms)
     real = adapter.observed_probs([m.probs for m in square], ours.shape)
-    tol = tolerance(dtype)
-    if real is None or float((real - ours).abs().max()) > tol:
+    if real is None or float((real - ours).abs().max()) > tolerance(dtype):
         best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
                    if _as(m.probs, ours.shape) is not None else float("inf"))
         if _as(best.probs, ours.shape) is None:
@@ -293,11 +285,10 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
     verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=_token_count(calls[ad.module]))
                 for n, ad in candidates]
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
-    covered = [ad.module for _, ad in candidates]
     names = {m: n for n, m in model.named_modules()}
     unknown, pooling = [], []
     for module, maps in by_module.items():
-        if any(module is c or _inside(module, c) for c in covered):
+        if any(module is m for _, ad in candidates for m in ad.module.modules()):
             continue
         attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim == 4)]
         if not attention:
@@ -320,21 +311,19 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
     whose mixers are Linear(h, h) or (h, h) parameters is judged again, in a second probe, with
     every such mixer set to the identity, and restored after. Where it is then plain
     self-attention, its verdict is 'self' with the mixers named: the scheme sets them so."""
-    mixing = {i: head_mixers(ad.module, ad.num_heads) for i, (v, (_, ad)) in enumerate(zip(verdicts, candidates))
-              if v.kind == "refused" and v.code in (HEAD_MIXING, VALUE_PATH)}
-    mixing = {i: m for i, m in mixing.items() if m}
+    mixing = {i: m for i, (v, (_, ad)) in enumerate(zip(verdicts, candidates)) if v.kind == "refused"
+              and v.code in (HEAD_MIXING, VALUE_PATH) and (m := head_mixers(ad.module, ad.num_heads))}
     if not mixing:
         return verdicts
     saved = [(t, t.detach().clone()) for mixers in mixing.values() for _, t, _ in mixers]
-    try:
-        with torch.no_grad():
+    with torch.no_grad():
+        try:
             for mixers in mixing.values():
                 for _, t, value in mixers:
                     t.copy_(value.to(device=t.device, dtype=t.dtype))
-        again = [candidates[i] for i in mixing]
-        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in again])
-    finally:
-        with torch.no_grad():
+            again = [candidates[i] for i in mixing]
+            calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in again])
+        finally:
             for t, value in saved:
                 t.copy_(value)
     verdicts = list(verdicts)
@@ -351,7 +340,3 @@ def _pooling_words(m: AttentionMap) -> str:
     kind = ("an attention-pooling or class-attention head" if m.queries < m.keys else
             "learned queries, or keys pooled to fewer tokens")
     return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
-
-
-def _inside(module: nn.Module, container: nn.Module) -> bool:
-    return any(module is m for m in container.modules())

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from structinit.adapters import AttentionAdapter, find_attention_layers, select_layers
+from structinit.adapters import find_attention_layers, select_layers
 from structinit.adapters.observe import real_maps
 
 
@@ -23,8 +23,9 @@ def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *,
     for i, (_, ad) in enumerate(layers):
         def hook(module, args, kwargs, i=i, ad=ad):
             x = ad.input_tokens(args, kwargs).detach()
-            if with_terms:
-                fn(i, x, ad.call_terms(*_module_call(ad, module, args, kwargs), x))
+            if with_terms:  # the call's arguments, as the attention module received them: the hook may sit
+                # on its q/k projection instead, which sees no mask
+                fn(i, x, ad.call_terms(*((args, kwargs) if module is ad.module else ((), {})), x))
             else:
                 fn(i, x)
         handles.append(ad.input_module.register_forward_pre_hook(hook, with_kwargs=True))
@@ -40,12 +41,6 @@ def forward_then_remove(model: nn.Module, inputs, handles) -> None:
     finally:
         for h in handles:
             h.remove()
-
-
-def _module_call(ad: AttentionAdapter, hooked: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call's arguments as the attention module received them (the hook may sit on its q/k
-    projection instead, which sees no mask)."""
-    return (args, kwargs) if hooked is ad.module else ((), {})
 
 
 def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None) -> list[torch.Tensor]:

@@ -203,14 +203,6 @@ def _layers(model: nn.Module, layers: Sequence[int] | None) -> list:
     return select_layers(find_token_mixing_layers(model), layers, kind="token-mixing")
 
 
-def _run_token_mixing(model: nn.Module, images: torch.Tensor, chosen, fn) -> None:
-    """One forward pass; ``fn(i, x)`` gets the (B, T, D) tokens token-mixing MLP i mixes (it is
-    called on their (B, D, T) transpose)."""
-    handles = [mlp.register_forward_pre_hook(lambda m, args, i=i: fn(i, args[0].transpose(1, 2).detach()))
-               for i, (_, mlp) in enumerate(chosen)]
-    forward_then_remove(model, images, handles)
-
-
 def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) -> torch.Tensor:
     """(layers, B, B) Grams of the flattened (or token-mean) input of each chosen layer."""
     grams: list[torch.Tensor | None] = [None] * len(chosen)
@@ -221,8 +213,12 @@ def _layer_grams(model: nn.Module, chosen, images: torch.Tensor, tokens: str) ->
         f = x.flatten(1) if tokens == "flatten" else x.mean(1)  # (B, T·D) or (B, D)
         grams[i] = f @ f.T
 
-    mixer = bool(chosen) and isinstance(chosen[0][1], nn.Module)  # token-mixing MLPs, not attention adapters
-    (_run_token_mixing if mixer else run_with_hooks)(model, images, chosen, keep)
+    if chosen and isinstance(chosen[0][1], nn.Module):  # token-mixing MLPs: each is called on (B, D, T)
+        forward_then_remove(model, images, [
+            mlp.register_forward_pre_hook(lambda m, args, i=i: keep(i, args[0].transpose(1, 2).detach()))
+            for i, (_, mlp) in enumerate(chosen)])
+    else:
+        run_with_hooks(model, images, chosen, keep)
     check_all_called(chosen, [g is not None for g in grams])
     return torch.stack(grams)
 
@@ -241,12 +237,10 @@ def cka_matrix(
     """Minibatch linear CKA between every attention layer's input (token-mixing MLP's, for a
     Mixer) in ``model_a`` and in ``model_b`` on the same ``images`` (:class:`MinibatchCKA`).
 
-    A layer's representation is the (B, T, D) tokens its attention layer receives (a windowed
-    layer's windows of each image taken together: T = windows × window tokens),
-    ``tokens='flatten'`` to (B, T·D) (Raghu et al. 2021) or ``'mean'`` over tokens to (B, D)
-    (module doc); the two models may differ in depth, width and token count. Both run in
-    eval mode on the same batches of ``batch_size`` ≥ 4 images; a last batch of fewer than 4
-    is merged into the one before. Only the B×B Grams of each batch are kept.
+    Representations as in the module doc, ``tokens`` 'flatten' or 'mean' (a windowed layer's
+    windows of each image taken together); the two models may differ in depth, width and token
+    count. Both run in eval mode on the same batches of ``batch_size`` ≥ 4 images; a last batch
+    of fewer than 4 is merged into the one before. Only the B×B Grams of each batch are kept.
 
     Returns:
         (len(layers_a), len(layers_b)) float64, entry [i, j] the CKA of layer i of A with layer

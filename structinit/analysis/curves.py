@@ -18,10 +18,7 @@ def eval_metric(history: list[dict], kind: str) -> str | None:
     """The evaluation key for ``kind`` ('acc' or 'loss') the history holds: the held-out split
     when there is one, else the test split; None if neither was evaluated."""
     keys = {k for row in history for k in row}
-    for split in ("holdout", "test"):
-        if f"{split}_{kind}" in keys:
-            return f"{split}_{kind}"
-    return None
+    return next((f"{split}_{kind}" for split in ("holdout", "test") if f"{split}_{kind}" in keys), None)
 
 
 def x_key(history: list[dict]) -> str:
@@ -64,8 +61,7 @@ def curves_figure(runs: dict[str, list[dict]], *, title: str = "", path: str | P
             key = eval_metric(results[0]["history"], kind)
             if key is None:
                 continue
-            x = x_key(results[0]["history"])
-            epochs, mean, std = mean_std_curve(results, key, x)
+            epochs, mean, std = mean_std_curve(results, key, x_key(results[0]["history"]))
             line, = ax.plot(epochs, [scale * m for m in mean], marker="o", markersize=3,
                             label=f"{init} (n={len(results)})")
             if len(results) > 1:

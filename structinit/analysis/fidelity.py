@@ -76,8 +76,7 @@ def _attention_layers(model: nn.Module) -> list:
     try:
         return find_attention_layers(model)
     except ValueError as err:
-        mixes = any(is_token_mixing(m) for m in model.modules())
-        if not mixes or not str(err).startswith("no attention layer found"):
+        if not any(is_token_mixing(m) for m in model.modules()) or not str(err).startswith("no attention layer found"):
             raise
         raise ValueError(f"{type(model).__name__} has no attention layer: it mixes its tokens with MLPs (an "
                          "MLP-Mixer), whose impulse maps are measured by "
@@ -93,21 +92,19 @@ def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -
     plain = [layer for layer, b in zip(chosen, biases) if b is None]
     records = [get_record(ad.module, "impulse") for _, ad in plain]
     if plain and all(r is not None for r in records):  # each layer's own: a class token may join later (ConViT)
-        own = iter([TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"])) for r in records])
-        model_layout = None
+        own, model_layout = iter([TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"])) for r in records]), None
     else:
         own, model_layout = None, recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
     out = []
     for rb in biases:
-        if rb is None:
-            layout = model_layout if own is None else next(own)
-            if own is not None:
-                _check_agrees(layout, grid, num_prefix_tokens, "the impulse init recorded")
-            out.append(layout)
-            continue
-        window = TokenLayout(rb.grid, rb.num_prefix_tokens)
-        _check_agrees(window, grid, num_prefix_tokens, "the relative position bias fixes")
-        out.append(window)
+        if rb is not None:
+            out.append(TokenLayout(rb.grid, rb.num_prefix_tokens))
+            _check_agrees(out[-1], grid, num_prefix_tokens, "the relative position bias fixes")
+        elif own is None:
+            out.append(model_layout)
+        else:
+            out.append(next(own))
+            _check_agrees(out[-1], grid, num_prefix_tokens, "the impulse init recorded")
     return out
 
 
@@ -172,20 +169,18 @@ def impulse_fidelity(
     the widest have NaN in the extra columns.
 
     With ``images`` the model runs forward and each layer is scored on the attention
-    probabilities it computes itself, captured from its own softmax (or
-    ``scaled_dot_product_attention``, or ``nn.MultiheadAttention``), whatever it does to q and k
-    on the way (:func:`structinit.adapters.observe.real_maps`), in grid order even when the model
-    shuffles its tokens (MAE's encoder; :mod:`structinit.adapters.token_order`). With
-    ``images=None`` every chosen layer is fed the position-only pseudo input LayerNorm(PE) (the
-    grid rows of the model's position embedding, or ``pos_embed``), as in the papers, inside
-    one forward of a probe image, and scored on the maps its own softmax makes of it; a layer
-    with a relative position bias gets content-free zero tokens instead (so a shifted window's
-    mask counts, as the model applies it). A model that cannot be probed (it takes tokens, not
+    probabilities it computes itself (:func:`structinit.adapters.observe.real_maps`), in grid
+    order even when the model shuffles its tokens (MAE's encoder;
+    :mod:`structinit.adapters.token_order`). With ``images=None`` every chosen layer is fed the
+    position-only pseudo input LayerNorm(PE) (the grid rows of the model's position embedding,
+    or ``pos_embed``), as in the papers, inside one forward of a probe image, and scored on the
+    maps its own softmax makes of it. A model that cannot be probed (it takes tokens, not
     images) is scored on the adapters' recomputation of that input, with a warning.
 
     A layer with a relative position bias (Swin's window attention, BEiT) is scored on its own
     window: its grid is the window, its queries are every window of every image, and a pair the
-    call masks (Swin's shifted windows join regions that are not neighbours) is not a target.
+    call masks (Swin's shifted windows join regions that are not neighbours) is not a target;
+    its position-only input is content-free zero tokens (so a shifted window's mask counts).
 
     Offsets and the token layout are read from each layer (recorded by
     :func:`structinit.impulse_init_`) unless ``offsets`` gives one list of (dy, dx) per head
@@ -197,8 +192,6 @@ def impulse_fidelity(
     layouts = layer_layouts(model, chosen, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
     heads = max(ad.num_heads for _, ad in chosen)
-    mass = torch.full((len(chosen), heads), float("nan"))
-    hit = torch.full((len(chosen), heads), float("nan"))
     sums = torch.zeros(len(chosen), heads, 2, dtype=torch.float64)
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     targets = [[target_index(lay.grid, o) for o in layer] for lay, layer in zip(layouts, offs)]
@@ -213,9 +206,7 @@ def impulse_fidelity(
     else:
         for i, _, real in grid_order_maps(model, images, chosen, layouts, batch_size):
             reduce(i, real.probs, real.open_pairs)
-    valid = counts > 0
-    mass[valid] = (sums[..., 0][valid] / counts[valid]).float()
-    hit[valid] = (sums[..., 1][valid] / counts[valid]).float()
+    mass, hit = (torch.where(counts > 0, sums[..., j] / counts, float("nan")).float() for j in (0, 1))
     return {"mass": mass, "hit": hit}
 
 
@@ -324,7 +315,6 @@ def format_fidelity_table(rows: list[FidelityRow], title: str) -> str:
     """The rows as a markdown table under a ``###`` title."""
     lines = [f"### {title}", "", "| init | time (s) | mass L1 | hit L1 | mass mean | hit mean |",
              "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.label} | {r.seconds:.3f} | {r.mass_first:.3f} | {r.hit_first:.3f} | "
-                     f"{r.mass_mean:.3f} | {r.hit_mean:.3f} |")
+    lines += [f"| {r.label} | {r.seconds:.3f} | {r.mass_first:.3f} | {r.hit_first:.3f} | {r.mass_mean:.3f} | "
+              f"{r.hit_mean:.3f} |" for r in rows]
     return "\n".join(lines)

@@ -285,12 +285,13 @@ def attention_metrics(
     counts = torch.zeros(len(chosen), heads, dtype=torch.float64)
     called = [False] * len(chosen)
 
-    def reduce(i: int, probs: torch.Tensor, count: int) -> None:  # count: images in the batch
+    for i, count, real in grid_order_maps(model, images, chosen, layouts, batch_size):  # count: images in the batch
         ad, layout = chosen[i][1], layouts[i]
-        p, valid = _grid_rows(probs.float(), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
+        p, valid = _grid_rows(real.probs.float(), layout.num_prefix_tokens)  # (B, H, N, N), (B, H, N)
         # A window layer's token spans more pixels after patch merging: read its size off the
         # token count per image (windows per image × window area).
-        size = patch if ad.relative is None else _token_side(images, probs.shape[0] * layout.num_patches / count, patch)
+        size = (patch if ad.relative is None
+                else _token_side(images, real.probs.shape[0] * layout.num_patches / count, patch))
         rows = {"distance": lambda: _row_distance(p, layout.grid),
                 "distance_px": lambda: _row_distance(p, layout.grid, size),
                 "entropy": lambda: _row_entropy(p),
@@ -299,9 +300,6 @@ def attention_metrics(
             sums[i, : ad.num_heads, j] += (rows[metric]() * valid).double().sum((0, 2))
         counts[i, : ad.num_heads] += valid.double().sum((0, 2))
         called[i] = True
-
-    for i, count, real in grid_order_maps(model, images, chosen, layouts, batch_size):
-        reduce(i, real.probs, count)
     check_all_called(chosen, called)
     # Every image has the same grid queries, so the mean over all rows is the mean of per-image means.
     means = (sums / counts[..., None]).float()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import find_token_mixing_layers, select_layers
+from structinit.analysis.capture import forward_then_remove
 from structinit.functional.targets import target_index
 from structinit.schemes.records import get_record
 
@@ -63,12 +64,9 @@ def token_mixing_maps(model: nn.Module, images: torch.Tensor | None = None,
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            model(images)
+        forward_then_remove(model, images, handles)
     finally:
         model.train(was_training)
-        for h in handles:
-            h.remove()
     missing = [name for (name, _), s in zip(chosen, slopes) if s is None]
     if missing:
         raise RuntimeError(f"token-mixing MLP(s) {', '.join(missing)} were not called in the forward pass")

@@ -10,9 +10,6 @@ whatever the device.
     aug = Augment.parse("ra2-9-0.5,crop4,flip")       # RandAugment (timm rand-m9-mstd0.5-inc1), crop, flip
     g = torch.Generator().manual_seed(0)
     x = aug(x_uint8, g)
-
-The pieces: :func:`random_crop`, :func:`random_hflip`, :func:`rand_augment`, :func:`apply_op`
-(one RandAugment op at a given magnitude) and the ops themselves in :mod:`structinit.augment.ops`.
 """
 
 from structinit.augment.ops import (

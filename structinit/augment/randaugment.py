@@ -5,9 +5,6 @@ replacement across rounds), whether to apply it (probability ``prob``, timm's 0.
 m ~ N(magnitude, magnitude_std) clipped to [0, 10], and a sign for the signed ops. timm draws m
 again for every op it applies; so does this (one draw per image and round). The ops and their
 magnitude → argument maps are timm's (``_LEVEL_DENOM`` = 10).
-
-Parameters are drawn with a CPU ``torch.Generator``, always the same number of draws for a given
-batch size and config, so a seed gives the same choices on any device and for any image content.
 """
 
 from __future__ import annotations
@@ -52,60 +49,36 @@ def _enhance_increasing(m, s, _hw):
     return ((1.0 + s * _frac(m) * 0.9).clamp(min=0.1),)  # 1 ± 0.9·m/10: farther from 1 = stronger
 
 
-_LEVELS: dict[str, _Level | None] = {
-    "AutoContrast": None,
-    "Equalize": None,
-    "Invert": None,
-    "Rotate": lambda m, s, hw: (s * _frac(m) * 30.0,),
-    "Posterize": lambda m, s, hw: ((_frac(m) * 4).floor(),),
-    "PosterizeIncreasing": lambda m, s, hw: (4 - (_frac(m) * 4).floor(),),
-    "Solarize": lambda m, s, hw: ((_frac(m) * 256).floor(),),
-    "SolarizeIncreasing": lambda m, s, hw: (256 - (_frac(m) * 256).floor(),),
-    "SolarizeAdd": lambda m, s, hw: ((_frac(m) * 110).floor(),),
-    "Color": _enhance,
-    "ColorIncreasing": _enhance_increasing,
-    "Contrast": _enhance,
-    "ContrastIncreasing": _enhance_increasing,
-    "Brightness": _enhance,
-    "BrightnessIncreasing": _enhance_increasing,
-    "Sharpness": _enhance,
-    "SharpnessIncreasing": _enhance_increasing,
-    "ShearX": lambda m, s, hw: (s * _frac(m) * 0.3,),
-    "ShearY": lambda m, s, hw: (s * _frac(m) * 0.3,),
+_OPS: dict[str, tuple[Callable[..., torch.Tensor], _Level | None]] = {
+    "AutoContrast": (ops.auto_contrast, None),
+    "Equalize": (ops.equalize, None),
+    "Invert": (ops.invert, None),
+    "Rotate": (ops.rotate, lambda m, s, hw: (s * _frac(m) * 30.0,)),
+    "Posterize": (ops.posterize, lambda m, s, hw: ((_frac(m) * 4).floor(),)),
+    "PosterizeIncreasing": (ops.posterize, lambda m, s, hw: (4 - (_frac(m) * 4).floor(),)),
+    "Solarize": (ops.solarize, lambda m, s, hw: ((_frac(m) * 256).floor(),)),
+    "SolarizeIncreasing": (ops.solarize, lambda m, s, hw: (256 - (_frac(m) * 256).floor(),)),
+    "SolarizeAdd": (ops.solarize_add, lambda m, s, hw: ((_frac(m) * 110).floor(),)),
+    "Color": (ops.adjust_color, _enhance),
+    "ColorIncreasing": (ops.adjust_color, _enhance_increasing),
+    "Contrast": (ops.adjust_contrast, _enhance),
+    "ContrastIncreasing": (ops.adjust_contrast, _enhance_increasing),
+    "Brightness": (ops.adjust_brightness, _enhance),
+    "BrightnessIncreasing": (ops.adjust_brightness, _enhance_increasing),
+    "Sharpness": (ops.adjust_sharpness, _enhance),
+    "SharpnessIncreasing": (ops.adjust_sharpness, _enhance_increasing),
+    "ShearX": (ops.shear_x, lambda m, s, hw: (s * _frac(m) * 0.3,)),
+    "ShearY": (ops.shear_y, lambda m, s, hw: (s * _frac(m) * 0.3,)),
     # timm: pixels = 0.45·m/10 · image width (x) or height (y)
-    "TranslateXRel": lambda m, s, hw: (s * _frac(m) * 0.45 * hw[1],),
-    "TranslateYRel": lambda m, s, hw: (s * _frac(m) * 0.45 * hw[0],),
-}
-
-_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
-    "AutoContrast": ops.auto_contrast,
-    "Equalize": ops.equalize,
-    "Invert": ops.invert,
-    "Rotate": ops.rotate,
-    "Posterize": ops.posterize,
-    "PosterizeIncreasing": ops.posterize,
-    "Solarize": ops.solarize,
-    "SolarizeIncreasing": ops.solarize,
-    "SolarizeAdd": ops.solarize_add,
-    "Color": ops.adjust_color,
-    "ColorIncreasing": ops.adjust_color,
-    "Contrast": ops.adjust_contrast,
-    "ContrastIncreasing": ops.adjust_contrast,
-    "Brightness": ops.adjust_brightness,
-    "BrightnessIncreasing": ops.adjust_brightness,
-    "Sharpness": ops.adjust_sharpness,
-    "SharpnessIncreasing": ops.adjust_sharpness,
-    "ShearX": ops.shear_x,
-    "ShearY": ops.shear_y,
-    "TranslateXRel": ops.translate_x,
-    "TranslateYRel": ops.translate_y,
+    "TranslateXRel": (ops.translate_x, lambda m, s, hw: (s * _frac(m) * 0.45 * hw[1],)),
+    "TranslateYRel": (ops.translate_y, lambda m, s, hw: (s * _frac(m) * 0.45 * hw[0],)),
 }
 _GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel"}
 
 
 def op_names() -> tuple[str, ...]:
     """Every op :func:`apply_op` knows (timm's names)."""
-    return tuple(_FUNCTIONS)
+    return tuple(_OPS)
 
 
 def _cpu_per_sample(value: float | torch.Tensor, batch: int, name: str) -> torch.Tensor:
@@ -128,17 +101,17 @@ def apply_op(
     ``magnitude`` and ``sign`` (+1 or −1, for the signed ops) are numbers or (B,) tensors;
     ``fill`` colours the pixels that geometric ops bring in from outside the image.
     """
-    if name not in _FUNCTIONS:
+    if name not in _OPS:
         raise ValueError(f"apply_op: name={name!r} is not an op; valid names: {', '.join(op_names())}")
     check_batch(x, "apply_op")
     if not isinstance(magnitude, torch.Tensor) and not 0 <= magnitude <= MAX_MAGNITUDE:
         raise ValueError(f"apply_op: magnitude={magnitude!r}: expected a number in [0, {MAX_MAGNITUDE:g}]")
     m = _cpu_per_sample(magnitude, x.shape[0], "magnitude").clamp(0, MAX_MAGNITUDE)
     s = _cpu_per_sample(sign, x.shape[0], "sign").sign()
-    level = _LEVELS[name]
+    fn, level = _OPS[name]
     args = level(m, s, tuple(x.shape[2:])) if level is not None else ()
     kwargs = {"fill": fill} if name in _GEOMETRIC else {}
-    return _FUNCTIONS[name](x, *args, **kwargs)
+    return fn(x, *args, **kwargs)
 
 
 def rand_augment(
@@ -173,12 +146,13 @@ def rand_augment(
     fill_values(fill, x.shape[1], "rand_augment")  # fail before drawing anything
 
     names = tuple(ops) if ops is not None else RAND_INCREASING_OPS if increasing else RAND_OPS
-    unknown = [name for name in names if name not in _FUNCTIONS]
+    unknown = [name for name in names if name not in _OPS]
     if unknown or not names:
         raise ValueError(f"rand_augment: ops={ops!r}: expected a non-empty list of names from {', '.join(op_names())}")
     batch, out = x.shape[0], x.clone()
     for _ in range(num_ops):
-        # draw everything for this round first, the same draws whatever the data or device
+        # draw everything for this round first: always the same number of draws for a given batch size and
+        # config, so a seed gives the same choices on any device and for any image content
         choice = torch.randint(len(names), (batch,), generator=generator)
         applied = torch.rand(batch, generator=generator, dtype=torch.float64) < prob
         if magnitude_std == math.inf:

@@ -6,9 +6,6 @@ holds ``train``, ``test`` and ``meta``. Each batch is a pickled dict: ``b'data'`
 (N, 3072), a row being the 1024 red, then 1024 green, then 1024 blue values of a row-major
 32×32 image, so ``reshape(N, 3, 32, 32)`` is already (N, C, H, W); ``b'labels'`` (CIFAR-100:
 ``b'fine_labels'`` / ``b'coarse_labels'``) is a list of ints. ``b'filenames'`` is not needed.
-
-``root`` may be the extracted folder, its parent, or the ``.tar.gz`` archive (read in place,
-nothing is extracted).
 """
 
 from __future__ import annotations
@@ -88,16 +85,13 @@ def locate_cifar(root: str | Path, spec: CifarSpec) -> Path:
 
 
 def _read_folder(folder: Path, names: list[str], spec: CifarSpec) -> dict[str, tuple[bytes, str]]:
-    out = {}
-    for name in names:
-        path = folder / name
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} not found: the {spec.title} folder {folder} is incomplete (expected {_expected(spec)}); "
-                "delete it and re-download (download=True)"
-            )
-        out[name] = (path.read_bytes(), str(path))
-    return out
+    missing = [folder / name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{missing[0]} not found: the {spec.title} folder {folder} is incomplete (expected {_expected(spec)}); "
+            "delete it and re-download (download=True)"
+        )
+    return {name: ((folder / name).read_bytes(), str(folder / name)) for name in names}
 
 
 def _read_archive(archive: Path, names: list[str], spec: CifarSpec) -> dict[str, tuple[bytes, str]]:
@@ -166,7 +160,7 @@ def load_cifar(root: str | Path, spec: CifarSpec, split: str = "train", label: s
     """Load a CIFAR split as an :class:`ArrayDataset`: images uint8 (N, 3, 32, 32).
 
     Args:
-        root: the extracted folder, its parent, or the ``.tar.gz`` archive.
+        root: the extracted folder, its parent, or the ``.tar.gz`` archive (read in place, nothing is extracted).
         spec: :data:`CIFAR10` or :data:`CIFAR100`.
         split: ``"train"`` (CIFAR-10: batches 1–5 in order, 50,000 images) or ``"test"``.
         label: CIFAR-100 only: ``"fine"`` (100 classes) or ``"coarse"`` (20 superclasses).
@@ -185,20 +179,12 @@ def load_cifar(root: str | Path, spec: CifarSpec, split: str = "train", label: s
 
     meta_bytes, meta_path = raw[spec.meta]
     classes = _class_names(load_pickle(meta_bytes, meta_path), meta_path, names_key)
-    images, labels = [], []
+    batches = []
     for name in names[1:]:
         blob, path = raw.pop(name)
-        x, y = parse_batch(load_pickle(blob, path), path, label_key, len(classes))
-        images.append(x)
-        labels.append(y)
+        batches.append(parse_batch(load_pickle(blob, path), path, label_key, len(classes)))
         del blob
+    images, labels = zip(*batches)
     name = spec.name if label == "fine" else f"{spec.name}_coarse"
-    mean, std = DATASET_STATS[spec.name]
-    return ArrayDataset(
-        images=torch.from_numpy(np.ascontiguousarray(np.concatenate(images))),
-        labels=torch.from_numpy(np.concatenate(labels)),
-        classes=classes,
-        name=name,
-        mean=mean,
-        std=std,
-    )
+    images = torch.from_numpy(np.ascontiguousarray(np.concatenate(images)))
+    return ArrayDataset(images, torch.from_numpy(np.concatenate(labels)), classes, name, *DATASET_STATS[spec.name])

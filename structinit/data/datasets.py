@@ -71,8 +71,7 @@ class ArrayDataset:
             found = _describe(self.images)
             raise DatasetFormatError(f"{where}: images is {found}, expected a uint8 tensor (N, C, H, W)")
         if not isinstance(self.labels, torch.Tensor) or self.labels.dtype != torch.int64 or self.labels.ndim != 1:
-            found = _describe(self.labels)
-            raise DatasetFormatError(f"{where}: labels is {found}, expected an int64 tensor (N,)")
+            raise DatasetFormatError(f"{where}: labels is {_describe(self.labels)}, expected an int64 tensor (N,)")
         n = self.images.shape[0]
         if self.labels.shape[0] != n:
             raise DatasetFormatError(
@@ -83,10 +82,9 @@ class ArrayDataset:
             raise DatasetFormatError(f"{where}: classes is empty; expected at least one class name")
         if n > 0:
             lo, hi = int(self.labels.min()), int(self.labels.max())
-            bad = lo if lo < 0 else hi
             if lo < 0 or hi >= len(self.classes):
                 raise DatasetFormatError(
-                    f"{where}: labels out of range: found {bad}, expected 0..{len(self.classes) - 1} "
+                    f"{where}: labels out of range: found {lo if lo < 0 else hi}, expected 0..{len(self.classes) - 1} "
                     f"({len(self.classes)} classes)"
                 )
         c = self.images.shape[1]
@@ -146,9 +144,7 @@ class ArrayDataset:
 
 
 def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
+    return f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -25,14 +25,11 @@ DIGITS_TEST_FRACTION = 0.2
 
 def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
     """Sorted indices of ``split`` ("train" / "test") in the full digits set with ``labels`` (N,)."""
-    test = []
+    is_test = np.zeros(len(labels), dtype=bool)
     for k in np.unique(labels):
         members = np.flatnonzero(labels == k)
-        n_test = round(DIGITS_TEST_FRACTION * len(members))
         perm = stable_permutation(len(members), derive_seed(DIGITS_SPLIT_SEED, int(k)))
-        test.append(members[perm[:n_test]])
-    is_test = np.zeros(len(labels), dtype=bool)
-    is_test[np.concatenate(test)] = True
+        is_test[members[perm[: round(DIGITS_TEST_FRACTION * len(members))]]] = True
     return np.flatnonzero(is_test if split == "test" else ~is_test)
 
 
@@ -48,13 +45,6 @@ def load_digits(split: str = "train") -> ArrayDataset:
     images = torch.from_numpy((values * 255 // 16).astype(np.uint8)[:, None])
     labels = np.asarray(bunch.target).astype(np.int64)
     index = torch.from_numpy(digits_split_indices(labels, split))
-    train_index = torch.from_numpy(digits_split_indices(labels, "train"))
-    mean, std = normalisation_stats(images[train_index])
-    return ArrayDataset(
-        images=images[index].contiguous(),
-        labels=torch.from_numpy(labels)[index],
-        classes=[str(i) for i in range(10)],
-        name="digits",
-        mean=mean,
-        std=std,
-    )
+    stats = normalisation_stats(images[torch.from_numpy(digits_split_indices(labels, "train"))])
+    classes = [str(i) for i in range(10)]
+    return ArrayDataset(images[index].contiguous(), torch.from_numpy(labels)[index], classes, "digits", *stats)

@@ -35,7 +35,6 @@ _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
-# Sub-folders tried under root, most specific first: our download layout, then torchvision's.
 _SUBDIRS = {"mnist": ("mnist", "MNIST/raw"), "fashion_mnist": ("fashion-mnist", "FashionMNIST/raw")}
 
 
@@ -95,18 +94,12 @@ def read_idx(path: str | Path, magic: int, shape: tuple[int | None, ...], what: 
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _find(folder: Path, stem: str) -> Path | None:
-    for name in (stem, f"{stem}.gz"):  # the uncompressed file is faster to read
-        if (folder / name).is_file():
-            return folder / name
-    return None
-
-
 def _locate(root: Path, name: str, split: str) -> tuple[Path, Path]:
     stems = _FILES[split]
     folders = [root / sub for sub in _SUBDIRS[name]] + [root]
     for folder in folders:
-        found = [_find(folder, stem) for stem in stems]
+        # the uncompressed file first: it is faster to read
+        found = [next((p for p in (folder / s, folder / f"{s}.gz") if p.is_file()), None) for s in stems]
         if all(found):
             return found[0], found[1]
         if any(found):
@@ -142,13 +135,6 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
         )
     if labels.size and labels.max() >= 10:
         raise DatasetFormatError(f"{labels_path}: labels out of range: found {int(labels.max())}, expected 0..9")
-    mean, std = DATASET_STATS[name]
-    classes = FASHION_MNIST_CLASSES if name == "fashion_mnist" else [str(i) for i in range(10)]
-    return ArrayDataset(
-        images=torch.from_numpy(images.reshape(-1, 1, 28, 28).copy()),
-        labels=torch.from_numpy(labels.astype(np.int64)),
-        classes=list(classes),
-        name=name,
-        mean=mean,
-        std=std,
-    )
+    classes = list(FASHION_MNIST_CLASSES) if name == "fashion_mnist" else [str(i) for i in range(10)]
+    images = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy())
+    return ArrayDataset(images, torch.from_numpy(labels.astype(np.int64)), classes, name, *DATASET_STATS[name])

@@ -61,23 +61,6 @@ def _class_names(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    classes = _class_names(folder)
-    if not classes:
-        raise DatasetFormatError(
-            f"{folder}: no class folders; expected {folder}/<class name>/<image> with one folder per class"
-        )
-    items = []
-    for index, name in enumerate(classes):
-        files = sorted(p for p in (folder / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-        if not files:
-            raise DatasetFormatError(
-                f"{folder / name}: empty class folder; expected images with extensions {', '.join(IMAGE_EXTENSIONS)}"
-            )
-        items += [(f, index) for f in files]
-    return classes, items
-
-
 def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
     """uint8 (H, W) for grayscale files, (H, W, 3) otherwise."""
     Image = require("PIL.Image", "loading an image folder")  # only the harness extra installs pillow
@@ -95,16 +78,26 @@ def _read_image(path: Path, size: tuple[int, int] | None) -> np.ndarray:
 
 
 def _read_split(folder: Path, size: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    classes, items = _list_images(folder)
-    arrays, first = [], None
+    classes = _class_names(folder)
+    if not classes:
+        raise DatasetFormatError(
+            f"{folder}: no class folders; expected {folder}/<class name>/<image> with one folder per class"
+        )
+    items = []
+    for index, name in enumerate(classes):
+        files = sorted(p for p in (folder / name).iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        if not files:
+            raise DatasetFormatError(
+                f"{folder / name}: empty class folder; expected images with extensions {', '.join(IMAGE_EXTENSIONS)}"
+            )
+        items += [(f, index) for f in files]
+    arrays = []
     for path, _ in items:
         a = _read_image(path, size)
-        if first is None:
-            first = (path, a.shape[:2])
-        elif a.shape[:2] != first[1]:
-            (h, w), (h0, w0) = a.shape[:2], first[1]
+        if arrays and a.shape[:2] != arrays[0].shape[:2]:
+            (h, w), (h0, w0) = a.shape[:2], arrays[0].shape[:2]
             raise DatasetFormatError(
-                f"{path}: image is {h}×{w} (H×W) but {first[0]} is {h0}×{w0}; all images must have the same "
+                f"{path}: image is {h}×{w} (H×W) but {items[0][0]} is {h0}×{w0}; all images must have the same "
                 "size — pass size=(h, w) to resize them"
             )
         arrays.append(a)

@@ -1,9 +1,5 @@
-"""``load_dataset(name, root, split)``: one entry point for every supported dataset.
-
-Each dataset is an entry of :data:`DATASET_LOADERS` (a :class:`~structinit.utils.Registry`,
-the style schemes, solvers, adapters, models and recipes share): the function that reads one
-split from a folder, the keyword options it accepts, and where its files may be.
-"""
+"""``load_dataset(name, root, split)``: one entry point for every supported dataset, each a
+:class:`DatasetLoader` in :data:`DATASET_LOADERS` (a :class:`~structinit.utils.Registry`, like the schemes')."""
 
 from __future__ import annotations
 
@@ -71,8 +67,7 @@ DATASET_LOADERS.register("mnist", DatasetLoader(lambda root, split: load_idx_dat
 DATASET_LOADERS.register("fashion_mnist", DatasetLoader(
     lambda root, split: load_idx_dataset(root, "fashion_mnist", split), system_roots=(FASHION_MNIST_DEBIAN_ROOT,)))
 DATASET_LOADERS.register("imagefolder", DatasetLoader(
-    lambda root, split, **options: load_image_folder(root, split, **options), frozenset({"size", "stats"}),
-    root_mode="required"))
+    load_image_folder, frozenset({"size", "stats"}), root_mode="required"))
 DATASET_LOADERS.register("digits", DatasetLoader(lambda root, split: load_digits(split), root_mode="ignored"))
 
 DATASETS = tuple(DATASET_LOADERS)  # the built-in names, in registration order

@@ -9,6 +9,7 @@ else is refused before it is looked up, and the error names the file.
 from __future__ import annotations
 
 import codecs
+import functools
 import importlib
 import io
 import pickle
@@ -45,6 +46,7 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return codecs.encode(text, "latin1")
 
 
+@functools.cache
 def _allowed() -> dict[tuple[str, str], Any]:
     multiarray, numeric = _numpy_module("multiarray"), _numpy_module("numeric")
     table: dict[tuple[str, str], Any] = {
@@ -63,13 +65,9 @@ def _allowed() -> dict[tuple[str, str], Any]:
 class RestrictedUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` whose ``find_class`` only resolves the allow-listed globals."""
 
-    _table: dict[tuple[str, str], Any] | None = None
-
     def find_class(self, module: str, name: str) -> Any:
-        if RestrictedUnpickler._table is None:
-            RestrictedUnpickler._table = _allowed()
         try:
-            return RestrictedUnpickler._table[(module, name)]
+            return _allowed()[(module, name)]
         except KeyError:
             raise ForbiddenGlobalError(
                 f"refusing to load global {module}.{name}: only numpy arrays, bytes, lists and dicts are allowed"

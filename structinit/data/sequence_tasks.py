@@ -3,11 +3,8 @@ what a sequence run trains on, the one its config's ``task`` field names.
 
 Each problem draws whole batches of token sequences on the CPU from a ``torch.Generator`` (no
 Python loop per token or per example), for next-token training with ``ignore_index=-100``:
-
-* ``copy`` (Jelassi et al. 2024, "Repeat After Me"): a random string, a separator, the string again;
-  only the copied half is scored.
-* ``mqar`` (Arora et al. 2023, Zoology): key–value pairs, then every key queried once at
-  random positions; only the answers (the paired values) are scored.
+``copy`` (:class:`CopyProblem`; Jelassi et al. 2024, "Repeat After Me") and ``mqar``
+(:class:`MQARProblem`; Arora et al. 2023, Zoology).
 
     from structinit.data import make_sequence_problem, sequence_accuracy
     problem = make_sequence_problem("copy", length=32, vocab=16)
@@ -215,10 +212,8 @@ class MQARProblem(SequenceProblem):
         context = torch.stack([keys, values], dim=2).reshape(n, 2 * p)  # k1 v1 k2 v2 …
         rest = self.length - 2 * p
         where = _permutations(n, rest, generator)[:, :p] + 2 * p  # query position of key j, distinct
-        if self.noise:
-            inputs = torch.randint(self.vocab, (n, self.length), generator=generator)
-        else:
-            inputs = torch.zeros(n, self.length, dtype=torch.long)
+        inputs = (torch.randint(self.vocab, (n, self.length), generator=generator) if self.noise
+                  else torch.zeros(n, self.length, dtype=torch.long))
         inputs[:, : 2 * p] = context
         inputs.scatter_(1, where, keys)
         targets = torch.full((n, self.length), IGNORE_INDEX, dtype=torch.long)

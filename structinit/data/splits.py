@@ -37,9 +37,7 @@ def stable_permutation(n: int, seed: int) -> np.ndarray:
 
 
 def _per_class_quota(counts: np.ndarray, size: int, seed: int) -> np.ndarray:
-    """How many to take from each class: size // C each, the remainder one each to the first
-    classes of a seeded class order; a class with too few images gives its shortfall to the
-    others (same order), so the total is always ``size``."""
+    """How many to take from each class (the rule is :func:`stratified_subset`'s); the total is always ``size``."""
     c = len(counts)
     order = stable_permutation(c, seed)
     quota = np.full(c, size // c, dtype=np.int64)

@@ -72,12 +72,5 @@ def load_svhn(root: str | Path, split: str = "train") -> ArrayDataset:
             "— delete it and re-download (download=True)"
         ) from exc
     images, labels = parse_svhn(mat, path)
-    mean, std = DATASET_STATS["svhn"]
-    return ArrayDataset(
-        images=torch.from_numpy(images),
-        labels=torch.from_numpy(labels),
-        classes=[str(i) for i in range(10)],
-        name="svhn",
-        mean=mean,
-        std=std,
-    )
+    digits = [str(i) for i in range(10)]
+    return ArrayDataset(torch.from_numpy(images), torch.from_numpy(labels), digits, "svhn", *DATASET_STATS["svhn"])

@@ -72,7 +72,7 @@ def semi_orthogonal_cayley(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([inv @ (eye - a), -2 * v @ inv], dim=-2)
 
 
-def _check_n(weight: torch.Tensor, n: object) -> int:
+def _check_n(weight: torch.Tensor, n: object) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n={n!r}: expected the input size, an int ≥ 1")
     k1, k2 = weight.shape[-2:]
@@ -81,7 +81,6 @@ def _check_n(weight: torch.Tensor, n: object) -> int:
     if k1 > n:
         raise ValueError(f"kernel size {k1} is larger than the input size n={n}; a circular convolution needs "
                          f"k ≤ n: use a kernel of at most {n} or an input of at least {k1}×{k1}")
-    return n
 
 
 def fft_conv_weight(weight: torch.Tensor, n: int) -> torch.Tensor:
@@ -105,9 +104,8 @@ def fft_conv_weight(weight: torch.Tensor, n: int) -> torch.Tensor:
     _check_real("weight", weight)
     if weight.dim() != 4:
         raise ValueError(f"weight: expected a (c_out, c_in, k, k) tensor, got shape {tuple(weight.shape)}")
-    n = _check_n(weight, n)
-    k = weight.shape[-1]
-    p = (k - 1) // 2
+    _check_n(weight, n)
+    p = (weight.shape[-1] - 1) // 2
     w_hat = torch.fft.rfft2(weight, s=(n, n))  # (c_out, c_in, n, n//2 + 1)
     u = torch.arange(n, device=weight.device).view(n, 1)
     v = torch.arange(n // 2 + 1, device=weight.device).view(1, -1)
@@ -139,8 +137,7 @@ def cayley_conv_matrices(weight: torch.Tensor, n: int, alpha: torch.Tensor | flo
     """
     _check_real("weight", weight)
     norm = weight.norm()
-    if alpha is None:
-        alpha = norm
+    alpha = norm if alpha is None else alpha
     return semi_orthogonal_cayley(fft_conv_weight(weight * (alpha / norm), n))
 
 

@@ -11,9 +11,8 @@ Scaling (``norm``) of the hand-made filter families:
 draws n filters and channel c uses filter c % n (a fixed cycle, so channels c and c + n share
 one). Impulse positions are drawn without replacement while n ≤ k², so the n filters differ.
 
-Covariance maths (Trockman et al. 2023; notes section B): a filter f ∈ ℝ^{k²} (row-major taps)
-is drawn from N(0, Σ); the closed-form Σ(σ) = G_σ ⊗ G_σ with the 1-D Gaussian Gram matrix
-G_σ[a, b] = exp(−(a − b)² / (2σ²)) is stationary and separable.
+Covariance filters (Trockman et al. 2023; notes section B): a filter f ∈ ℝ^{k²} (row-major taps)
+is drawn from N(0, Σ) (:func:`sample_filters`), e.g. Σ = :func:`gaussian_kronecker_covariance`.
 """
 
 from __future__ import annotations
@@ -166,13 +165,6 @@ def depth_sigma(layer: int, depth: int, sigma0: float, v_sigma: float) -> float:
     return sigma
 
 
-def _psd_root(cov: torch.Tensor) -> torch.Tensor:
-    """L with L Lᵀ = the PSD part of the symmetrised ``cov`` (eigendecomposition, float64)."""
-    cov = cov.double()
-    evals, evecs = torch.linalg.eigh((cov + cov.T) / 2)
-    return evecs * evals.clamp_min(0).sqrt()
-
-
 def _check_cov(cov: object) -> int:
     if not isinstance(cov, torch.Tensor) or cov.dim() != 2 or cov.shape[0] != cov.shape[1]:
         raise ValueError(f"cov: expected a square (k², k²) tensor, got {getattr(cov, 'shape', type(cov).__name__)}")
@@ -198,7 +190,9 @@ def sample_filters(cov: torch.Tensor, channels: int, *, generator: torch.Generat
     check_int("channels", channels, low=1)
     g = make_generator(generator)
     z = torch.randn(channels, k * k, generator=g, dtype=torch.float64)
-    return (z @ _psd_root(cov).T).float().view(channels, 1, k, k)
+    cov = cov.double()
+    evals, evecs = torch.linalg.eigh((cov + cov.T) / 2)
+    return (z @ (evecs * evals.clamp_min(0).sqrt()).T).float().view(channels, 1, k, k)
 
 
 def estimate_covariance(filters: torch.Tensor) -> torch.Tensor:

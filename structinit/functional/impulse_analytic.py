@@ -119,8 +119,7 @@ def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], h
     per-token scaling of queries and keys (see :mod:`structinit.functional.reservation`). It
     costs one dimension, so one frequency fewer per axis when ``head_dim`` is a multiple of 4.
     ``token_scale`` (N,), each token's LayerNorm std when ``z = LN(P)``: the features are then
-    fitted as T / σ, which is exact whenever T is linear in the centred P (the sin-cos table),
-    so that ``z Wq Wkᵀ zᵀ = diag(1/σ) κ diag(1/σ)`` keeps the sign pattern exactly.
+    fitted as T / σ, exact for the sin-cos table (see the module doc).
     ``frequencies`` caps the frequencies per axis (default: as many as ``head_dim`` holds); the
     columns left over are zero, free for :func:`content_qk`.
     """
@@ -257,10 +256,9 @@ def impulse_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], he
     softmax(softmax_scale · z Wq[h] Wk[h]ᵀ zᵀ) puts mean mass ``target_mass`` on the targets
     for the pseudo input ``z`` (N×D, e.g. LayerNorm of the position embedding).
 
-    ``softmax_scale`` is the scale your attention applies (default head_dim^−½). ``signed`` and
-    ``token_scale`` as in :func:`analytic_qk`. Write
-    ``Wq[h].T`` into the rows of head h of your query projection (``nn.Linear`` layout), ``Wk[h].T``
-    into the key projection, and zero their biases.
+    ``softmax_scale`` is the scale your attention applies (default head_dim^−½); the other options
+    as in :func:`analytic_qk`. Write ``Wq[h].T`` into the rows of head h of your query projection
+    (``nn.Linear`` layout), ``Wk[h].T`` into the key projection, and zero their biases.
 
     Raises ValueError if, on ``z``, some in-grid target is not its row's argmax (the embedding
     or head is too small to carry the structure; see the module doc).

@@ -18,9 +18,8 @@ narrower than D). Z is a D×D noise matrix of entry variance 1/D, drawn in one o
   D×D matrix formed. The factors are balanced like the SVD ones: W_q = Q_r S^{½} and
   W_k = Q_r Rᵀ S^{½}, so W_q ≠ W_k (R holds the blocks' rotations).
 
-The circular noise matches the i.i.d. noise in mean, entry variance and Frobenius energy, and
-its rank-r products have the same diagonal-dominant shape; it differs in that Z commutes with
-Zᵀ (its eigenvectors are orthogonal).
+The circular noise's rank-r products have the same diagonal-dominant shape as i.i.d. noise's;
+it differs in that Z commutes with Zᵀ (its eigenvectors are orthogonal).
 """
 
 from __future__ import annotations
@@ -106,7 +105,9 @@ def circular_factors(
     size, mag, phi = size.gather(1, order), mag.gather(1, order), phi.gather(1, order)
     start = size.cumsum(1) - size
     cols = min(dim, rank + 1)  # a block cut by the rank boundary needs its second direction
-    q = _haar_columns(heads, dim, cols, generator)
+    # The first cols columns of Haar-random orthogonal matrices. The Gaussian draws are float32
+    # (faster than float64 on CPU, and as good a Gaussian for this).
+    q = _orthonormalise(torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32).double())
     kept = start < rank
     # S^{½} per factor column, and R = (Q K)ᵀ where K (cols × rank) has two non-zeros per column:
     # for a pair at columns (a, a+1), K's block is S^{½}·R(φ)ᵀ = √s [[cos φ, sin φ], [−sin φ, cos φ]];
@@ -148,13 +149,6 @@ def circular_factors(
             else:
                 blocks[h, at, at] = s_ * math.cos(f)
     return left, right, q @ blocks @ q.transpose(1, 2)
-
-
-def _haar_columns(heads: int, dim: int, cols: int, generator) -> torch.Tensor:
-    """(heads, dim, cols) float64: the first ``cols`` columns of Haar-random orthogonal matrices,
-    i.e. the Q of a Gaussian matrix's QR with R's diagonal made positive. The Gaussian draws are
-    float32 (faster than float64 on CPU, and as good a Gaussian for this)."""
-    return _orthonormalise(torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32).double())
 
 
 def _orthonormalise(g: torch.Tensor, space: int | None = None) -> torch.Tensor:
@@ -238,13 +232,10 @@ def mimetic_qk(
         left, right, m = circular_factors(dim, head_dim, alpha, beta, heads=num_heads, with_target=with_target,
                                           generator=generator)
         return left, right.transpose(1, 2), m
-    wq, wk, ms = [], [], []
-    for _ in range(num_heads):
-        left, right, m = mimetic_factors(dim, alpha, beta, noise=noise, generator=generator)
-        wq.append(left[:, :head_dim])
-        wk.append(right[:head_dim].T)
-        ms.append(m)
-    return torch.stack(wq), torch.stack(wk), torch.stack(ms) if with_target else None
+    heads = [mimetic_factors(dim, alpha, beta, noise=noise, generator=generator) for _ in range(num_heads)]
+    return (torch.stack([left[:, :head_dim] for left, _, _ in heads]),
+            torch.stack([right[:head_dim].T for _, right, _ in heads]),
+            torch.stack([m for _, _, m in heads]) if with_target else None)
 
 
 def mimetic_vo(

@@ -61,9 +61,8 @@ def token_mixing_linear(matrix: torch.Tensor, hidden: int, margin: float = 8.0) 
 
 def token_mixing_impulse(grid: tuple[int, int], offset: Offset, hidden: int, margin: float = 8.0,
                          dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
-    """(W₁ (hidden, N), b₁ (hidden,), W₂ (N, hidden), b₂ (N,)) of a token-mixing MLP that
-    computes the shift S x of ``offset`` on ``grid``: exactly when ``hidden`` ≥ 2N, else
-    within GELU's tail at bias ``margin`` (see the module docstring). Needs ``hidden`` ≥ N.
+    """:func:`token_mixing_linear` for the shift S x of ``offset`` on ``grid`` (see the module
+    docstring).
 
     Examples:
         >>> w1, b1, w2, b2 = token_mixing_impulse((2, 2), (0, 1), hidden=8)

@@ -9,14 +9,9 @@ import torch
 
 from structinit.functional.cayley_conv import fft_conv_weight, semi_orthogonal_cayley
 from structinit.utils import make_generator
+from structinit.utils.checks import check_sizes
 
 __all__ = ["cayley_kernel", "centre_tap", "conv_weight_from_fft", "delta_orthogonal_kernel", "orthogonal_matrix"]
-
-
-def _check_dims(**dims: object) -> None:
-    for name, value in dims.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r}: expected an int ≥ 1")
 
 
 def orthogonal_matrix(rows: int, cols: int, *, dtype: torch.dtype = torch.float32,
@@ -30,7 +25,7 @@ def orthogonal_matrix(rows: int, cols: int, *, dtype: torch.dtype = torch.float3
         >>> torch.allclose(m.T @ m, torch.eye(2), atol=1e-6)
         True
     """
-    _check_dims(rows=rows, cols=cols)
+    check_sizes(rows=rows, cols=cols)
     gen = make_generator(generator)
     tall = rows >= cols
     a = torch.randn(max(rows, cols), min(rows, cols), generator=gen, dtype=torch.float64)
@@ -48,7 +43,7 @@ def centre_tap(k: int) -> int:
         >>> centre_tap(3), centre_tap(4)
         (1, 1)
     """
-    _check_dims(k=k)
+    check_sizes(k=k)
     return (k - 1) // 2
 
 
@@ -119,9 +114,9 @@ def cayley_kernel(c_out: int, c_in: int, k: int, *, n: int | None = None, std: f
         >>> w.shape
         torch.Size([4, 4, 3, 3])
     """
-    _check_dims(c_out=c_out, c_in=c_in, k=k)
+    check_sizes(c_out=c_out, c_in=c_in, k=k)
     n = max(16, 2 * k) if n is None else n
-    _check_dims(n=n)
+    check_sizes(n=n)
     if n < k:
         raise ValueError(f"n={n}: the Fourier grid must be at least the kernel size k={k}; pass n ≥ {k} or None")
     gen = make_generator(generator)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from structinit.functional.relative import impulse_logit
 from structinit.utils import check_int, check_number
 
 __all__ = ["SIGMOID_EDGE", "LastLayerFit", "fit_last_layer", "impulse_targets", "cosine_logit_scale",
@@ -63,16 +64,10 @@ def position_mlp_features(coords: torch.Tensor, hidden: int, *, generator: torch
     if coords.ndim != 2 or coords.shape[1] != 2:
         raise ValueError(f"coords has shape {tuple(coords.shape)}; expected (R, 2), one (y, x) row per offset")
     c = coords.detach().double().cpu()
-    units = []
     levels = [sorted(torch.unique(c[:, a]).tolist(), key=lambda v: (abs(v), v)) for a in range(2)]
-    for rank in range(max(len(v) for v in levels)):
-        for axis in range(2):
-            if rank < len(levels[axis]):
-                for sign in (1.0, -1.0):
-                    direction = [0.0, 0.0]
-                    direction[axis] = sign
-                    units.append((direction, 0.0 - sign * levels[axis][rank]))
-    units = units[:hidden]
+    units = [([sign if a == axis else 0.0 for a in range(2)], 0.0 - sign * levels[axis][rank])
+             for rank in range(max(len(v) for v in levels)) for axis in range(2) if rank < len(levels[axis])
+             for sign in (1.0, -1.0)][:hidden]
     w1 = torch.tensor([u for u, _ in units], dtype=torch.float64).reshape(-1, 2)
     b1 = torch.tensor([b for _, b in units], dtype=torch.float64)
     extra = hidden - len(units)
@@ -151,14 +146,8 @@ def fit_last_layer(hidden: torch.Tensor, rows: list[int], hi: float, lo: float, 
         a = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
     gram = a @ a.T
     ridge = RIDGE * float(gram.diagonal().mean().clamp_min(1e-12))
-    solutions, fitted, residual, memo = [], [], [], {}
-    for row in rows:
-        if row not in memo:
-            memo[row] = _one_sided(a, gram, ridge, row, hi, lo, iterations)
-        x, f, r = memo[row]
-        solutions.append(x)
-        fitted.append(f)
-        residual.append(r)
+    memo = {row: _one_sided(a, gram, ridge, row, hi, lo, iterations) for row in dict.fromkeys(rows)}
+    solutions, fitted, residual = zip(*(memo[row] for row in rows))
     x = torch.stack(solutions)  # (heads, d [+ 1])
     return LastLayerFit(x[:, : hidden.shape[1]], x[:, -1] if bias else None, torch.tensor(residual),
                         torch.stack(fitted, 1))
@@ -217,9 +206,7 @@ def cosine_logit_scale(margin: torch.Tensor, target_mass: float, keys: int) -> t
         >>> float(s[0])
         5.0
     """
-    check_number("target_mass", target_mass, low=0, high=1, low_open=True, high_open=True)
-    check_int("keys", keys, low=2)
-    beta = math.log(target_mass * (keys - 1) / (1 - target_mass))
+    beta = impulse_logit(target_mass, keys)
     if bool((margin <= beta).any()):
         raise ValueError(f"a bias margin of {float(margin.min()):.3g} cannot hold target_mass={target_mass} over "
                          f"{keys} keys (it needs more than {beta:.3g}); lower target_mass")

@@ -47,19 +47,17 @@ def _margin(profile: torch.Tensor, shift: int, extent: int) -> float:
     return float(profile[peak] - others.max()) if len(others) else math.inf
 
 
-def _bands(freqs: torch.Tensor, shift: int, extent: int) -> tuple[torch.Tensor, float]:
-    """The fastest bands, as many as give the largest margin per unit amplitude; (mask, margin)."""
-    order = torch.argsort(freqs.abs(), descending=True)
+def _fastest_bands(order, bands: int, margin) -> tuple:
+    """The first k bands of ``order`` (fastest first), k the number that gives the largest
+    ``margin(amplitudes)`` per unit amplitude; (those bands, that margin per unit)."""
     best, best_k = 0.0, 0
     for k in range(1, len(order) + 1):
-        amplitudes = torch.zeros_like(freqs)
+        amplitudes = torch.zeros(bands, dtype=torch.float64)
         amplitudes[order[:k]] = 1.0
-        score = _margin(_profile(freqs, amplitudes, shift, extent), shift, extent) / k
+        score = margin(amplitudes) / k
         if score > best + 1e-9:
             best, best_k = score, k
-    mask = torch.zeros(len(freqs), dtype=torch.bool)
-    mask[order[:best_k]] = True
-    return mask, best
+    return order[:best_k], best
 
 
 def _worst_mass(freqs: torch.Tensor, amplitudes: torch.Tensor, shift: int, extent: int) -> float:
@@ -120,24 +118,20 @@ def rope_impulse_terms(freqs: torch.Tensor, axes: Sequence[int], offset: Offset,
         on_axis = (axes == axis) & (freqs.abs() > 0)
         if extent == 1:
             continue  # one row (or column): nothing to choose on this axis
-        mask, margin = _bands(freqs[on_axis], shift, extent)
+        axis_freqs = freqs[on_axis]
+        bands, margin = _fastest_bands(torch.argsort(axis_freqs.abs(), descending=True), len(axis_freqs),
+                                       lambda a: _margin(_profile(axis_freqs, a, shift, extent), shift, extent))
         if margin <= 0:
-            listed = ", ".join(f"{f:.3g}" for f in freqs[on_axis].tolist())
+            listed = ", ".join(f"{f:.3g}" for f in axis_freqs.tolist())
             raise ValueError(f"the rotary frequencies of axis {'rows' if axis == 0 else 'columns'} ({listed}) give no "
                              f"unique peak at offset {shift} on {extent} tokens (they alias, or are too slow to tell "
                              "neighbours apart)")
         chosen = torch.zeros_like(freqs)
-        chosen[on_axis.nonzero().flatten()[mask]] = 1.0
+        chosen[on_axis.nonzero().flatten()[bands]] = 1.0
         amplitudes += chosen
         phases += chosen * freqs * shift
-    return _scaled(freqs, axes, amplitudes, phases, offset, grid, target_mass), phases
 
-
-def _scaled(freqs, axes, amplitudes, phases, offset, grid, target_mass) -> torch.Tensor:
-    """``amplitudes`` times the one factor c that brings the worst query's mass to ``target_mass``
-    (mass rises with c: the peak is the unique maximum). The mass is the rows' times the columns'."""
-
-    def worst(c: float) -> float:
+    def worst(c: float) -> float:  # the worst query's mass: the rows' times the columns'
         mass = 1.0
         for axis in (0, 1):
             on = axes == axis
@@ -145,7 +139,7 @@ def _scaled(freqs, axes, amplitudes, phases, offset, grid, target_mass) -> torch
         return mass
 
     return _least_scale(worst, target_mass, f"target_mass={target_mass}: not reachable on this grid with these "
-                        "frequencies") * amplitudes
+                        "frequencies") * amplitudes, phases
 
 
 def _least_scale(worst, target_mass: float, unreachable: str) -> float:
@@ -204,11 +198,6 @@ def _profile_2d(freqs: torch.Tensor, amplitudes: torch.Tensor, offset: Offset, g
     return (amplitudes * torch.cos(d @ freqs.T)).sum(1)
 
 
-def _centre(offset: Offset, grid) -> int:
-    h, w = grid
-    return (offset[0] + h - 1) * (2 * w - 1) + offset[1] + w - 1
-
-
 def _worst_mass_2d(profile: torch.Tensor, offset: Offset, grid) -> float:
     """The smallest softmax mass on the target over every query whose target is on the grid."""
     h, w = grid
@@ -233,16 +222,9 @@ def rope_impulse_terms_2d(freqs: torch.Tensor, offset: Offset, grid: tuple[int, 
     over the flattened grid: (dy, dx) and (dy + 1, dx − w)) is no rival: no query whose target
     is on the grid sees both.
 
-    Args:
-        freqs: (F, 2) (ω_y, ω_x) of every rotary pair, radians per row and per column.
-        offset: (dy, dx), key position minus query position.
-        grid: (h, w) of the token grid.
-        target_mass: the least softmax mass a query whose target key is in the grid puts on it.
-
-    Returns:
-        (amplitudes, phases), each (F,) float64, in softmax units; bands left out have amplitude 0.
-
-    Raises ValueError when no set of bands has a unique peak on the grid.
+    ``freqs`` is (F, 2): (ω_y, ω_x) of every rotary pair, radians per row and per column; the
+    other arguments and the result are as in :func:`rope_impulse_terms`. Raises ValueError when
+    no set of bands has a unique peak on the grid.
 
     Examples:
         >>> freqs = torch.tensor([[0.9, 0.4], [-0.4, 0.9], [0.5, 0.2], [-0.2, 0.5]])
@@ -264,20 +246,19 @@ def rope_impulse_terms_2d(freqs: torch.Tensor, offset: Offset, grid: tuple[int, 
     if not bool(rivals.any()):  # a 1×1 grid: nothing to tell apart
         return torch.zeros(len(freqs), dtype=torch.float64), freqs @ torch.tensor(offset, dtype=torch.float64)
     order = [int(f) for f in torch.argsort(freqs.norm(dim=1), descending=True) if float(freqs[f].norm()) > 0]
-    best, best_k = 0.0, 0
-    for k in range(1, len(order) + 1):
-        amplitudes = torch.zeros(len(freqs), dtype=torch.float64)
-        amplitudes[order[:k]] = 1.0
+    centre = (offset[0] + grid[0] - 1) * (2 * grid[1] - 1) + offset[1] + grid[1] - 1  # Δ = δ in _offsets
+
+    def margin(amplitudes: torch.Tensor) -> float:
         profile = _profile_2d(freqs, amplitudes, offset, grid)
-        score = float(profile[_centre(offset, grid)] - profile[rivals].max()) / k
-        if score > best + 1e-9:
-            best, best_k = score, k
-    if best_k == 0:
+        return float(profile[centre] - profile[rivals].max())
+
+    bands, _ = _fastest_bands(order, len(freqs), margin)
+    if not bands:
         listed = ", ".join(f"({a:.3g}, {b:.3g})" for a, b in freqs.tolist())
         raise ValueError(f"the rotary frequencies (ω_y, ω_x) = {listed} give no unique peak at offset {offset} on a "
                          f"{grid[0]}×{grid[1]} grid (they alias, or are too slow to tell neighbours apart)")
     chosen = torch.zeros(len(freqs), dtype=torch.float64)
-    chosen[order[:best_k]] = 1.0
+    chosen[bands] = 1.0
     phases = chosen * (freqs @ torch.tensor(offset, dtype=torch.float64))
 
     def worst(c: float) -> float:

@@ -40,16 +40,9 @@ def softplus_inverse(y: torch.Tensor | float) -> torch.Tensor:
 
 
 def ssm_retention(A_log: torch.Tensor, delta: torch.Tensor | float, length: int) -> torch.Tensor:
-    r"""How much of the state survives ``length`` steps of constant step size Δ:
-    exp(−exp(A_log) · Δ · L), per (channel, state).
-
-    Args:
-        A_log: (d_inner, N), the SSM's log(−A).
-        delta: Δ per channel (d_inner,), or one number.
-        length: L ≥ 0.
-
-    Returns:
-        (d_inner, N), in (0, 1].
+    r"""How much of the state survives ``length`` = L ≥ 0 steps of constant step size Δ
+    (``delta``, per channel (d_inner,) or one number): exp(−exp(A_log) · Δ · L) in (0, 1], per
+    (channel, state), shape (d_inner, N) as ``A_log``, the SSM's log(−A).
 
     Examples:
         >>> ssm_retention(torch.full((2, 4), -8.0), 1.0, 256).min()   # A_log = −8, Δ = 1
@@ -143,19 +136,12 @@ def ssm_attention(B: torch.Tensor, C: torch.Tensor, delta: torch.Tensor,
 
 def causal_linear_attention(x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, delta: torch.Tensor,
                             A: torch.Tensor | None = None) -> torch.Tensor:
-    r"""The selective scan (without the D skip) written as explicit causal linear attention:
+    r"""The selective scan (without the D skip) written as explicit causal linear attention,
+    y[:, i] = Σ_{j≤i} a[:, i, j] x[:, j] (per channel), a = :func:`ssm_attention` (B, C, delta, A as
+    there; A None: plain linear attention with weights Δ_j), for x (batch, L, d_inner).
 
-        y_i = Σ_{j≤i} (C_i·B_j) · exp(A Σ_{k=j+1..i} Δ_k) · Δ_j · x_j      (per channel)
-
-    Args:
-        x: (batch, L, d_inner).
-        B, C: (batch, L, N).
-        delta: (batch, L, d_inner).
-        A: (d_inner, N) or None (no decay: plain linear attention with weights Δ_j).
-
-    Returns:
-        y (batch, L, d_inner), in x's dtype. A reference for tests: it materialises
-        :func:`ssm_attention`, O(batch·L²·d_inner·N).
+    Returns y (batch, L, d_inner), in x's dtype. A reference for tests: it materialises
+    :func:`ssm_attention`, O(batch·L²·d_inner·N).
 
     Examples:
         >>> x = torch.randn(1, 5, 3); B = C = torch.randn(1, 5, 2); delta = torch.ones(1, 5, 3)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from structinit.analysis import attention_metrics, fidelity_summary, impulse_fidelity
+from structinit.functional import PSEUDO_INPUTS
 from structinit.harness.compare import check_specs, compare, run_config
 from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.recipes import recipe as make_recipe
@@ -71,23 +72,6 @@ def _gd(steps: int, extra: str = "") -> str:
     return f"impulse:solver=gd,steps={steps}{',' + extra if extra else ''}"
 
 
-def _pseudo(steps: int) -> list[Variant]:
-    kinds = ("pe", "uniform", "gaussian", "pe+uniform", "pe+gaussian")  # structinit.functional.PSEUDO_INPUTS
-    return [Variant(f"pseudo={kind}", _gd(steps, f"pseudo={kind}")) for kind in kinds]
-
-
-def _kernel(steps: int) -> list[Variant]:
-    return [Variant(f"kernel_size={k}", f"impulse:kernel_size={k}") for k in (3, 5, 7)]
-
-
-def _heads(steps: int) -> list[Variant]:
-    return [Variant(f"num_heads={h}", "impulse", {"num_heads": h}) for h in (2, 4, 8)]
-
-
-def _offsets(steps: int) -> list[Variant]:
-    return [Variant(f"offsets={kind}", f"impulse:offsets={kind}") for kind in ("random", "enumerated")]
-
-
 def _sharing(steps: int) -> list[Variant]:
     return [
         Variant("analytic, shared offsets", "impulse:per_layer_offsets=False"),
@@ -98,33 +82,33 @@ def _sharing(steps: int) -> list[Variant]:
     ]
 
 
-def _sharpness(steps: int) -> list[Variant]:
-    return [Variant(f"target_mass={m}", f"impulse:target_mass={m}") for m in (0.3, 0.5, 0.7, 0.9)]
-
-
-def _pe_scale(steps: int) -> list[Variant]:
-    return [Variant(f"pe_scale={s:g}", f"impulse:pe_scale={s!r}") for s in (0.5, 1.0, 2.0, 4.0)]
-
-
-def _solvers(steps: int) -> list[Variant]:
-    return [Variant("analytic", "impulse:solver=analytic"), Variant("closed_form", "impulse:solver=closed_form"),
-            Variant(f"gd ({steps} steps)", _gd(steps))]
+def _impulse(key: str, values: tuple) -> Callable[[int], list[Variant]]:
+    """Variants ``impulse:<key>=<value>``, labelled ``<key>=<value>`` (no gd: the step count plays no part)."""
+    return lambda steps: [Variant(f"{key}={v}", f"impulse:{key}={v}") for v in values]
 
 
 ABLATIONS: dict[str, Ablation] = {
     "pseudo": Ablation("pseudo input of the gd fit", "Does the fit need the position embedding, or does noise do "
-                       "(the 2024 paper's Table 6)?", _pseudo),
+                       "(the 2024 paper's Table 6)?",
+                       lambda steps: [Variant(f"pseudo={k}", _gd(steps, f"pseudo={k}")) for k in PSEUDO_INPUTS]),
     "kernel": Ablation("kernel size", "How does the impulse's kernel size (3, 5, 7) change fidelity and "
-                       "accuracy?", _kernel),
-    "heads": Ablation("heads at fixed width", "How many heads (narrower heads) can carry the impulse?", _heads),
+                       "accuracy?", _impulse("kernel_size", (3, 5, 7))),
+    "heads": Ablation("heads at fixed width", "How many heads (narrower heads) can carry the impulse?",
+                      lambda steps: [Variant(f"num_heads={h}", "impulse", {"num_heads": h}) for h in (2, 4, 8)]),
     "offsets": Ablation("offset choice", "Random offsets per head, or the enumerated ones (centre, up, right, "
-                        "left, …)?", _offsets),
+                        "left, …)?", _impulse("offsets", ("random", "enumerated"))),
     "sharing": Ablation("shared vs per-layer", "One offset draw and one solution for every layer, or new ones per "
                         "layer?", _sharing),
-    "sharpness": Ablation("sharpness (target_mass)", "How sharp should the maps be at init?", _sharpness),
-    "pe-scale": Ablation("position-embedding scale", "How large should the written sin-cos PE be?", _pe_scale),
+    "sharpness": Ablation("sharpness (target_mass)", "How sharp should the maps be at init?",
+                          _impulse("target_mass", (0.3, 0.5, 0.7, 0.9))),
+    "pe-scale": Ablation("position-embedding scale", "How large should the written sin-cos PE be?",
+                         lambda steps: [Variant(f"pe_scale={s:g}", f"impulse:pe_scale={s!r}")
+                                        for s in (0.5, 1.0, 2.0, 4.0)]),
     "solvers": Ablation("solvers and their cost", "What do the analytic, closed-form (2025) and gd (2024) "
-                        "solvers cost, and how faithful are they?", _solvers),
+                        "solvers cost, and how faithful are they?",
+                        lambda steps: [Variant("analytic", "impulse:solver=analytic"),
+                                       Variant("closed_form", "impulse:solver=closed_form"),
+                                       Variant(f"gd ({steps} steps)", _gd(steps))]),
 }
 
 
@@ -200,23 +184,17 @@ def _check_variants(ablation: str, base, found: list[Variant], seed: int, runs_d
                                  "(--set model_kwargs=…)") from err
 
 
-def _timed_init(cfg, sizes: dict[str, Any]):
-    """The variant's model at init exactly as its run builds it on ``sizes`` (what the data decides),
-    and the seconds the init took on the freshly constructed model (construction not counted)."""
-    model, _ = construct_and_plan(dataclasses.replace(cfg, init="pytorch", init_options={}), sizes)  # not applied
-    seed = cfg.seed if cfg.init_seed is None else cfg.init_seed
-    start = time.perf_counter()
-    with user_input("init"):
-        plan_init(model, cfg.init, seed=seed, **cfg.init_options).commit()
-    return model, time.perf_counter() - start
-
-
 def _measure(cfg, sizes: dict[str, Any], images, repeats: int) -> tuple[dict[str, float], list[float]]:
-    """Fidelity and attention metrics of one variant and seed, and its init times."""
-    model, seconds = None, []
+    """Fidelity and attention metrics of one variant and seed at init, and the seconds each of
+    ``repeats`` inits took on a freshly constructed model (construction not counted), built
+    exactly as its run builds it on ``sizes`` (what the data decides)."""
+    seed, seconds = cfg.seed if cfg.init_seed is None else cfg.init_seed, []
     for _ in range(repeats):
-        model, s = _timed_init(cfg, sizes)
-        seconds.append(s)
+        model, _ = construct_and_plan(dataclasses.replace(cfg, init="pytorch", init_options={}), sizes)  # not applied
+        start = time.perf_counter()
+        with user_input("init"):
+            plan_init(model, cfg.init, seed=seed, **cfg.init_options).commit()
+        seconds.append(time.perf_counter() - start)
     pe = fidelity_summary(impulse_fidelity(model))
     real = fidelity_summary(impulse_fidelity(model, images))
     att = attention_metrics(model, images, layers=[0], kernel_size=cfg.init_options.get("kernel_size", 3))

@@ -94,8 +94,10 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
         if not finished[k]:
             trained.append(time.perf_counter() - start)
             left = sum(not f for f in finished[k + 1:])
-            if left:
-                print(f"== {pace_estimate(trained, left)}", flush=True)
+            if left:  # how long the runs still to train will take at the pace of those just trained
+                total, each = left * sum(trained) / len(trained) / 60, sum(trained) / len(trained) / 60
+                print(f"== {left} run{'s' if left > 1 else ''} left, about {total:.0f} minutes at the pace of the "
+                      f"{len(trained)} just trained ({each:.1f} minutes a run)", flush=True)
     summary = summarise(runs)
     write_json(out / "summary.json", summary)
     atomic_write_bytes(out / "summary.md", lambda f: f.write(format_summary(summary).encode()))
@@ -107,13 +109,6 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
         print(f"warning: {out / report_page.REPORT} not written ({type(err).__name__}: {first})", file=sys.stderr,
               flush=True)
     return summary
-
-
-def pace_estimate(seconds: list[float], left: int) -> str:
-    """How long the ``left`` runs still to train will take at the pace of those just trained."""
-    minutes = left * sum(seconds) / len(seconds) / 60
-    return (f"{left} run{'s' if left > 1 else ''} left, about {minutes:.0f} minutes at the pace of the "
-            f"{len(seconds)} just trained ({sum(seconds) / len(seconds) / 60:.1f} minutes a run)")
 
 
 def plot_curves(runs: dict[str, list[dict]], path: Path) -> None:

@@ -103,22 +103,12 @@ def check_field(config: type | object, name: str, value: Any) -> None:
         return
     check_annotated(name, value, hint)  # the type, as an init option's is checked; then the field's range
     fact = facts(kind, name)
-    _check(name, value, fact.check, fact.expected)
-
-
-def _check(name: str, value: Any, rule: str | tuple | Callable | None, expected: str | None) -> None:
-    if rule is None:
-        return
-    if callable(rule):  # a check owned elsewhere, whose error names the value: the scheme table's lookup
-        rule(value)
-        return
-    if isinstance(rule, tuple):
-        ok, default = value in rule, " or ".join(map(repr, rule))
-    else:
-        accepts, default = RULES[rule]
-        ok = accepts(value)
-    if not ok:
-        raise ValueError(f"{name}={value!r}: expected {expected or default}")
+    if callable(fact.check):  # a check owned elsewhere, whose error names the value: the scheme table's lookup
+        fact.check(value)
+    elif isinstance(fact.check, tuple) and value not in fact.check:
+        raise ValueError(f"{name}={value!r}: expected {fact.expected or ' or '.join(map(repr, fact.check))}")
+    elif isinstance(fact.check, str) and not RULES[fact.check][0](value):
+        raise ValueError(f"{name}={value!r}: expected {fact.expected or RULES[fact.check][1]}")
 
 
 def check_config(cfg: RunConfig) -> None:

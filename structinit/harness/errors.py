@@ -52,9 +52,8 @@ def input_parameter(err: BaseException) -> str | None:
     """The parameter an input error concerns (``""`` when it is not known), or None when
     ``err`` is not an input error: a bug, or a failure of the run itself."""
     mark = getattr(err, _MARK, None)
-    if mark is not None:
-        return mark
     # these only ever describe input, wherever they are raised
-    if isinstance(err, (OptionError, DatasetFormatError, DatasetNotFoundError, DownloadError, RunLockedError)):
+    if mark is None and isinstance(err, (OptionError, DatasetFormatError, DatasetNotFoundError, DownloadError,
+                                         RunLockedError)):
         return ""
-    return None
+    return mark

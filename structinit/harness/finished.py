@@ -19,7 +19,7 @@ from structinit.harness.run.lifecycle import RESULT
 from structinit.harness.tasks import Kind, kind_of
 from structinit.harness.tasks.image import plan_model
 
-# The classifier's weight in the models the harness trains, first match wins.
+# The classifier's weight in the models the harness trains (ViT and Mixer, Swin, …), first match wins.
 HEAD_KEYS = ("head.weight", "head.fc.weight", "fc.weight", "classifier.weight")
 
 
@@ -42,9 +42,7 @@ class FinishedRun:
 
     @property
     def num_classes(self) -> int:
-        """Classes of the run's model, read from the head of its final weights: ``head.weight``
-        (ViT, Mixer), ``head.fc.weight`` (Swin's classifier head), ``fc.weight`` or
-        ``classifier.weight``."""
+        """Classes of the run's model, read from the head (:data:`HEAD_KEYS`) of its final weights."""
         weights = self.path / WEIGHTS
         tensors, _ = load_weights(weights)
         head = next((tensors[k] for k in HEAD_KEYS if k in tensors), None)

@@ -62,8 +62,7 @@ def split_init_specs(text: str) -> list[str]:
             piece = piece.strip()
             if not piece:
                 continue
-            continues = "=" in piece and ":" not in piece.split("=", 1)[0]
-            if continues:
+            if "=" in piece and ":" not in piece.split("=", 1)[0]:  # key=value with no name: an option
                 if not specs or ":" not in specs[-1]:
                     raise ValueError(f"init list {text!r}: option {piece!r} follows no 'scheme:' to belong to")
                 specs[-1] += "," + piece

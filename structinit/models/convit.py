@@ -3,11 +3,10 @@ peer that an init-only locality bias should approach.
 
 A GPSA head mixes a content softmax with a purely positional one
 (:mod:`structinit.functional.gated` has the formula and computes it). The local init (its
-``reset_parameters``) sets, for head h at lattice point c_h of a √H×√H grid of centres, the
-positional weights (2α c_x, 2α c_y, −α): the score
-−α‖δ − c_h‖² + const is a Gaussian around the head's own offset. The gate starts at
-g = 1 (σ(1) ≈ 0.73 of the weight on position) and the value projection at the identity.
-With H not a square only ⌊√H⌋² heads get a centre, as in the published code.
+``reset_parameters``) centres head h's positional Gaussian −α‖δ − c_h‖² + const on lattice point
+c_h of a √H×√H grid (only ⌊√H⌋² heads get one when H is not a square, as in the published
+code), starts the gate at g = 1 (σ(1) ≈ 0.73 of the weight on position) and the value
+projection at the identity.
 
 :class:`ConViT` is the structinit ViT with GPSA in its first ``local_up_to_layer`` blocks;
 everything else (patch embedding, PE, MLPs, pooling, names) is the ViT's.
@@ -21,7 +20,8 @@ import torch
 from torch import nn
 
 from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
+from structinit.models.vit import PRESETS as VIT_PRESETS
 from structinit.models.vit import VisionTransformer, head_shape
 from structinit.utils import check_int, check_number
 
@@ -72,11 +72,6 @@ class GPSA(nn.Module):
         self.pos_proj.weight.mul_(self.locality_strength)  # heads without a centre too, as published
         self.gating_param.fill_(1.0)
 
-    def _qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, n, _ = x.shape
-        qk = self.qk(x).reshape(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qk[0], qk[1]  # (B, heads, N, head_dim)
-
     def positional_probs(self) -> torch.Tensor:
         """(heads, N, N) softmax of the positional scores."""
         return self.pos_proj(self.rel_indices).permute(2, 0, 1).softmax(dim=-1)
@@ -90,9 +85,10 @@ class GPSA(nn.Module):
         if x.shape[1] != self.rel_indices.shape[0]:
             raise ValueError(f"GPSA on a {self.grid[0]}×{self.grid[1]} grid got {x.shape[1]} tokens; "
                              "GPSA blocks take the grid tokens only (no class token)")
-        q, k = self._qk(x)
+        b, n, _ = x.shape
+        q, k = self.qk(x).reshape(b, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, heads, N, r)
         attn = self.mix((q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1))
-        v = self.v(x).reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         out = (attn @ v).transpose(1, 2).reshape(x.shape)
         return self.proj(out)
 
@@ -115,19 +111,12 @@ class ConViT(VisionTransformer):
         self.local_up_to_layer = local_up_to_layer
 
 
-_SMALL_DATA = dict(class_token=False, global_pool="avg", pos_embed="sincos")
-
-
-@register_model
-def convit_cpu_patch4_32(**kwargs) -> ConViT:
-    """The ``cpu-cifar`` ViT (D 128, depth 6, 4 heads, 8×8 tokens) with GPSA in its first 5 blocks."""
-    return ConViT(**{**dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
-                            num_classes=10, local_up_to_layer=5, **_SMALL_DATA), **kwargs})
-
-
-@register_model
-def convit_cpu_patch2_32(**kwargs) -> ConViT:
-    """The ``cpu-cifar16`` ViT (D 96, depth 4, 3 heads, 16×16 tokens) with GPSA in its first 3 blocks.
-    With 3 heads only one gets a positional centre (⌊√3⌋² = 1), as in the published code."""
-    return ConViT(**{**dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
-                            num_classes=10, local_up_to_layer=3, **_SMALL_DATA), **kwargs})
+register_presets(globals(), ConViT, {
+    "convit_cpu_patch4_32": ({**VIT_PRESETS["vit_cpu_patch4_32"][0], "local_up_to_layer": 5},
+                             "The ``cpu-cifar`` ViT (D 128, depth 6, 4 heads, 8×8 tokens) with GPSA in its first 5 "
+                             "blocks."),
+    "convit_cpu_patch2_32": ({**VIT_PRESETS["vit_cpu_patch2_32"][0], "local_up_to_layer": 3},
+                             "The ``cpu-cifar16`` ViT (D 96, depth 4, 3 heads, 16×16 tokens) with GPSA in its first 3 "
+                             "blocks. With 3 heads only one gets a positional centre (⌊√3⌋² = 1), as in the published "
+                             "code."),
+})

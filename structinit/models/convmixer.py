@@ -9,8 +9,7 @@ locuslab/convmixer::
 Module names (chosen so the depthwise convs are easy to find; timm's ``blocks.{i}.0.fn.0`` is
 positional): ``stem``, ``stem_act``, ``stem_norm``; ``blocks.{i}.dw`` (depthwise conv),
 ``blocks.{i}.dw_act``, ``blocks.{i}.dw_norm``, ``blocks.{i}.pw`` (1×1 conv), ``blocks.{i}.pw_act``,
-``blocks.{i}.pw_norm``; ``pool``, ``head``. Parameters:
-3hp² + 3h + d·(hk² + h² + 6h) + hn + n for 3 input channels (every conv has a bias).
+``blocks.{i}.pw_norm``; ``pool``, ``head``. Every conv has a bias (:func:`convmixer_num_params`).
 
 With ``channels_last`` (default True) the conv weights are stored channels-last at
 construction and ``forward`` converts its input, which is faster for depthwise convs on CPU;
@@ -22,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
+from structinit.utils.checks import check_sizes
 
 
 class ConvMixerBlock(nn.Module):
@@ -47,10 +47,8 @@ class ConvMixer(nn.Module):
     def __init__(self, dim: int, depth: int, kernel_size: int, patch_size: int, num_classes: int = 1000,
                  in_chans: int = 3, act: type[nn.Module] = nn.GELU, channels_last: bool = True):
         super().__init__()
-        for name, value in (("dim", dim), ("depth", depth), ("kernel_size", kernel_size),
-                            ("patch_size", patch_size), ("num_classes", num_classes), ("in_chans", in_chans)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected an int ≥ 1")
+        check_sizes(dim=dim, depth=depth, kernel_size=kernel_size, patch_size=patch_size, num_classes=num_classes,
+                    in_chans=in_chans)
         self.num_classes, self.embed_dim, self.depth = num_classes, dim, depth
         self.kernel_size, self.patch_size, self.channels_last = kernel_size, patch_size, bool(channels_last)
         self.stem = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
@@ -94,15 +92,8 @@ PRESETS = {
 }
 
 
-def _entry_point(name: str, settings: dict, doc: str):
-    def entry(**overrides) -> ConvMixer:
-        overrides.pop("img_size", None)  # ConvMixer works at any resolution; create_model passes it
-        return ConvMixer(**{**settings, **overrides})
-
-    entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = doc
-    return register_model(entry)
+def _build(img_size: int | None = None, **settings) -> ConvMixer:
+    return ConvMixer(**settings)  # ConvMixer works at any resolution; create_model passes img_size
 
 
-for _name, (_settings, _doc) in PRESETS.items():
-    globals()[_name] = _entry_point(_name, _settings, _doc)
+register_presets(globals(), _build, PRESETS)

@@ -17,6 +17,7 @@ from torch import nn
 
 from structinit.models.layers_orthogonal import CayleyConv2d, CayleyLinear, GroupSort
 from structinit.models.registry import register_model
+from structinit.utils.checks import check_sizes
 
 
 def _plain_conv(c_in: int, c_out: int, k: int, n: int, stride: int) -> nn.Conv2d:
@@ -34,10 +35,8 @@ class KWLarge(nn.Sequential):
 
     def __init__(self, channels: tuple[int, int] = (32, 64), hidden: int = 512, num_classes: int = 10,
                  in_chans: int = 3, img_size: int = 32, conv: str = "cayley"):
-        for name, value in (("hidden", hidden), ("num_classes", num_classes), ("in_chans", in_chans),
-                            ("img_size", img_size), *zip(("channels[0]", "channels[1]"), channels)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected an int ≥ 1")
+        check_sizes(hidden=hidden, num_classes=num_classes, in_chans=in_chans, img_size=img_size,
+                    **dict(zip(("channels[0]", "channels[1]"), channels)))
         if len(channels) != 2 or any(c % 2 for c in (*channels, hidden)):
             raise ValueError(f"channels={channels!r}, hidden={hidden!r}: expected two even channel counts and an "
                              "even hidden width (GroupSort pairs halves)")
@@ -47,12 +46,7 @@ class KWLarge(nn.Sequential):
             raise ValueError(f"conv={conv!r}: valid names are cayley, plain")
         c1, c2 = channels
         s = img_size
-        if conv == "cayley":
-            def make_conv(i, o, k, n, stride):
-                return CayleyConv2d(i, o, k, n=n, stride=stride)
-            linear = CayleyLinear
-        else:
-            make_conv, linear = _plain_conv, nn.Linear
+        make_conv, linear = (CayleyConv2d, CayleyLinear) if conv == "cayley" else (_plain_conv, nn.Linear)
         super().__init__(
             make_conv(in_chans, c1, 3, s, 1), GroupSort(),
             make_conv(c1, c1, 4, s, 2), GroupSort(),

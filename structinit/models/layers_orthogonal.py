@@ -14,14 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from structinit.functional import cayley_conv as fc
+from structinit.utils.checks import check_sizes
 
 __all__ = ["CayleyConv2d", "CayleyLinear", "GroupSort", "LipschitzAvgPool", "SpaceToDepth"]
-
-
-def _check_size(name: str, value: object, low: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r}: expected an int ≥ {low}")
-    return value
 
 
 class SpaceToDepth(nn.Module):
@@ -30,7 +25,8 @@ class SpaceToDepth(nn.Module):
 
     def __init__(self, block: int = 2):
         super().__init__()
-        self.block = _check_size("block", block)
+        check_sizes(block=block)
+        self.block = block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fc.space_to_depth(x, self.block)
@@ -48,9 +44,6 @@ class GroupSort(nn.Module):
         return torch.cat([torch.maximum(a, b), torch.minimum(a, b)], dim=1)
 
 
-MaxMin = GroupSort
-
-
 class LipschitzAvgPool(nn.Module):
     """Average pool over non-overlapping k×k windows times k (the window sum over k, PyTorch's
     ``divisor_override=k``): by Cauchy–Schwarz |Σ_window x|/k ≤ ‖x_window‖₂, so
@@ -59,7 +52,8 @@ class LipschitzAvgPool(nn.Module):
 
     def __init__(self, kernel_size: int = 2):
         super().__init__()
-        self.kernel_size = _check_size("kernel_size", kernel_size)
+        check_sizes(kernel_size=kernel_size)
+        self.kernel_size = kernel_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.kernel_size
@@ -82,15 +76,12 @@ class _CachedOrthogonal(nn.Module):
         self.bias = nn.Parameter(torch.empty(shape[0]).uniform_(-1, 1) / math.sqrt(fan_in)) if bias else None
         self._cache: tuple[tuple, torch.Tensor] | None = None
 
-    def _key(self, extra: object) -> tuple:
-        w, a = self.weight, self.alpha
-        return (w._version, a._version, w.data_ptr(), a.data_ptr(), w.dtype, w.device, extra)
-
     def _matrices(self, extra: object) -> torch.Tensor:
         if self.training:
             self._cache = None
             return self._compute(extra)
-        key = self._key(extra)
+        w, a = self.weight, self.alpha
+        key = (w._version, a._version, w.data_ptr(), a.data_ptr(), w.dtype, w.device, extra)
         if self._cache is None or self._cache[0] != key:
             with torch.no_grad():
                 self._cache = (key, self._compute(extra))
@@ -129,13 +120,11 @@ class CayleyConv2d(_CachedOrthogonal):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, n: int | None = None,
                  stride: int = 1, bias: bool = True):
         super().__init__()
-        _check_size("in_channels", in_channels)
-        _check_size("out_channels", out_channels)
-        _check_size("kernel_size", kernel_size)
+        check_sizes(in_channels=in_channels, out_channels=out_channels, kernel_size=kernel_size)
         if stride not in (1, 2) or isinstance(stride, bool):
             raise ValueError(f"stride={stride!r}: expected 1 or 2 (stride 2 is emulated by space-to-depth)")
         if n is not None:
-            _check_size("n", n)
+            check_sizes(n=n)
             if stride == 2 and n % 2:
                 raise ValueError(f"n={n}: stride 2 needs an even input size")
         self.in_channels, self.out_channels, self.stride, self.n = in_channels, out_channels, stride, n
@@ -194,8 +183,8 @@ class CayleyLinear(_CachedOrthogonal):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        self.in_features = _check_size("in_features", in_features)
-        self.out_features = _check_size("out_features", out_features)
+        check_sizes(in_features=in_features, out_features=out_features)
+        self.in_features, self.out_features = in_features, out_features
         self._init_parameters((out_features, in_features), in_features, bias)
 
     def _compute(self, extra: object) -> torch.Tensor:

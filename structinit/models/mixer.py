@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
 from structinit.models.vit import LayerNorm, Mlp, PatchEmbed
 
 __all__ = ["MixerBlock", "MlpMixer"]
@@ -66,9 +66,8 @@ class MlpMixer(nn.Module):
         return self.head(self.forward_features(x).mean(1))
 
 
-@register_model
-def mixer_cpu_patch4_32(**kwargs) -> MlpMixer:
-    """MLP-Mixer for 32×32 images at the ``cpu-cifar`` ViT's size class: patch 4 (8×8 = 64
-    tokens), D 128, 6 blocks, token MLP 64 wide, channel MLP 512 wide (≈ 0.9 M parameters)."""
-    return MlpMixer(**{"num_classes": 10, "img_size": 32, "patch_size": 4, "num_blocks": 6, "embed_dim": 128,
-                       **kwargs})
+register_presets(globals(), MlpMixer, {"mixer_cpu_patch4_32": (
+    dict(num_classes=10, img_size=32, patch_size=4, num_blocks=6, embed_dim=128),
+    "MLP-Mixer for 32×32 images at the ``cpu-cifar`` ViT's size class: patch 4 (8×8 = 64 tokens), D 128, 6 blocks, "
+    "token MLP 64 wide, channel MLP 512 wide (≈ 0.9 M parameters)."),
+})

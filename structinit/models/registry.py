@@ -19,6 +19,23 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return MODELS.register(fn.__name__, fn)
 
 
+def register_presets(namespace: dict, build: Callable[..., nn.Module], presets: dict[str, tuple[dict, str]]) -> None:
+    """Register one entry point per preset, ``name(**overrides)`` → ``build(**{**settings, **overrides})``
+    with the preset's description as its docstring, and bind it in ``namespace`` (the defining module's
+    ``globals()``)."""
+
+    def entry_point(name: str, settings: dict, doc: str) -> Callable[..., nn.Module]:
+        def entry(**overrides: Any) -> nn.Module:
+            return build(**{**settings, **overrides})
+
+        entry.__name__ = entry.__qualname__ = name
+        entry.__doc__, entry.__module__ = doc, namespace["__name__"]
+        return register_model(entry)
+
+    for name, (settings, doc) in presets.items():
+        namespace[name] = entry_point(name, settings, doc)
+
+
 def list_models() -> list[str]:
     """Names accepted by :func:`create_model`."""
     return MODELS.names()

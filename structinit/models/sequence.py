@@ -1,13 +1,5 @@
 """Two small next-token sequence models of matched size, for the synthetic sequence tasks of
 :mod:`structinit.data.sequence_tasks` (the mimetic init of Mamba against attention).
-
-* :class:`MambaLM`: token embedding → ``mambapy.mamba.Mamba`` (Mamba-1, pure PyTorch with a
-  parallel scan) → RMSNorm → linear head. ``mambapy`` is optional: it is imported when a
-  ``MambaLM`` is built, so ``import structinit`` works without it.
-* :class:`CausalTransformer`: token embedding + learned 1-D position embedding → blocks of
-  :mod:`structinit.models.vit` (timm names, fused ``qkv``; causal attention) → LayerNorm →
-  linear head. structinit's attention adapters and the ``mimetic`` scheme find its layers.
-
 Both map tokens (B, L) LongTensor → logits (B, L, vocab_size). Parameter names::
 
     MambaLM            embedding · backbone.layers[i].{norm, mixer.{in_proj, conv1d, x_proj,
@@ -27,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
 from structinit.models.vit import Block, LayerNorm
 from structinit.utils import check_int
 from structinit.utils.optional_imports import require
@@ -37,7 +29,7 @@ __all__ = ["CausalTransformer", "MambaLM"]
 EMBED_STD = 0.02  # token (and position) embeddings ~ N(0, 0.02²), as GPT-2 and the official Mamba LM
 
 
-def _check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = None) -> None:
+def _check_tokens(tokens: torch.Tensor, max_len: int | None = None) -> None:
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.dtype != torch.long:
         shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
         raise ValueError(f"tokens of shape/type {shape}: expected a LongTensor (batch, length) of token ids")
@@ -47,12 +39,13 @@ def _check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = N
 
 
 class MambaLM(nn.Module):
-    """A Mamba-1 language model: (B, L) token ids → (B, L, vocab_size) logits.
+    """A Mamba-1 language model: token embedding → ``mambapy.mamba.Mamba`` (pure PyTorch, parallel
+    scan) → RMSNorm → linear head. ``mambapy`` is optional: it is imported when a ``MambaLM`` is
+    built, so ``import structinit`` works without it.
 
-    The blocks are ``mambapy.mamba.Mamba`` with their own (official ``mamba_simple``) init:
-    Δ bias from log-uniform Δ ∈ [0.001, 0.1], S4D-real A, D = 1. As in the official LM, the
-    embedding is N(0, 0.02²) and each ``out_proj`` is divided by √n_layers (pre-norm residual
-    rescale); the head is a bias-free ``nn.Linear``.
+    The blocks keep their own (official ``mamba_simple``) init: Δ bias from log-uniform
+    Δ ∈ [0.001, 0.1], S4D-real A, D = 1. As in the official LM, the embedding is N(0, 0.02²) and
+    each ``out_proj`` is divided by √n_layers (pre-norm residual rescale); the head has no bias.
 
     Args:
         vocab_size: the number of token ids.
@@ -96,7 +89,7 @@ class MambaLM(nn.Module):
         return {name for name, _ in self.named_parameters() if name.endswith((".A_log", ".D"))}
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        _check_tokens(tokens, self.vocab_size)
+        _check_tokens(tokens)
         return self.head(self.norm_f(self.backbone(self.embedding(tokens))))
 
 
@@ -105,8 +98,9 @@ class CausalTransformer(nn.Module):
 
     Token embedding plus a learned position embedding ``pos_embed`` (1, max_len, D) (both
     N(0, 0.02²)), then pre-norm :class:`structinit.models.vit.Block` s with ``causal=True``
-    (fused ``qkv``, timm names), a final LayerNorm and a bias-free head. Linear layers keep
-    PyTorch's default init (``structinit.init_(model, "timm")`` gives timm's).
+    (fused ``qkv``, timm names), a final LayerNorm and a bias-free head; structinit's attention
+    adapters and the ``mimetic`` scheme find its layers. Linear layers keep PyTorch's default
+    init (``structinit.init_(model, "timm")`` gives timm's).
 
     Args:
         vocab_size: the number of token ids.
@@ -141,7 +135,7 @@ class CausalTransformer(nn.Module):
         return {"pos_embed"}
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        _check_tokens(tokens, self.vocab_size, self.max_len)
+        _check_tokens(tokens, self.max_len)
         x = self.embedding(tokens) + self.pos_embed[:, : tokens.shape[1]]
         return self.head(self.norm(self.blocks(x)))
 
@@ -149,25 +143,15 @@ class CausalTransformer(nn.Module):
 # ----------------------------------------------------------------------------- entry points
 # Matched pairs: at width D, the transformer (head_dim 32, MLP ×2) has within ~15 % of the
 # Mamba (E 2, N 16, d_conv 4) model's parameters: per layer ≈ 8.1·D² vs ≈ 8·D².
-@register_model
-def mamba_seq_2x64(**kwargs) -> MambaLM:
-    """Mamba-1 LM, 2 layers, D 64, N 16, E 2, d_conv 4 (≈ 65 k parameters without embeddings)."""
-    return MambaLM(**{"vocab_size": 256, "d_model": 64, "n_layers": 2, **kwargs})
-
-
-@register_model
-def mamba_seq_2x128(**kwargs) -> MambaLM:
-    """Mamba-1 LM, 2 layers, D 128, N 16, E 2, d_conv 4 (≈ 233 k parameters without embeddings)."""
-    return MambaLM(**{"vocab_size": 256, "d_model": 128, "n_layers": 2, **kwargs})
-
-
-@register_model
-def gpt_seq_2x64(**kwargs) -> CausalTransformer:
-    """Causal transformer, 2 layers, D 64, 2 heads of 32, MLP ×2, learned PE (max_len 256)."""
-    return CausalTransformer(**{"vocab_size": 256, "embed_dim": 64, "depth": 2, "num_heads": 2, **kwargs})
-
-
-@register_model
-def gpt_seq_2x128(**kwargs) -> CausalTransformer:
-    """Causal transformer, 2 layers, D 128, 4 heads of 32, MLP ×2, learned PE (max_len 256)."""
-    return CausalTransformer(**{"vocab_size": 256, "embed_dim": 128, "depth": 2, "num_heads": 4, **kwargs})
+register_presets(globals(), MambaLM, {
+    "mamba_seq_2x64": (dict(vocab_size=256, d_model=64, n_layers=2),
+                       "Mamba-1 LM, 2 layers, D 64, N 16, E 2, d_conv 4 (≈ 65 k parameters without embeddings)."),
+    "mamba_seq_2x128": (dict(vocab_size=256, d_model=128, n_layers=2),
+                        "Mamba-1 LM, 2 layers, D 128, N 16, E 2, d_conv 4 (≈ 233 k parameters without embeddings)."),
+})
+register_presets(globals(), CausalTransformer, {
+    "gpt_seq_2x64": (dict(vocab_size=256, embed_dim=64, depth=2, num_heads=2),
+                     "Causal transformer, 2 layers, D 64, 2 heads of 32, MLP ×2, learned PE (max_len 256)."),
+    "gpt_seq_2x128": (dict(vocab_size=256, embed_dim=128, depth=2, num_heads=4),
+                      "Causal transformer, 2 layers, D 128, 4 heads of 32, MLP ×2, learned PE (max_len 256)."),
+})

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from structinit.functional.relative import relative_position_index
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
 from structinit.models.vit import Mlp, PatchEmbed, head_shape
 
 __all__ = ["PatchMerging", "SwinTransformer", "SwinTransformerBlock", "SwinTransformerStage", "WindowAttention",
@@ -302,12 +302,10 @@ class SwinTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-@register_model
-def swin_cpu_patch2_32(**kwargs) -> SwinTransformer:
-    """Swin for 32×32 images at the ``cpu-cifar`` ViT's size class: patch 2 (16×16 tokens),
-    window 4, three stages of 2 blocks at D 48 / 96 / 192 on 16×16 / 8×8 / 4×4 maps with
-    2 / 4 / 8 heads (head dim 24), MLP ×2 (≈ 0.88 M parameters). The last stage's window
-    covers its map, so neither of its blocks shifts."""
-    return SwinTransformer(**{"num_classes": 10, "img_size": 32, "patch_size": 2, "embed_dim": 48,
-                              "depths": (2, 2, 2), "num_heads": (2, 4, 8), "window_size": 4, "mlp_ratio": 2.0,
-                              **kwargs})
+register_presets(globals(), SwinTransformer, {"swin_cpu_patch2_32": (
+    dict(num_classes=10, img_size=32, patch_size=2, embed_dim=48, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4,
+         mlp_ratio=2.0),
+    "Swin for 32×32 images at the ``cpu-cifar`` ViT's size class: patch 2 (16×16 tokens), window 4, three stages of 2 "
+    "blocks at D 48 / 96 / 192 on 16×16 / 8×8 / 4×4 maps with 2 / 4 / 8 heads (head dim 24), MLP ×2 (≈ 0.88 M "
+    "parameters). The last stage's window covers its map, so neither of its blocks shifts."),
+})

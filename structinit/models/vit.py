@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from structinit.functional.posembed import sincos_2d
-from structinit.models.registry import register_model
+from structinit.models.registry import register_presets
 from structinit.models.rope import Rotary2d
 
 LayerNorm = partial(nn.LayerNorm, eps=1e-6)  # timm's ViT norm
@@ -233,77 +233,40 @@ class VisionTransformer(nn.Module):
 # ----------------------------------------------------------------------------- entry points
 # Small-data models follow the 2024 paper: no class token, average pooling, fixed sin-cos PE.
 _SMALL_DATA = dict(class_token=False, global_pool="avg", pos_embed="sincos")
+_CPU = dict(mlp_ratio=2.0, num_classes=10, **_SMALL_DATA)  # CPU-scale: the CPU recipes train them on a few cores
 
-
-def _vit(defaults: dict, overrides: dict) -> VisionTransformer:
-    return VisionTransformer(**{**defaults, **overrides})
-
-
-@register_model
-def vit_tiny_patch2_32(**kwargs) -> VisionTransformer:
-    """ViT-Ti/2 on 32×32 images (the 2024 paper's CIFAR model): 16×16 tokens, D 192, depth 12, 3 heads."""
-    return _vit(dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3, num_classes=10,
-                     **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_tiny_patch4_32(**kwargs) -> VisionTransformer:
-    """ViT-Ti/4 on 32×32 images: 8×8 tokens, D 192, depth 12, 3 heads."""
-    return _vit(dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10,
-                     **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_small_patch4_32(**kwargs) -> VisionTransformer:
-    """ViT-S/4 on 32×32 images: 8×8 tokens, D 384, depth 12, 6 heads."""
-    return _vit(dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10,
-                     **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_tiny_patch16_224(**kwargs) -> VisionTransformer:
-    """timm's ViT-Ti/16 (224, class token, learned PE): 14×14 tokens, D 192, depth 12, 3 heads."""
-    return _vit(dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3), kwargs)
-
-
-@register_model
-def vit_base_patch16_224(**kwargs) -> VisionTransformer:
-    """timm's ViT-B/16 (224, class token, learned PE): 14×14 tokens, D 768, depth 12, 12 heads."""
-    return _vit(dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12), kwargs)
-
-
-# CPU-scale models, small enough that the CPU recipes train them on a few cores.
-@register_model
-def vit_cpu_patch4_32(**kwargs) -> VisionTransformer:
-    """The ``cpu-cifar`` model: 32×32 images, 8×8 tokens, D 128, depth 6, 4 heads, MLP ×2."""
-    return _vit(dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
-                     num_classes=10, **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_cpu_rope_patch4_32(**kwargs) -> VisionTransformer:
-    """The ``cpu-cifar`` model with 2-D axial RoPE in place of its sin-cos position embedding."""
-    return _vit(dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_ratio=2.0,
-                     num_classes=10, **{**_SMALL_DATA, "pos_embed": "rope"}), kwargs)
-
-
-@register_model
-def vit_cpu_patch2_8(**kwargs) -> VisionTransformer:
-    """The ``digits`` model: 8×8 grayscale images, 4×4 tokens, D 64, depth 4, 4 heads, MLP ×2."""
-    return _vit(dict(img_size=8, patch_size=2, in_chans=1, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
-                     num_classes=10, **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_cpu_patch2_32(**kwargs) -> VisionTransformer:
-    """The ``cpu-cifar16`` model: 32×32 images, 16×16 tokens (the paper's grid), D 96, depth 4,
-    3 heads, MLP ×2 (sized for 5k-image, 25-epoch runs on a CPU)."""
-    return _vit(dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, mlp_ratio=2.0,
-                     num_classes=10, **_SMALL_DATA), kwargs)
-
-
-@register_model
-def vit_micro_patch2_16(**kwargs) -> VisionTransformer:
-    """A test-size ViT: 16×16 images, 8×8 tokens, D 32, depth 2, 2 heads, MLP ×2."""
-    return _vit(dict(img_size=16, patch_size=2, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
-                     num_classes=10, **_SMALL_DATA), kwargs)
+# name → (settings, description); each becomes an entry point of the model registry.
+PRESETS = {
+    "vit_tiny_patch2_32": (
+        dict(img_size=32, patch_size=2, embed_dim=192, depth=12, num_heads=3, num_classes=10, **_SMALL_DATA),
+        "ViT-Ti/2 on 32×32 images (the 2024 paper's CIFAR model): 16×16 tokens, D 192, depth 12, 3 heads."),
+    "vit_tiny_patch4_32": (
+        dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10, **_SMALL_DATA),
+        "ViT-Ti/4 on 32×32 images: 8×8 tokens, D 192, depth 12, 3 heads."),
+    "vit_small_patch4_32": (
+        dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10, **_SMALL_DATA),
+        "ViT-S/4 on 32×32 images: 8×8 tokens, D 384, depth 12, 6 heads."),
+    "vit_tiny_patch16_224": (
+        dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3),
+        "timm's ViT-Ti/16 (224, class token, learned PE): 14×14 tokens, D 192, depth 12, 3 heads."),
+    "vit_base_patch16_224": (
+        dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+        "timm's ViT-B/16 (224, class token, learned PE): 14×14 tokens, D 768, depth 12, 12 heads."),
+    "vit_cpu_patch4_32": (
+        dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, **_CPU),
+        "The ``cpu-cifar`` model: 32×32 images, 8×8 tokens, D 128, depth 6, 4 heads, MLP ×2."),
+    "vit_cpu_rope_patch4_32": (
+        dict(img_size=32, patch_size=4, embed_dim=128, depth=6, num_heads=4, **{**_CPU, "pos_embed": "rope"}),
+        "The ``cpu-cifar`` model with 2-D axial RoPE in place of its sin-cos position embedding."),
+    "vit_cpu_patch2_8": (
+        dict(img_size=8, patch_size=2, in_chans=1, embed_dim=64, depth=4, num_heads=4, **_CPU),
+        "The ``digits`` model: 8×8 grayscale images, 4×4 tokens, D 64, depth 4, 4 heads, MLP ×2."),
+    "vit_cpu_patch2_32": (
+        dict(img_size=32, patch_size=2, embed_dim=96, depth=4, num_heads=3, **_CPU),
+        "The ``cpu-cifar16`` model: 32×32 images, 16×16 tokens (the paper's grid), D 96, depth 4, 3 heads, MLP ×2 "
+        "(sized for 5k-image, 25-epoch runs on a CPU)."),
+    "vit_micro_patch2_16": (
+        dict(img_size=16, patch_size=2, embed_dim=32, depth=2, num_heads=2, **_CPU),
+        "A test-size ViT: 16×16 images, 8×8 tokens, D 32, depth 2, 2 heads, MLP ×2."),
+}
+register_presets(globals(), VisionTransformer, PRESETS)

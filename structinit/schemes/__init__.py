@@ -4,7 +4,6 @@ the plan/commit machinery, records of what an init wrote, and the schemes themse
 Every scheme module is imported here, so the registry is complete whoever imports it.
 """
 
-# The schemes register themselves on import.
 from structinit.schemes import (
     conv_filters,  # registers the depthwise-conv schemes
     token_mixing,  # noqa: F401  registers impulse for MLP-Mixer token mixing

@@ -84,7 +84,8 @@ def _plan_weights(
 ) -> Plan:
     """Plan writes for all Linear-like weights (``weight(name, shape, g)``), their biases
     (``bias(name, size)``), conv weights (``conv`` or PyTorch's default), norms (1, 0),
-    learned position embedding (trunc-normal ``pos_embed_std``) and prefix tokens."""
+    learned position embedding (trunc-normal ``pos_embed_std``) and prefix tokens; the plan
+    also clears the attention layers' impulse records (:func:`_finish`)."""
     plan, fused = Plan(), _fused_blocks(model)
 
     def linear_like(name, w, b):
@@ -124,23 +125,18 @@ def _plan_weights(
         value = prefix(tuple(t.shape)) if prefix else nn.init.normal_(_empty(t.shape), std=1e-6, generator=gen)
         plan.add([(t, value)])
     _plan_relative_tables(model, plan, gen)
-    return plan
+    return _finish(model, plan)
 
 
-def _relative_tables(model: nn.Module) -> list[nn.Parameter]:
-    """Every learned relative position bias table (Swin, BEiT), once each."""
+def _plan_relative_tables(model: nn.Module, plan: Plan, gen: torch.Generator) -> None:
+    """Every learned relative position bias table (Swin, BEiT), once each ← trunc-normal 0.02, the
+    init of Swin's and BEiT's authors (and timm's), whatever the scheme does to the weights."""
     found = {}
     for m in model.modules():
         table = getattr(m, TABLE, None)
         if isinstance(table, nn.Parameter) and table.requires_grad:
             found.setdefault(id(table), table)
-    return list(found.values())
-
-
-def _plan_relative_tables(model: nn.Module, plan: Plan, gen: torch.Generator) -> None:
-    """Relative position bias tables ← trunc-normal 0.02, the init of Swin's and BEiT's
-    authors (and timm's), whatever the scheme does to the weights."""
-    for table in _relative_tables(model):
+    for table in found.values():
         plan.add([(table, nn.init.trunc_normal_(_empty(table.shape), std=0.02, a=-2, b=2, generator=gen))])
 
 
@@ -216,8 +212,7 @@ def plan_timm(model: nn.Module, *, generator: torch.Generator | None = None, see
     """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
     patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
     ``cls_token`` N(0, 1e-6²)."""
-    gen = make_generator(generator, seed)
-    return _finish(model, _plan_weights(model, gen, _trunc(0.02), _zero_bias))
+    return _plan_weights(model, make_generator(generator, seed), _trunc(0.02), _zero_bias)
 
 
 timm_init_ = register_planner("timm", plan_timm)
@@ -253,8 +248,7 @@ def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed
             return nn.init.normal_(_empty((size,)), std=1e-6, generator=gen)
         return torch.zeros(size)
 
-    plan = _plan_weights(model, gen, weight, bias, conv=lambda n, s, g: lecun_normal(s, g))
-    return _finish(model, plan)
+    return _plan_weights(model, gen, weight, bias, conv=lambda n, s, g: lecun_normal(s, g))
 
 
 jax_init_ = register_planner("jax", plan_jax)
@@ -265,8 +259,7 @@ def plan_xavier_fused(
 ) -> Plan:
     """Xavier-uniform on every Linear, the fused qkv (3D×D) treated as one matrix, so each of q,
     k, v gets std √(2/(D+3D)) — smaller than a separate D×D projection would. Zero biases."""
-    gen = make_generator(generator, seed)
-    return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias))
+    return _plan_weights(model, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias)
 
 
 xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
@@ -275,8 +268,8 @@ xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
 def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
     each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
-    gen = make_generator(generator, seed)
-    return _finish(model, _plan_weights(model, gen, lambda n, s, g: xavier_uniform(s, g), _zero_bias, per_block=True))
+    return _plan_weights(model, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias,
+                         per_block=True)
 
 
 xavier_init_ = register_planner("xavier", plan_xavier)
@@ -290,8 +283,7 @@ def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b
     a, b = check_number("a", a), check_number("b", b)
     if not a < b:
         raise ValueError(f"a={a}, b={b}: the truncation bounds need a < b")
-    gen = make_generator(generator, seed)
-    return _finish(model, _plan_weights(model, gen, _trunc(std, a, b), _zero_bias))
+    return _plan_weights(model, make_generator(generator, seed), _trunc(std, a, b), _zero_bias)
 
 
 trunc_normal_init_ = register_planner("trunc_normal", plan_trunc_normal)
@@ -308,12 +300,11 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
         nn.init.calculate_gain(nonlinearity, a)
     except ValueError as err:
         raise ValueError(f"nonlinearity={nonlinearity!r}: {err}; use e.g. 'leaky_relu', 'relu' or 'linear'") from err
-    gen = make_generator(generator, seed)
 
     def weight(name, shape, g):
         return nn.init.kaiming_uniform_(_empty(shape), a=a, mode=mode, nonlinearity=nonlinearity, generator=g)
 
-    return _finish(model, _plan_weights(model, gen, weight, _zero_bias))
+    return _plan_weights(model, make_generator(generator, seed), weight, _zero_bias)
 
 
 kaiming_uniform_init_ = register_planner("kaiming_uniform", plan_kaiming_uniform)

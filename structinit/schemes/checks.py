@@ -1,15 +1,8 @@
-"""What an attention scheme checks against the model's own forward, before and after it writes.
-
-Before: every chosen layer must be attention the scheme can set, as the probe of
-:func:`structinit.adapters.registry.attention_survey` judged it; a layer that is not is an
-error naming it and what differs, with nothing written.
-
-After: :meth:`structinit.Plan.commit` runs the scheme's checks on the model as written and
-restores every written tensor when one fails. Impulse's check feeds each chosen layer the
-position-only input it was designed for, inside a real forward, and needs each head's own
-softmax map to put its argmax on its target as often as the written q/k say; mimetic's reads
-every chosen layer's real logits and needs the diagonal the adapter wrote into q kᵀ to be
-there as the model computes it.
+"""What an attention scheme checks against the model's own forward: before it writes, that every
+chosen layer is attention it can set (:func:`check_settable`, from the probe of
+:func:`structinit.adapters.registry.attention_survey`); after, as :meth:`structinit.Plan.commit`
+runs the plan's checks and undoes the write when one fails, that the written layers make the maps
+designed (:func:`impulse_check`, :func:`mimetic_check`).
 """
 
 from __future__ import annotations
@@ -63,12 +56,12 @@ def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
     ``mixers``): each head then keeps its own map, the one the scheme designs. Returns their
     full names, which :func:`finish_plan` records and the caller is warned of."""
     survey = attention_survey(model)
-    names, layers, mixers = [], [], []
+    names, layers, mixers = [], 0, []
     for name, ad in chosen:
         verdict = survey.verdict(name)
         if verdict is None or not verdict.mixers:
             continue
-        layers.append(name)
+        layers += 1
         for sub, tensor, value in head_mixers(ad.module, ad.num_heads):
             if sub in verdict.mixers:
                 plan.add([(tensor, value)])
@@ -77,7 +70,7 @@ def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
                 mixers += [] if mixer in mixers else [mixer]
     if names:
         shown = ", ".join(mixers[:4]) + (", …" if len(mixers) > 4 else "")
-        plan.notes.append(f"set the talking-heads mixers of {len(layers)} layer(s) to the identity ({shown}), so "
+        plan.notes.append(f"set the talking-heads mixers of {layers} layer(s) to the identity ({shown}), so "
                           "that each head keeps its own map; they learn from there")
     return names
 

@@ -38,37 +38,32 @@ class SoftmaxTaps(nn.Module):
         return torch.softmax(logits.flatten(1), dim=1).view_as(logits)
 
 
-def _unparametrize(conv: nn.Conv2d) -> None:
-    if parametrize.is_parametrized(conv, "weight"):
-        parametrize.remove_parametrizations(conv, "weight", leave_parametrized=False)
-
-
-def _write(plan: Plan, conv: nn.Conv2d, value: torch.Tensor, frozen: bool, softmax: bool = False) -> None:
-    """Plan ``conv.weight ← value`` (softmax: the logits of a :class:`SoftmaxTaps` weight) and its
-    ``requires_grad``. A conv parametrised before is made plain first (at commit)."""
-    if not torch.isfinite(value).all():
-        raise ValueError("the planned filters hold NaN/inf; check the numeric options (they may be far too large)")
-    if softmax or parametrize.is_parametrized(conv, "weight"):
-        def act(conv=conv, value=value):
-            _unparametrize(conv)
-            if softmax:
-                parametrize.register_parametrization(conv, "weight", SoftmaxTaps())
-            target = conv.parametrizations.weight.original if softmax else conv.weight
-            with torch.no_grad():
-                target.copy_(value)
-            target.requires_grad_(not frozen)
-        plan.actions.append(act)
-        return
-    plan.add([(conv.weight, value.to(conv.weight.dtype))])
-    plan.actions.append(lambda conv=conv: conv.weight.requires_grad_(not frozen))
-
-
 def _plan(model: nn.Module, make: Filters, frozen: bool, gen: torch.Generator, softmax: bool = False) -> Plan:
+    """Plan ``conv.weight ← make(layer, depth, conv, gen)`` for every depthwise conv (softmax: the
+    logits of a :class:`SoftmaxTaps` weight) and its ``requires_grad``. A conv parametrised
+    before is made plain first (at commit)."""
     check_bool("frozen", frozen)
     convs = find_depthwise_convs(model)
     plan = Plan()
     for i, (_, conv) in enumerate(convs):
-        _write(plan, conv, make(i, len(convs), conv, gen), frozen, softmax)
+        value = make(i, len(convs), conv, gen)
+        if not torch.isfinite(value).all():
+            raise ValueError("the planned filters hold NaN/inf; check the numeric options (they may be far too "
+                             "large)")
+        if softmax or parametrize.is_parametrized(conv, "weight"):
+            def act(conv=conv, value=value):
+                if parametrize.is_parametrized(conv, "weight"):
+                    parametrize.remove_parametrizations(conv, "weight", leave_parametrized=False)
+                if softmax:
+                    parametrize.register_parametrization(conv, "weight", SoftmaxTaps())
+                target = conv.parametrizations.weight.original if softmax else conv.weight
+                with torch.no_grad():
+                    target.copy_(value)
+                target.requires_grad_(not frozen)
+            plan.actions.append(act)
+        else:
+            plan.add([(conv.weight, value.to(conv.weight.dtype))])
+            plan.actions.append(lambda conv=conv: conv.weight.requires_grad_(not frozen))
     return plan
 
 
@@ -86,36 +81,33 @@ def plan_conv_impulse(model: nn.Module, *, num_filters: int | None = None, norm:
         >>> m = structinit.create_model("convmixer_256_8", dim=8, depth=2)
         >>> _ = structinit.init_(m, "impulse", seed=0)  # depthwise convs, no attention: this scheme
     """
-    gen = make_generator(generator, seed)
     return _plan(model, lambda i, d, c, g: cf.impulse_filters(*_size(c), num_filters=num_filters, norm=norm,
-                                                           generator=g), frozen, gen)
+                                                           generator=g), frozen, make_generator(generator, seed))
 
 
 def plan_box(model: nn.Module, *, taps: int = 3, num_filters: int | None = None, norm: str = "sum",
              frozen: bool = False, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Each depthwise filter ``taps`` = N random distinct taps of 1/N (``norm='sum'``) or
     1/√(3N) (``norm='variance'``), the rest 0 (:func:`~structinit.functional.box_filters`)."""
-    gen = make_generator(generator, seed)
     return _plan(model, lambda i, d, c, g: cf.box_filters(*_size(c), taps=taps, num_filters=num_filters, norm=norm,
-                                                       generator=g), frozen, gen)
+                                                       generator=g), frozen, make_generator(generator, seed))
 
 
 def plan_gaussian(model: nn.Module, *, sigma: float = 1.0, num_filters: int | None = None, norm: str = "sum",
                   frozen: bool = False, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Each depthwise filter an isotropic Gaussian blob of width ``sigma`` (taps) centred on a
     random tap (:func:`~structinit.functional.gaussian_filters`)."""
-    gen = make_generator(generator, seed)
     return _plan(model, lambda i, d, c, g: cf.gaussian_filters(*_size(c), sigma=sigma, num_filters=num_filters,
-                                                            norm=norm, generator=g), frozen, gen)
+                                                            norm=norm, generator=g), frozen,
+                 make_generator(generator, seed))
 
 
 def plan_random(model: nn.Module, *, num_filters: int | None = None, frozen: bool = False,
                 generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's default depthwise init U(±1/k) drawn from ``generator``/``seed``, with optional
     sharing (``num_filters``) and freezing: the baseline of the frozen-filter experiments."""
-    gen = make_generator(generator, seed)
     return _plan(model, lambda i, d, c, g: cf.random_filters(*_size(c), num_filters=num_filters, generator=g),
-                 frozen, gen)
+                 frozen, make_generator(generator, seed))
 
 
 def plan_softmax(model: nn.Module, *, std: float = 1.0, frozen: bool = False,
@@ -175,7 +167,7 @@ def source_covariances(source: SourceType) -> list[torch.Tensor]:
     depthwise weights are the (C, 1, k, k) tensors with C > 1 whose (C, k) is the most common
     such pair (a grayscale stem (h, 1, p, p) is thus left out when p ≠ k)."""
     if isinstance(source, nn.Module):
-        return [cf.estimate_covariance(_weight(c)) for _, c in find_depthwise_convs(source)]
+        return [cf.estimate_covariance(c.weight.detach()) for _, c in find_depthwise_convs(source)]
     if isinstance(source, (str, os.PathLike)):
         if not os.path.isfile(source):
             raise ValueError(f"source={str(source)!r}: no such file; pass a trained model, its state dict or a "
@@ -193,10 +185,6 @@ def source_covariances(source: SourceType) -> list[torch.Tensor]:
     pairs = [(w.shape[0], w.shape[2]) for w in weights]
     common = max(set(pairs), key=pairs.count)
     return [cf.estimate_covariance(w) for w, p in zip(weights, pairs) if p == common]
-
-
-def _weight(conv: nn.Conv2d) -> torch.Tensor:
-    return conv.weight.detach()
 
 
 def plan_covariance_transfer(model: nn.Module, *, source: SourceType | None = None, trace: float | None = None,

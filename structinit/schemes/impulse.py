@@ -126,8 +126,10 @@ def plan_impulse(
         True
     """
     # Options are checked before anything else; an unknown one lists the solver's options and ours.
+    own = [p.name for p in inspect.signature(plan_impulse).parameters.values()
+           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "model"]
     check_options(IMPULSE_SOLVERS.get(solver), solver_options, f"impulse solver {solver!r}",
-                  hint=f"; every impulse init also takes {', '.join(_own_options())}")
+                  hint=f"; every impulse init also takes {', '.join(own)}")
     solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
@@ -138,9 +140,19 @@ def plan_impulse(
     skipped = attention_survey(model).skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
         _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
-    _check_can_set(model, chosen)  # what the model computes decides next: a layout error would hide it
+    # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
+    # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
+    check_settable(model, chosen, "impulse")
+    for name, ad in chosen:
+        if ad.qk_normalised and layer_relative_bias(model, name, ad) is None:
+            raise ValueError(
+                f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): q and k are "
+                "normalised after their projections (q_norm/k_norm), and the impulse solvers design q kᵀ before "
+                "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
+                "the model without the q/k norm for the init")
     biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
     relative = [b is not None for b in biases]
+    plan, reservation = Plan(), None
     if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
         if not all(relative):
             raise ValueError("some chosen attention layers have a relative position bias and others do not; "
@@ -152,22 +164,17 @@ def plan_impulse(
         check_relative_options(chosen, solver, solver_options, {
             "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
             **({"carrier": "a relative position bias an MLP generates, whose layers impulse fits"} if any(mlp) else {}))
+        layouts = [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases]
         gen = make_generator(generator, seed)
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
-        plan = Plan()
         if any(mlp):
             plan_position_mlp_impulse(plan, chosen, biases, per_layer,
                                       solver_options.get("target_mass", POSITION_MLP_TARGET_MASS), gen)
         else:
             plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
-        _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
-        _add_check(plan, model, chosen, per_layer, [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases])
-        finish_plan(plan, model, "impulse", chosen, skipped)
-        return plan
-    rotary = [ad.rotary is not None for _, ad in chosen]
-    if any(rotary):  # RoPE: position lives in the rotation of q and k, written through their biases
-        if not all(rotary):
+    elif any(ad.rotary is not None for _, ad in chosen):  # RoPE: position lives in the rotation of q and k
+        if not all(ad.rotary is not None for _, ad in chosen):
             raise ValueError("some chosen attention layers rotate q and k by position (RoPE) and others do not; "
                              "initialise them separately (layers=)")
         check_relative_options(chosen, solver, solver_options, {
@@ -183,44 +190,43 @@ def plan_impulse(
         gen = make_generator(generator, seed)
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
-        plan = Plan()
         plan_rope_impulse(model, plan, chosen, per_layer, solver_obj.target_mass)
-        _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
-        _add_check(plan, model, chosen, per_layer, layouts)
-        finish_plan(plan, model, "impulse", chosen, skipped)
-        return plan
-    layout = infer_layout(model, grid, num_prefix_tokens)
-    check_kernel_size(kernel_size, layout.grid)
-    layouts = _layer_layouts(model, chosen, layout)
-    dims = sorted({ad.dim for _, ad in chosen})
-    if len(dims) > 1:
-        raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately (layers=)")
-    dim = dims[0]
-    gen = make_generator(generator, seed)
-    offsets = solver_obj.default_offsets if offsets is None else offsets
-    per_layer = _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen)
-
-    plan = Plan()
-    pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
-    reservation = None
-    if reserve != "none":
-        # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
-        pe_dst = grid_pos_embed(model, layout) if pos_embed is None else None
-        stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
-        reservation = resolve_reservation(model, chosen, stored, reserve, "impulse", layout)
-    x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
-    specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, per_layer)]
-    written = []
-    for (_, ad), lay, solved in zip(chosen, layouts, solver_obj.solve(x, layout.grid, specs, gen)):
-        record = {"offsets": list(solved.offsets), "grid": lay.grid,
-                  "num_prefix_tokens": lay.num_prefix_tokens, "solver": solver}
-        plan.add_qk(ad, solved.wq, solved.wk, record=record)
-        plan.add(ad.positional_writes(list(solved.offsets), layout.grid))  # a map's position-only part, if any
-        written.append(list(solved.offsets))
-    _plan_values(plan, chosen, value_init, vo_gamma, vo_delta, gen)
+    else:
+        layout = infer_layout(model, grid, num_prefix_tokens)
+        check_kernel_size(kernel_size, layout.grid)
+        layouts = _layer_layouts(model, chosen, layout)
+        dims = sorted({ad.dim for _, ad in chosen})
+        if len(dims) > 1:
+            raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately "
+                             "(layers=)")
+        dim = dims[0]
+        gen = make_generator(generator, seed)
+        offsets = _resolve_offsets(chosen, solver_obj.default_offsets if offsets is None else offsets, kernel_size,
+                                   per_layer_offsets, gen)
+        pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
+        if reserve != "none":
+            # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
+            pe_dst = grid_pos_embed(model, layout) if pos_embed is None else None
+            stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
+            reservation = resolve_reservation(model, chosen, stored, reserve, "impulse", layout)
+        x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
+        specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, offsets)]
+        per_layer = []  # the offsets the solver placed
+        for (_, ad), lay, solved in zip(chosen, layouts, solver_obj.solve(x, layout.grid, specs, gen)):
+            record = {"offsets": list(solved.offsets), "grid": lay.grid,
+                      "num_prefix_tokens": lay.num_prefix_tokens, "solver": solver}
+            plan.add_qk(ad, solved.wq, solved.wk, record=record)
+            plan.add(ad.positional_writes(list(solved.offsets), layout.grid))  # a map's position-only part, if any
+            per_layer.append(list(solved.offsets))
+    if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
+        for _, ad in chosen:
+            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta, generator=gen)
+            plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
         reservation.plan(plan)
-    _add_check(plan, model, chosen, written, layouts)
+    check = impulse_check(model, chosen, per_layer, layouts)
+    if check is not None:
+        plan.checks.append(check)
     finish_plan(plan, model, "impulse", chosen, skipped)
     return plan
 
@@ -258,40 +264,7 @@ def _layer_layouts(model: nn.Module, chosen, layout: TokenLayout) -> list[TokenL
     return out
 
 
-def _plan_values(plan: Plan, chosen, value_init: str, gamma: float, delta: float, gen) -> None:
-    """With ``value_init='mimetic'``, W_v W_o = γZ − δI on every chosen layer."""
-    if value_init == "mimetic":
-        for _, ad in chosen:
-            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=gamma, delta=delta, generator=gen)
-            plan.add(ad.vo_writes(wv, wo))
-
-
-def _check_can_set(model: nn.Module, chosen) -> None:
-    """Every chosen layer computes plain softmax(q kᵀ·scale + bias) from the q/k impulse writes,
-    as the model's own forward shows (:func:`~structinit.schemes.checks.check_settable`), and
-    normalises neither q nor k: the solvers design q kᵀ itself."""
-    check_settable(model, chosen, "impulse")
-    for name, ad in chosen:
-        if ad.qk_normalised and layer_relative_bias(model, name, ad) is None:
-            raise ValueError(
-                f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): q and k are "
-                "normalised after their projections (q_norm/k_norm), and the impulse solvers design q kᵀ before "
-                "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
-                "the model without the q/k norm for the init")
-
-
-def _add_check(plan: Plan, model: nn.Module, chosen, offsets, layouts) -> None:
-    check = impulse_check(model, chosen, offsets, layouts)
-    if check is not None:
-        plan.checks.append(check)
-
-
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")
-
-
-def _own_options() -> list[str]:
-    params = inspect.signature(plan_impulse).parameters.values()
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "model"]
 
 
 def _position_embedding(model, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:

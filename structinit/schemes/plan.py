@@ -24,8 +24,7 @@ class Plan:
     writes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     records: list[tuple[nn.Module, str, dict | None]] = field(default_factory=list)
     actions: list[Callable[[], None]] = field(default_factory=list)
-    # Run after the writes, on the model as written; one that raises undoes every write and
-    # record, then its error propagates (structinit.schemes.checks).
+    # Run on the model as written; one that raises undoes the plan (commit; structinit.schemes.checks).
     checks: list[Callable[[], None]] = field(default_factory=list)
     # Layers the scheme left alone on purpose, (name, why), for the caller to report.
     skipped: list[tuple[str, str]] = field(default_factory=list)

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from torch import nn
 
-RECORD_PREFIX = "structinit_"
-
 
 def record_attr(kind: str) -> str:
     """The attribute that holds a record of ``kind`` (``'impulse'`` → ``structinit_impulse``)."""
     if not isinstance(kind, str) or not kind.isidentifier():
         raise ValueError(f"kind={kind!r}: expected an identifier such as 'impulse'")
-    return RECORD_PREFIX + kind
+    return "structinit_" + kind
 
 
 def get_record(module: nn.Module, kind: str = "impulse") -> dict | None:

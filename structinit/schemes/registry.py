@@ -5,12 +5,10 @@ and computes every value without writing. :data:`SCHEMES` maps ``(target, name)`
 target saying which layers it initialises (:data:`TARGETS`): ``impulse`` is one scheme for
 attention, one for depthwise convs and one for MLP-Mixer token mixing.
 
-:func:`plan_init` is the one way in. It finds the name (:func:`lookup`, the one place a scheme
-name is checked), picks the target whose layers the model has, checks the options against the
-planner's signature and annotations (a ``float`` must be a finite number, a ``bool`` True or
-False, …), runs the planner and checks what it would write. ``init_(model, name, …)`` is
-``plan_init(model, name, …).commit()``; ``structinit.impulse_init_`` and its siblings are the same
-call with the name fixed.
+:func:`plan_init` is the one way in: it finds the name (:func:`lookup`), picks the target whose
+layers the model has, checks the options against the planner's signature and annotations (a
+``float`` must be a finite number, …), runs the planner and checks what it would write.
+``init_`` and ``structinit.impulse_init_`` and its siblings commit that plan.
 """
 
 from __future__ import annotations
@@ -87,9 +85,7 @@ def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, ta
     def deco(f):
         @functools.wraps(f)
         def plan(model: nn.Module, *args, **options) -> Plan:
-            deferred = Plan()
-            deferred.actions.append(lambda: f(model, *args, **options))
-            return deferred
+            return Plan(actions=[lambda: f(model, *args, **options)])
 
         _register(Scheme(name, target, plan, f, typed=False))
         return f
@@ -171,12 +167,10 @@ def _check_options(scheme: Scheme, args: tuple, options: dict, what: str) -> Non
 _NUMERIC_FAILURES = (torch.linalg.LinAlgError, ZeroDivisionError, OverflowError, FloatingPointError)
 
 
-def _numbers(options: dict) -> str:
-    return ", ".join(f"{k}={show(v)}" for k, v in options.items() if is_number(v) and k != "seed")
-
-
-def _tensors(options: dict) -> str:
-    return ", ".join(f"{k}={show(v)}" for k, v in options.items() if isinstance(v, torch.Tensor))
+def _numbers(options: dict, tensors: bool = False) -> str:
+    """The numeric options given (with ``tensors``, the tensor ones), as ``k=v, …``."""
+    return ", ".join(f"{k}={show(v)}" for k, v in options.items()
+                     if (isinstance(v, torch.Tensor) if tensors else is_number(v) and k != "seed"))
 
 
 def _check_model(model: object) -> None:
@@ -202,7 +196,7 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     try:
         plan = scheme.plan(model, *args, **options)
     except _NUMERIC_FAILURES as err:
-        given = _numbers(options) or _tensors(options)
+        given = _numbers(options) or _numbers(options, tensors=True)
         if not given:
             raise
         raise ValueError(f"{what} failed on the values given ({type(err).__name__}: {err}); one may be far too large, "
@@ -219,7 +213,6 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
 
 
 def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> None:
-    names = None
     for dst, value in plan.writes:
         if not (value.is_floating_point() and dst.is_floating_point()) or value.numel() == 0:
             continue
@@ -227,9 +220,8 @@ def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> Non
         top = torch.finfo(dst.dtype).max
         if -top <= lo and hi <= top:
             continue
-        if names is None:
-            tensors = [*model.named_parameters(), *model.named_buffers()]
-            names = {t.untyped_storage().data_ptr(): n for n, t in tensors}
+        tensors = [*model.named_parameters(), *model.named_buffers()]
+        names = {t.untyped_storage().data_ptr(): n for n, t in tensors}
         where = names.get(dst.untyped_storage().data_ptr(), f"a {tuple(dst.shape)} tensor")
         numbers = _numbers(options)
         given = f"the numeric options given: {numbers}" if numbers else "no numeric option was given"

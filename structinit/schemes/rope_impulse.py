@@ -46,22 +46,18 @@ ROTARY_SOLVER, ROTARY_NORM_SOLVER = "rotary", "rotary-norm"
 _STILL = 1e-6  # |ω| below this: the band does not turn with that axis (float32 tables)
 
 
-def band_terms(freqs: torch.Tensor, offset: Offset, grid: tuple[int, int],
-               target_mass: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(amplitudes, phases) of one head whose bands turn at ``freqs`` (F, 2) = (ω_y, ω_x): the
-    axial solver when every band turns with one axis at most, the 2-D one otherwise."""
-    turns = freqs.abs() > _STILL
-    if bool((turns.sum(1) <= 1).all()):
-        axes = [1 if bool(t[1]) else 0 for t in turns]
-        return rope_impulse_terms(freqs.abs().max(1).values * freqs.sum(1).sign(), axes, offset, grid, target_mass)
-    return rope_impulse_terms_2d(freqs, offset, grid, target_mass)
-
-
 def rope_constants(freqs: torch.Tensor, pairs, offset: Offset, grid: tuple[int, int], head_dim: int, scale: float,
                    target_mass: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, k), each (head_dim,) float64: the content-free q and k of one head whose impulse is at
-    ``offset``."""
-    amplitudes, phases = band_terms(freqs, offset, grid, target_mass)
+    ``offset`` and whose bands turn at ``freqs`` (F, 2) = (ω_y, ω_x), from the axial solver when
+    every band turns with one axis at most, the 2-D one otherwise."""
+    turns = freqs.abs() > _STILL
+    if bool((turns.sum(1) <= 1).all()):
+        axes = [1 if bool(t[1]) else 0 for t in turns]
+        amplitudes, phases = rope_impulse_terms(freqs.abs().max(1).values * freqs.sum(1).sign(), axes, offset, grid,
+                                                target_mass)
+    else:
+        amplitudes, phases = rope_impulse_terms_2d(freqs, offset, grid, target_mass)
     size = (amplitudes / scale).sqrt()
     q, k = torch.zeros(head_dim, dtype=torch.float64), torch.zeros(head_dim, dtype=torch.float64)
     for f, (c0, c1) in enumerate(pairs):
@@ -88,12 +84,8 @@ def _carriers(model: nn.Module, chosen) -> list[InputNorm | None]:
         return [None] * len(chosen)
     inputs = probe_inputs(model, chosen)
     norms = [None] * len(chosen) if inputs is None else input_norms(model, chosen, inputs)
-    out = []
     for (name, ad), biased, norm in zip(chosen, by_bias, norms):
-        if biased:
-            out.append(None)
-            continue
-        if norm is None or norm.readers or norm.module.weight.shape[0] != ad.dim:
+        if not biased and (norm is None or norm.readers or norm.module.weight.shape[0] != ad.dim):
             why = (f"its pre-norm {norm.name!r} is also read by {', '.join(norm.readers)}" if norm and norm.readers
                    else "no affine LayerNorm (with a bias) feeds it")
             raise ValueError(
@@ -102,8 +94,7 @@ def _carriers(model: nn.Module, chosen) -> list[InputNorm | None]:
                 f"the content; it has no learned q and k biases, and {why} whose channel could carry it; nothing "
                 "was written. Build the model with learned qkv biases (qkv_bias=True), or use 'mimetic', which "
                 "needs no position channel")
-        out.append(norm)
-    return out
+    return [None if biased else norm for biased, norm in zip(by_bias, norms)]
 
 
 def rotary_at_grid(model: nn.Module, chosen, grid: tuple[int, int]) -> list:
@@ -152,12 +143,11 @@ def plan_rope_impulse(model: nn.Module, plan: Plan, chosen, per_layer: list[list
         k = torch.stack([c for _, c in heads])
         record = {"offsets": [tuple(o) for o in offsets], "grid": rotary.grid,
                   "num_prefix_tokens": rotary.num_prefix_tokens, "solver": ROTARY_SOLVER}
+        wq = torch.zeros(ad.num_heads, ad.dim, ad.head_dim, dtype=torch.float64)
         if norm is None:
-            zeros = torch.zeros(ad.num_heads, ad.dim, ad.head_dim, dtype=torch.float64)
-            plan.add_qk(ad, zeros, zeros, q, k, record=record)
+            plan.add_qk(ad, wq, wq, q, k, record=record)
             continue
         channel = ad.dim - 1
-        wq = torch.zeros(ad.num_heads, ad.dim, ad.head_dim, dtype=torch.float64)
         wk = torch.zeros_like(wq)
         wq[:, channel], wk[:, channel] = q, k
         plan.add_qk(ad, wq, wk, record=record | {"solver": ROTARY_NORM_SOLVER, "norm": norm.name,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.registry import select_layers
-from structinit.adapters.ssm import SSMAdapter, find_ssm_layers
+from structinit.adapters.ssm import find_ssm_layers
 from structinit.functional.mimetic import NOISE
 from structinit.functional.ssm import mimetic_bc, softplus_inverse
 from structinit.schemes import mimetic as _attention_mimetic  # noqa: F401  registers attention 'mimetic' first
@@ -25,17 +25,6 @@ from structinit.utils.checks import check_bool
 
 # exp(a_log) must be a normal, finite float32 (A = −exp(A_log) is computed in float32 by mambapy).
 A_LOG_RANGE = (-87.0, 88.0)
-
-
-def _check_rank(name: str, ad: SSMAdapter) -> None:
-    if ad.normalises_bc:
-        raise ValueError(f"bc=True: SSM layer {name!r} normalises B and C after x_proj (mambapy's "
-                         "inner_layernorms=True), so the scan would not use the planned W_Cᵀ W_B; pass bc=False, or "
-                         "build the model with inner_layernorms=False")
-    if ad.d_state > ad.d_inner:
-        raise ValueError(f"d_state={ad.d_state}: SSM layer {name!r} has d_state > d_inner = {ad.d_inner}, so W_Cᵀ W_B "
-                         f"(rank ≤ d_inner) cannot hold a rank-{ad.d_state} truncation of αZ + βI; pass bc=False to "
-                         "keep B/C as built, or build the model with d_state ≤ expand·d_model")
 
 
 def plan_ssm_mimetic(
@@ -74,8 +63,7 @@ def plan_ssm_mimetic(
     * **Conv ≈ identity** (``conv_identity``, default False): the depthwise ``conv1d`` passes
       the current token through: last tap 1, the other taps 0, bias 0. The paper reports it
       interacts differently with Mamba-1 and Mamba-2, hence the switch. Off by default because
-      it hurts copying in the benchmark's ablation (``bench/sequence_benchmark.py --ablation``,
-      results in ``docs/results/sequence.md``).
+      it hurts copying in the same ablation.
 
     Everything else keeps what it has: D (1 in mambapy), in/out projections, the dt rows of
     ``x_proj``, norms and embeddings. ``layers`` picks SSM layers by index (module order).
@@ -105,7 +93,15 @@ def plan_ssm_mimetic(
     chosen = select_layers(find_ssm_layers(model), layers, "SSM")
     if bc:
         for name, ad in chosen:
-            _check_rank(name, ad)
+            if ad.normalises_bc:
+                raise ValueError(f"bc=True: SSM layer {name!r} normalises B and C after x_proj (mambapy's "
+                                 "inner_layernorms=True), so the scan would not use the planned W_Cᵀ W_B; pass "
+                                 "bc=False, or build the model with inner_layernorms=False")
+            if ad.d_state > ad.d_inner:
+                raise ValueError(f"d_state={ad.d_state}: SSM layer {name!r} has d_state > d_inner = {ad.d_inner}, "
+                                 f"so W_Cᵀ W_B (rank ≤ d_inner) cannot hold a rank-{ad.d_state} truncation of αZ + "
+                                 "βI; pass bc=False to keep B/C as built, or build the model with d_state ≤ "
+                                 "expand·d_model")
     # float64; a delta too large for the model's dtype is caught by the registry
     dt_bias = None if delta is None else softplus_inverse(delta)
     gen = make_generator(generator, seed)

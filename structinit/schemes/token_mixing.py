@@ -8,7 +8,8 @@ shift S of one tap of a k×k filter, exactly through the GELU
 a depthwise convolution with one one-hot filter shared by all channels. Each layer draws its
 own tap (``offsets='random'``) or takes the next of the enumerated ones (centre, up, right,
 left, down, diagonals). Unused hidden units start silent. ``init_(mixer, "impulse")`` picks
-this scheme for a model whose position lives in token-mixing MLPs.
+this scheme for a model whose position lives in token-mixing MLPs. Both schemes need hidden ≥ N
+tokens, and biases on fc1 and fc2 when hidden < 2N.
 
 ``mimetic`` on a Mixer writes the formula mimetic initialisation puts on an attention layer's
 QKᵀ, A = αZ + βI (Z with entries N(0, 1/N), a fresh draw per layer), as the token map itself,
@@ -38,8 +39,7 @@ def plan_token_mixing_impulse(model: nn.Module, *, kernel_size: int = 3, offsets
                               margin: float = 8.0, generator: torch.Generator | None = None,
                               seed: int | None = None) -> Plan:
     """Every token-mixing MLP of ``model`` written as the shift of one k×k tap (a record
-    ``impulse`` with ``offset`` and ``grid`` goes on each MLP). Needs hidden ≥ N tokens and
-    biases on fc1 and fc2 when hidden < 2N.
+    ``impulse`` with ``offset`` and ``grid`` goes on each MLP).
 
     Examples:
         >>> m = structinit.create_model("mixer_cpu_patch4_32")
@@ -72,9 +72,8 @@ def _plan_weights(plan: Plan, name: str, mlp: nn.Module, weights: tuple[torch.Te
 
 def plan_token_mixing_mimetic(model: nn.Module, *, alpha: float = 0.7, beta: float = 0.7, margin: float = 8.0,
                               generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
-    """Every token-mixing MLP of ``model`` written as the token map A = αZ + βI (module doc),
-    Z (N, N) with entries N(0, 1/N), a fresh draw per layer. Needs hidden ≥ N tokens and
-    biases on fc1 and fc2 when hidden < 2N. Clears any impulse record the MLPs held.
+    """Every token-mixing MLP of ``model`` written as the token map A = αZ + βI (module doc).
+    Clears any impulse record the MLPs held.
 
     Examples:
         >>> m = structinit.create_model("mixer_cpu_patch4_32")

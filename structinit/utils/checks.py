@@ -61,6 +61,13 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
     return int(value)
 
 
+def check_sizes(**sizes: object) -> None:
+    """Raise ``ValueError`` unless every value is an int ≥ 1 (a Python int, not ``bool``)."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r}: expected an int ≥ 1")
+
+
 def check_number(
     name: str, value: object, *, low: float | None = None, high: float | None = None,
     low_open: bool = False, high_open: bool = False, allow_none: bool = False,
@@ -127,7 +134,7 @@ def check_annotated(name: str, value: object, annotation: object) -> None:
     ``str`` (or ``str | None``) is left to the caller too: such an option is a name, and the
     caller's check lists the valid ones. Anything else passes.
     """
-    if _names_only(annotation):
+    if {m for m in _members(annotation) if m is not type(None)} == {str}:
         return
     if not matches_annotation(value, annotation):
         raise OptionError(f"{name}={show(value)}: expected {_describe(annotation)}, got {type(value).__name__}")
@@ -137,14 +144,6 @@ def check_annotated(name: str, value: object, annotation: object) -> None:
 
 def _members(tp: object) -> tuple:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-
-
-def _names_only(tp: object) -> bool:
-    return {m for m in _members(tp) if m is not type(None)} == {str}
-
-
-def _accepts_none(tp: object) -> bool:
-    return any(m is None or m is type(None) for m in _members(tp))
 
 
 _COLLECTIONS = (collections.abc.Iterable, collections.abc.Collection, collections.abc.Sequence,
@@ -187,7 +186,7 @@ def _describe(tp: object) -> str:
     members = _members(tp)
     if len(members) > 1:
         parts = [_describe(m) for m in members if m is not type(None)]
-        parts += ["None"] if _accepts_none(tp) else []
+        parts += ["None"] if any(m is None or m is type(None) for m in members) else []
         return ", ".join(parts[:-1]) + " or " + parts[-1]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     simple = {float: "a finite number", int: "an int", bool: "True or False", str: "a str", type(None): "None"}
@@ -237,17 +236,12 @@ def check_finite(name: str, t: torch.Tensor | None) -> None:
         )
 
 
-def keyword_options(fn: Callable) -> list[str]:
-    """The keyword-only parameter names of ``fn`` (a function or a class)."""
-    params = inspect.signature(fn).parameters
-    return [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
-
-
 def check_options(fn: Callable, options: dict, what: str, valid: Iterable[str] | None = None,
                   hint: str = "") -> None:
     """Raise :class:`OptionError` naming unknown keyword options and listing the valid ones
     (``valid``, default the keyword-only parameters of ``fn``), then ``hint``."""
-    valid = list(valid) if valid is not None else keyword_options(fn)
+    valid = list(valid) if valid is not None else [
+        n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise OptionError(f"{what} got unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}{hint}")

@@ -58,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("model", "epochs", "train_size") if getattr(args, k) is not None}
     if args.download:
         overrides["download"] = True
-    for item in args.set:
-        key, value = check_set_item(item, OWNED[COMMAND], ImageConfig)
-        overrides[key] = value
+    overrides |= dict(check_set_item(item, OWNED[COMMAND], ImageConfig) for item in args.set)
     result = ablate(args.name, recipe=args.recipe, data_dir=args.data_dir, seeds=args.seeds,
                     images=args.images, train=args.train, out=args.out, steps=args.steps, repeats=args.repeats,
                     progress=not args.no_progress, wait=args.wait, **overrides)

@@ -213,8 +213,10 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     lines = [TABLE_HEAD]
     maps = {}
     for when, tag, model in (("at init", "init", initial), ("trained", "trained", trained)):
-        if _is_mixer(model) and model is trained:  # the trained copy has no record: lend it the init's
-            _copy_mixer_records(initial, trained)
+        if _is_mixer(model) and model is trained:  # a record lives only in the process that initialised the
+            # model: lend the init's impulse records of each token-mixing MLP to its trained twin
+            for (_, a), (_, b) in zip(find_token_mixing_layers(initial), find_token_mixing_layers(trained)):
+                set_record(b, "impulse", get_record(a, "impulse"))
         model_maps, shown, whole, label = _maps(model, layers, images)
         for layer, m, lay in zip(layers, model_maps, shown):
             maps[f"{when}, layer {layer}"] = m, lay
@@ -229,13 +231,6 @@ def _run_figures(args, out: Path, layers) -> list[str]:
                       title=f"{run.label} ({cfg.model}): attention at init and after training, first test image",
                       label=label)
     return lines
-
-
-def _copy_mixer_records(initial, trained) -> None:
-    """The init's impulse records of each token-mixing MLP, set on the trained twin (a record
-    lives only in the process that initialised the model)."""
-    for (_, a), (_, b) in zip(find_token_mixing_layers(initial), find_token_mixing_layers(trained)):
-        set_record(b, "impulse", get_record(a, "impulse"))
 
 
 def run(args: argparse.Namespace) -> int:

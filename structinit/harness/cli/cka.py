@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with user_input("run"):
         runs = [load_run(args.run_a), load_run(args.run_b)]
-    names = [_short(r.path) for r in runs]
+    names = ["-".join(r.path.resolve().parts[-2:]) for r in runs]  # the run's folder and the one above it
     out = Path(args.out or f"runs/cka-{names[0]}-vs-{names[1]}")
     with user_input("out_dir"):
         check_out_dir(out)
@@ -68,7 +68,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"diagonal mean {float(torch.diagonal(matrix).mean()):.3f} → {out}/cka.png, cka.json")
     return 0
 
-
-def _short(path: Path) -> str:
-    parts = Path(path).resolve().parts
-    return "-".join(parts[-2:]) if len(parts) >= 2 else parts[-1]

@@ -72,19 +72,15 @@ def add_training_flags(p: argparse.ArgumentParser, owned: dict[str, str]) -> Non
                    help="if another process is training a run folder, wait for it instead of stopping")
 
 
-def selected_kind(args: argparse.Namespace) -> Kind:
-    """The kind whose selector flag was given (``--task``), else the default kind."""
-    chosen = [k for k in KINDS.values() if k.selector and getattr(args, k.selector, None) is not None]
-    return chosen[0] if chosen else next(k for k in KINDS.values() if k.selector is None)
-
-
 def _kind_flag(kind: Kind) -> str:
     return f"{facts(kind.config, kind.selector).flag} runs" if kind.selector else f"{kind.name} runs"
 
 
 def recipe_of(args: argparse.Namespace) -> tuple[Kind, str]:
-    """(the kind, the recipe): ``--recipe`` if given (it must be of that kind), else its default."""
-    kind = selected_kind(args)
+    """(the kind, the recipe): the kind is the one whose selector flag was given (``--task``), else the
+    default kind; the recipe is ``--recipe`` if given (it must be of that kind), else the kind's default."""
+    chosen = [k for k in KINDS.values() if k.selector and getattr(args, k.selector, None) is not None]
+    kind = chosen[0] if chosen else next(k for k in KINDS.values() if k.selector is None)
     if args.recipe is None:
         return kind, kind.default_recipe
     if args.recipe not in kind.recipes:
@@ -119,9 +115,7 @@ def config_from_args(args: argparse.Namespace, owned: dict[str, str], **extra: A
             owned = {**owned, name: fact.flag, fact.spec_of: fact.flag}
         else:
             overrides[name] = value
-    for item in args.set:
-        key, value = check_set_item(item, owned, kind.config)
-        overrides[key] = value
+    overrides |= dict(check_set_item(item, owned, kind.config) for item in args.set)
     return preset(kind.recipes, kind.config, recipe, {**overrides, **extra})
 
 

@@ -78,14 +78,9 @@ def format_error(err: BaseException, command: str) -> str:
     parameter = input_parameter(err) or ""
     if not isinstance(err, UsageError):  # those are already written in flags
         message = to_flags(message, parameter)
-    flag = (_COMPARE_FLAGS if command == "compare" else {}).get(parameter) or _flag(parameter)
+    flag = ((_COMPARE_FLAGS if command == "compare" else {}).get(parameter) or field_flags().get(parameter)
+            or _PARAMETER_FLAGS.get(parameter) or (f"--set {parameter}" if parameter in config_fields() else ""))
     if flag and "--" not in message:
         message = f"{flag}: {message}"
     return f"structinit {command}: error: {message}"
 
-
-def _flag(parameter: str) -> str:
-    flags = field_flags()
-    if parameter in flags or parameter in _PARAMETER_FLAGS:
-        return flags.get(parameter) or _PARAMETER_FLAGS[parameter]
-    return f"--set {parameter}" if parameter in config_fields() else ""

@@ -29,7 +29,6 @@ CSS = (resources.files(__package__) / "page.css").read_text(encoding="utf-8")
 SCRIPT = (resources.files(__package__) / "page.js").read_text(encoding="utf-8")
 
 
-
 def esc(value: object) -> str:
     """``value`` as text, HTML-escaped (quotes too: safe inside attributes)."""
     return html.escape(str(value), quote=True)
@@ -164,8 +163,6 @@ def page(title: str, subtitle: str, intro_html: str, sections: Sequence[tuple[st
 # ----------------------------------------------------------------------------- sections from runs
 # Settings each run has for itself: shown with the seeds, not in the configuration.
 PER_RUN = ("out_dir", "seed")
-def _show(value) -> str:
-    return value if isinstance(value, str) else repr(value)
 
 
 def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
@@ -178,7 +175,7 @@ def split_config(groups) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
         for r in group:
             for key, value in r.result["config"].items():
                 if key not in PER_RUN:
-                    values.setdefault(key, []).append(_show(value))
+                    values.setdefault(key, []).append(value if isinstance(value, str) else repr(value))
         per_group[name] = {k: " / ".join(dict.fromkeys(v)) for k, v in values.items()}
     keys = sorted(dict.fromkeys(k for g in per_group.values() for k in g), key=_field_order)
     shared = {}

@@ -1,15 +1,11 @@
 """One self-contained HTML page for a comparison or an ablation (``structinit report``).
 
-For a ``compare`` folder (``summary.json`` and ``<init>/seed<k>/result.json`` runs) the page
-says what was compared and how to read it, then shows the results table (mean ± std over
-seeds, each seed, minutes per run), the training curves, the first attention layer of every
-init at initialisation and after training (its seed-0 run on a few evaluation images; left
-out with a note when the dataset cannot be loaded), the configuration (settings shared by all
-runs once, those that differ per init) and the versions and seeds. For an ``ablate`` folder
-(``ablation.json``, ``ablation.md``, ``ablation.png``) it shows those files, read generically,
-and the configuration and versions of the runs the folder holds.
-
-Figures are embedded as PNG data URIs and the style is inline: the page loads nothing.
+A ``compare`` folder's page says what was compared and how to read it, then shows the results,
+the training curves, the first attention layer of every init at initialisation and after
+training, the configuration and the versions and seeds. An ``ablate`` folder's page shows its
+``ablation.md``, ``ablation.png`` and ``ablation.json``, and the configuration and versions of
+the runs it holds. Figures are embedded as PNG data URIs and the style is inline: the page
+loads nothing.
 """
 
 from __future__ import annotations
@@ -183,14 +179,11 @@ def _minutes(seconds: float) -> str:
 def _results_html(summary: dict, metric: str, unit: str = "epoch") -> str:
     means = sorted((s["mean"] for s in summary.values()), reverse=True)
     best = max(summary, key=lambda s: summary[s]["mean"]) if len(means) > 1 and means[0] > means[1] else None
-    rows, classes = [], []
-    for spec, s in summary.items():
-        rows.append([spec, s["metric"], f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}",
-                     ", ".join(f"{100 * a:.2f}" for a in s["accs"]), len(s["accs"]),
-                     _minutes(statistics.fmean(s["wall_s"]))])
-        classes.append("best" if spec == best else "")
+    rows = [[spec, s["metric"], f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}",
+             ", ".join(f"{100 * a:.2f}" for a in s["accs"]), len(s["accs"]), _minutes(statistics.fmean(s["wall_s"]))]
+            for spec, s in summary.items()]
     html = table(["init", "metric", "accuracy % (mean ± std)", "per seed (%)", "seeds", "minutes per run"], rows,
-                 numeric=(2, 4, 5), row_classes=classes)
+                 numeric=(2, 4, 5), row_classes=["best" if spec == best else "" for spec in summary])
     html += (f'<p class="caption">One row per init: its {esc(metric)} after the last {unit}, as the mean ± standard '
              "deviation over seeds and for each seed (in seed order; see Versions and seeds). "
              + ("The highlighted row has the highest mean. " if best else "")
@@ -290,7 +283,12 @@ def _footer(folder: Path) -> str:
 
 # ----------------------------------------------------------------------------- ablate
 def _ablation_page(folder: Path, runs):
-    data, problems = _read_ablation_json(folder / "ablation.json")
+    data, problems, json_path = None, [], folder / "ablation.json"
+    if json_path.is_file():
+        try:
+            data = json.loads(json_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            problems = [f"{json_path.name} could not be read ({_first_line(err)})."]
     md_path, png_path = folder / "ablation.md", folder / "ablation.png"
     text = md_path.read_text(errors="replace") if md_path.is_file() else ""
     heading = next((ln for ln in text.splitlines() if ln.startswith("# ")), None)
@@ -321,11 +319,3 @@ def _ablation_page(folder: Path, runs):
                 if groups else "All that ablation.json records follows."))
     return title, f"structinit ablate folder {folder.resolve()}", intro, sections
 
-
-def _read_ablation_json(path: Path):
-    if not path.is_file():
-        return None, []
-    try:
-        return json.loads(path.read_text()), []
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return None, [f"{path.name} could not be read ({_first_line(err)})."]

@@ -1,17 +1,14 @@
 """Run files: atomic checkpoints loaded without executing code, exported weights, metric
 logs, and the checks that a checkpoint belongs to the run being resumed.
 
-A checkpoint is written to a temporary file in the same folder, flushed and fsync'ed, then
-renamed over the old one (``os.replace`` is atomic on POSIX), and the folder is fsync'ed:
-a run killed at any instant leaves either the previous checkpoint or the new one, never a
-torn file. A kill can leave the temporary file (``.<name>.<8 characters>.tmp``) behind; the
-next run in that folder removes it (:mod:`structinit.harness.run.folder`). Files are created
-with mode 0666 less the umask, like any other file the user writes. A checkpoint is read
-back with ``torch.load(weights_only=True)``, which only rebuilds tensors and plain
-containers, so a tampered file cannot run code.
-
-The final weights are also exported as safetensors (``model.safetensors``, the file timm and
-Hugging Face load from): plain tensors and a string header, readable without torch.load.
+Every file is written by :func:`atomic_write_bytes`: to a temporary file in the same folder,
+flushed and fsync'ed, renamed over the old one (``os.replace`` is atomic on POSIX), then the
+folder fsync'ed, so a run killed at any instant leaves the old file or the new one, never a
+torn one. A kill can leave the temporary (``.<name>.<8 characters>.tmp``) behind; the next run
+in that folder removes it (:mod:`structinit.harness.run.folder`). A checkpoint is read back
+with ``torch.load(weights_only=True)``, which only rebuilds tensors and plain containers, so a
+tampered file cannot run code. The final weights are also exported as safetensors
+(``model.safetensors``, what timm and Hugging Face load: plain tensors and a string header).
 """
 
 from __future__ import annotations
@@ -43,14 +40,6 @@ EMA_WEIGHTS = "model_ema.safetensors"
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 
-def _create_temporary(path: Path) -> tuple[int, Path]:
-    """A new, empty ``.<name>.<random>.tmp`` beside ``path``, opened for writing. Unlike
-    tempfile.mkstemp (always 0600) it is created 0666 less the umask, so the file renamed
-    into place has the permissions any other file the user writes would have."""
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp  # EXCL: never reuse a stale one
-
-
 def _storage_failure(err: BaseException) -> str | None:
     """Why a write failed, when the storage refused it (full disk, no permission, read-only
     file system …), or None for any other error. torch.save reports a full disk as a
@@ -72,7 +61,11 @@ def atomic_write_bytes(path: Path, write) -> None:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = _create_temporary(path)
+        # Created 0666 less the umask (tempfile.mkstemp's are 0600), so the file renamed into place has the
+        # permissions any other file the user writes has; O_EXCL: never reuse a stale one.
+        name = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        tmp = name
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -188,22 +181,12 @@ def init_fingerprint(model: nn.Module) -> str:
 RUN_STATE_KEYS = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
 
 
-def check_run_state(state: Any, path: Path, keys: tuple[str, ...] = RUN_STATE_KEYS) -> None:
-    """Refuse a readable file that is not the checkpoint of a training run (another torch.save'd
-    dict, say) before its missing entries surface as a KeyError halfway through resuming;
-    ``keys``: the entries the run's checkpoint must have (default: an image run's)."""
-    missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
-    if missing:
-        found = ", ".join(map(str, state)) if isinstance(state, dict) else f"a {type(state).__name__}"
-        raise ValueError(f"{path}: not the checkpoint of a structinit run (no {', '.join(missing)}; found "
-                         f"{found or 'nothing'}); delete it, or start the run in another out_dir (--out)")
-
-
 def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[str, ...] = RUN_STATE_KEYS,
                  defaults: dict[str, Any] | None = None, as_ran=None) -> dict[str, Any] | None:
     """The checkpoint at ``path`` to continue from, or None if there is none yet. A run that
     exists is refused (as an input error) unless ``resume``, if the file is not a run checkpoint
-    with ``keys`` (:func:`check_run_state`), or if it was written under another ``config``
+    with ``keys`` (another torch.save'd dict, say: refused before its missing entries surface
+    as a KeyError halfway through resuming), or if it was written under another ``config``
     (:func:`check_same_config`, with ``defaults`` for fields added since and ``as_ran``)."""
     if not path.exists():
         return None
@@ -211,7 +194,11 @@ def resume_state(path: Path, resume: bool, config: dict[str, Any], keys: tuple[s
         if not resume:
             raise FileExistsError(f"{path} exists: pass resume=True (--resume) or choose another out_dir")
         state = load_checkpoint(path)
-        check_run_state(state, path, keys)
+        missing = [k for k in keys if k not in state] if isinstance(state, dict) else list(keys)
+        if missing:
+            found = ", ".join(map(str, state)) if isinstance(state, dict) else f"a {type(state).__name__}"
+            raise ValueError(f"{path}: not the checkpoint of a structinit run (no {', '.join(missing)}; found "
+                             f"{found or 'nothing'}); delete it, or start the run in another out_dir (--out)")
         check_same_config(state["config"], config, path, defaults, as_ran)
     return state
 

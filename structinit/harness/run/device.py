@@ -19,6 +19,7 @@ import structinit
 __all__ = ["Placement", "describe_device", "placement", "resolve_precision", "versions"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # the autocast dtype of each (None: off)
 CPUINFO = Path("/proc/cpuinfo")  # what the kernel says of the CPU: its model name and feature flags
 
 
@@ -61,44 +62,34 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     older GPUs, else fp32."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: expected auto, fp32, bf16 or fp16")
-    if precision == "fp32":
-        return None
-    if precision in ("bf16", "fp16"):
-        return torch.bfloat16 if precision == "bf16" else torch.float16
+    if precision != "auto":
+        return DTYPES[precision]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_native_bf16() else None
-
-
-def _cpu_has_native_bf16() -> bool:
-    """Whether the CPU's feature flags (:data:`CPUINFO`) include AVX-512 BF16 or AMX BF16."""
-    try:
-        text = CPUINFO.read_text()
-    except OSError:
-        return False
-    flags = {f for line in text.splitlines() if line.startswith("flags") for f in line.partition(":")[2].split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    flags = {f for line in _cpuinfo("flags") for f in line.split()}
+    return torch.bfloat16 if flags & {"avx512_bf16", "amx_bf16"} else None
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
-    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    return {d: name for name, d in DTYPES.items()}[dtype]
 
 
-def _cpu_model() -> str:
+def _cpuinfo(key: str) -> list[str]:
+    """The values of the ``key`` lines of :data:`CPUINFO`; none where it cannot be read."""
     try:
-        for line in CPUINFO.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = CPUINFO.read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return []
+    return [line.partition(":")[2].strip() for line in lines if line.startswith(key)]
 
 
 def describe_device(device: torch.device) -> dict[str, Any]:
     """What computed: the GPU's name, or the CPU's model and the threads torch uses."""
     if device.type == "cuda":
         return {"type": "cuda", "name": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
-    return {"type": "cpu", "name": _cpu_model(), "threads": torch.get_num_threads()}
+    names = _cpuinfo("model name")
+    return {"type": "cpu", "name": names[0] if names else platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads()}
 
 
 def versions() -> dict[str, str]:

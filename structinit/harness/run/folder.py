@@ -85,7 +85,12 @@ def lock_run(folder: str | Path, wait: bool = False, enabled: bool = True) -> It
         return
     folder = Path(folder)
     with user_input("out_dir"):  # only the setting up: errors of the block are the caller's
-        fd = _open_lock_file(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:  # check_out_dir passed, so something changed since: say what
+            raise type(err)(f"out_dir={folder}: cannot create the run folder or its lock file "
+                            f"({err.strerror or err}); choose another out_dir (--out)") from err
     try:
         _acquire(fd, folder, wait)
         os.ftruncate(fd, 0)
@@ -97,15 +102,6 @@ def lock_run(folder: str | Path, wait: bool = False, enabled: bool = True) -> It
             os.ftruncate(fd, 0)  # no pid of a process that no longer holds it
     finally:
         os.close(fd)  # releases the lock
-
-
-def _open_lock_file(folder: Path) -> int:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        return os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as err:  # check_out_dir passed, so something changed since: say what
-        raise type(err)(f"out_dir={folder}: cannot create the run folder or its lock file "
-                        f"({err.strerror or err}); choose another out_dir (--out)") from err
 
 
 def _acquire(fd: int, folder: Path, wait: bool) -> None:

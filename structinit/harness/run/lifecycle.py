@@ -1,17 +1,16 @@
 """The training loop every run shares, top to bottom in one function (nanoGPT / airbench style).
 
-A run is a config and a :class:`Task`: the task knows its data (image batches, generated
-sequences), its loss and its evaluation; this loop does the rest, the same way for every
-task: lock the run folder, resume from the last checkpoint, refuse a checkpoint that started
-from other initial weights, return a finished run's result, train in chunks (an epoch of
-images, ``eval_every`` steps of sequences), stop on a non-finite loss without overwriting the
-last good checkpoint, write an atomic checkpoint and the metric log after every chunk, and
-export the weights and the result at the end.
+A run is a config and a :class:`Task`, which knows its data, its loss and its evaluation; the
+loop does the rest the same way for every task: lock the run folder, resume from the last
+checkpoint (refusing one that started from other initial weights, returning a finished run's
+result), train in chunks, stop on a non-finite loss without overwriting the last good
+checkpoint, write an atomic checkpoint and the metric log after every chunk, and export the
+weights and the result at the end.
 
-Every random choice comes from generators seeded by (seed, chunk or step, rank), so a killed
-run resumed with ``resume=True`` repeats exactly the computation it would have done: on CPU
-the final weights are bit-identical to an uninterrupted run. Distributed data parallel runs
-under ``torchrun`` (gloo on CPUs, NCCL on GPUs): each rank takes its share of every batch.
+Every random choice comes from generators seeded by (seed, chunk or step, rank), so a resumed
+run repeats exactly the computation it would have done: on CPU the final weights are
+bit-identical to an uninterrupted run. Distributed data parallel runs under ``torchrun`` (gloo
+on CPUs, NCCL on GPUs): each rank takes its share of every batch.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ from structinit.harness.run.device import (
     versions,
 )
 from structinit.harness.run.folder import check_out_dir, lock_run
-from structinit.harness.run.optim import EMA
 from structinit.harness.run.step import TrainStep
 from structinit.models import create_model
 from structinit.schemes.plan import Plan
@@ -99,12 +97,7 @@ class Task(Protocol):
 
 
 def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool = False) -> dict[str, Any]:
-    """Train ``task``, checkpointing after every chunk; return the result (also written to
-    ``out_dir/result.json``). ``resume=True`` returns a finished run's result and continues a
-    half-finished one from its last checkpoint. The settings and ``out_dir`` are checked before
-    anything is loaded or written (input errors, :mod:`structinit.harness.errors`). While the
-    run trains its folder is locked: another process on it raises
-    :class:`~structinit.harness.errors.RunLockedError`, or with ``wait=True`` waits."""
+    """Train ``task`` as :func:`structinit.harness.tasks.train` trains a config (see there)."""
     where = placement()
     dtype = check_run(task, where)
     with lock_run(task.cfg.out_dir, wait=wait, enabled=where.writes):
@@ -219,9 +212,7 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
         log.flush()  # metric files agree with the checkpoint, even after a kill
     run_start = time.perf_counter()
     for chunk in (c for c in chunks if c.first >= done):
-        loss_sum = torch.zeros((), device=device)
-        right = torch.zeros((), device=device)
-        scored = torch.zeros((), device=device)
+        loss_sum, right, scored = (torch.zeros((), device=device) for _ in range(3))
         weight = 0
         bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
         t0 = time.perf_counter()
@@ -270,8 +261,14 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
               "precision": precision_name(dtype), "device": describe_device(device),
               "wall_s": history[-1]["wall_s"] if history else 0.0, "history": history,
               "init_fingerprint": fingerprint, "starts": starts, **task.result(history)}
-    if where.writes:
-        _export(out, model, ema, cfg, fingerprint)  # before result.json: a finished run always has them
+    if where.writes:  # the weights before result.json: a finished run always has them
+        # The files timm and Hugging Face load from; their header holds the config (JSON), the init fingerprint
+        # and the structinit version, so the file alone says how it was made.
+        metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
+                    "structinit_version": versions()["structinit"]}
+        save_weights(out / WEIGHTS, model.state_dict(), metadata)
+        if ema is not None:
+            save_weights(out / EMA_WEIGHTS, ema.state, metadata)
         write_json(result_path, result)
     return result
 
@@ -283,20 +280,7 @@ def finished_result(path: Path) -> dict[str, Any] | None:
         result = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(result, dict) or not all(k in result for k in ("config", "final", "history")):
-        return None
-    return result
-
-
-def _export(out: Path, model: nn.Module, ema: EMA | None, cfg, fingerprint: str) -> None:
-    """The final weights as ``out/model.safetensors`` (and ``model_ema.safetensors`` with EMA),
-    the files timm and Hugging Face load from; the header holds the config (JSON), the init
-    fingerprint and the structinit version, so the file alone says how it was made."""
-    metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
-                "structinit_version": versions()["structinit"]}
-    save_weights(out / WEIGHTS, model.state_dict(), metadata)
-    if ema is not None:
-        save_weights(out / EMA_WEIGHTS, ema.state, metadata)
+    return result if isinstance(result, dict) and all(k in result for k in ("config", "final", "history")) else None
 
 
 def _progress(chunk: Chunk, chunks: int, unit: str, enabled: bool):

@@ -249,9 +249,8 @@ class ImageTask:
 
     def schedule(self) -> tuple[list[Chunk], int, int]:
         cfg, n = self.cfg, self.steps
-        last = cfg.epochs
-        chunks = [Chunk(e + 1, e * n, (e + 1) * n, (e + 1) % cfg.eval_every == 0 or e + 1 == last,
-                        full=(e + 1) % cfg.test_every == 0 or e + 1 == last)
+        chunks = [Chunk(e + 1, e * n, (e + 1) * n, (e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs,
+                        full=(e + 1) % cfg.test_every == 0 or e + 1 == cfg.epochs)
                   for e in range(cfg.epochs)]
         return chunks, n * cfg.epochs, round(cfg.warmup_epochs * n)
 
