@@ -10,20 +10,19 @@ An :class:`SSMAdapter` exposes, for one SSM module, tensors *aliasing the module
   conv, whose last tap (index d_conv − 1) multiplies the current token;
 * ``D`` (d_inner): the skip.
 
-The built-in adapter covers ``mambapy.mamba.MambaBlock`` (pure-PyTorch Mamba-1). It is matched by
-class name and module, so structinit imports without mambapy. Teach structinit another SSM
-class with :func:`register_ssm_adapter`.
+The built-in adapters cover ``mambapy.mamba.MambaBlock`` (pure-PyTorch Mamba-1) and Hugging Face
+``transformers``' ``MambaMixer``. They are matched by class name and module, so structinit imports
+without either package. Teach structinit another SSM class with :func:`register_ssm_adapter`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from structinit.adapters.registry import _target_name, first_match, target_matcher
+from structinit.adapters.registry import AdapterEntry, _target_name, first_match, target_matcher
 from structinit.utils import Registry
 
 
@@ -145,17 +144,9 @@ class HuggingFaceMambaAdapter(MambapyAdapter):
     CLASS, PACKAGE = "MambaMixer", "transformers"
 
 
-@dataclass(frozen=True)
-class SSMAdapterEntry:
-    """``match(module)`` says whether ``factory(module)`` can build an :class:`SSMAdapter` for it."""
-
-    match: Callable[[nn.Module], bool]
-    factory: Callable[[nn.Module], SSMAdapter]
-
-
-SSM_ADAPTERS: Registry[SSMAdapterEntry] = Registry("SSM adapter")
+SSM_ADAPTERS: Registry[AdapterEntry] = Registry("SSM adapter")
 for _cls in (MambapyAdapter, HuggingFaceMambaAdapter):
-    SSM_ADAPTERS.register(f"structinit.{_cls.__name__}", SSMAdapterEntry(_cls.matches, _cls))
+    SSM_ADAPTERS.register(f"structinit.{_cls.__name__}", AdapterEntry(_cls.matches, _cls))
 
 
 def register_ssm_adapter(target: type[nn.Module] | Callable[[nn.Module], bool],
@@ -164,7 +155,7 @@ def register_ssm_adapter(target: type[nn.Module] | Callable[[nn.Module], bool],
     predicate; ``factory(module)`` returns an :class:`SSMAdapter`. User adapters are tried
     first, most recent first; registering a target again replaces its factory."""
     match = target_matcher(target, factory, "SSMAdapter")
-    SSM_ADAPTERS.register(_target_name(target), SSMAdapterEntry(match, factory), replace=True, first=True)
+    SSM_ADAPTERS.register(_target_name(target), AdapterEntry(match, factory), replace=True, first=True)
 
 
 def unregister_ssm_adapter(target: type[nn.Module] | Callable[[nn.Module], bool]) -> None:

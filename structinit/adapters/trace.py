@@ -44,7 +44,6 @@ class _Stop(Exception):
 
 def first_layer(model: nn.Module):
     """(name, adapter) of the model's first attention layer, or None when it has none."""
-
     try:
         return find_attention_layers(model)[0]
     except ValueError:
@@ -52,12 +51,18 @@ def first_layer(model: nn.Module):
 
 
 @torch.no_grad()
-def run_probe(model: nn.Module, images: torch.Tensor, handles: list, seed: int = 0) -> bool:
-    """Run ``images`` through ``model`` in eval mode (restored after), with hooks already
-    registered (their ``handles`` are removed after); a hook stops the forward early by raising
-    :class:`_Stop`. False when the forward fails before that (a probe the model does not take).
-    Torch's random state is forked and seeded, as in every probe: a random token order (MAE) is
-    the same from one probe to the next, and the caller's random numbers are not consumed."""
+def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0) -> torch.Tensor | None:
+    """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
+    ``model``, where a hook stops the forward; None when the forward fails before that (a probe
+    the model does not take). Eval mode (restored after), torch's random state forked and
+    seeded with ``seed``, as in every probe (:mod:`structinit.adapters.observe`)."""
+    seen = {}
+
+    def stop(module, args, kwargs):
+        seen["x"] = adapter.input_tokens(args, kwargs).detach().clone()
+        raise _Stop
+
+    handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
     was_training = model.training
     model.eval()
     try:
@@ -67,26 +72,11 @@ def run_probe(model: nn.Module, images: torch.Tensor, handles: list, seed: int =
     except _Stop:
         pass
     except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
-        return False
+        return None
     finally:
-        for handle in handles:
-            handle.remove()
+        handle.remove()
         model.train(was_training)
-    return True
-
-
-def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0) -> torch.Tensor | None:
-    """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
-    ``model`` (eval mode, restored; torch's random state seeded with ``seed``), or None when
-    the forward fails before reaching it."""
-    seen = {}
-
-    def stop(module, args, kwargs):
-        seen["x"] = adapter.input_tokens(args, kwargs).detach().clone()
-        raise _Stop
-
-    ok = run_probe(model, images, [adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)], seed)
-    return seen.get("x") if ok else None
+    return seen.get("x")
 
 
 @torch.no_grad()
@@ -123,8 +113,9 @@ def traced_discovery(model: nn.Module) -> Discovery | None:
 
 def _trace(model, adapter, candidates) -> Discovery | None:
     for c, h, w in probe_sizes(model, candidates):
-        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0))
-        base = tokens_at(model, adapter, images.to(candidates[0][1].dtype))
+        # in the tensors' dtype, for the base forward and for every perturbed one alike
+        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(candidates[0][1].dtype)
+        base = tokens_at(model, adapter, images)
         if base is not None:
             found = _classify(model, adapter, images, base, candidates)
             if found is not None:
@@ -163,8 +154,7 @@ def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int
     """``found`` with its grid of ``n`` tokens: the probe image cut into the model's patches when
     that gives ``n``, else the square grid of ``n``."""
     pe = found.pos_embed
-    patch = _patch(model)
-    grid = _grid_from(image, patch) if patch is not None else None
+    grid = _grid_from(image, _patch(model))  # None without a patch size
     if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
         side = square_side(n)
         grid = (side, side) if side else None
@@ -185,7 +175,7 @@ def consistent(model: nn.Module, found: Discovery) -> bool:
         n = math.prod(found.grid)
         fits = rows in (n, n + prefix) and (found.num_prefix_tokens is not None or rows == n)
     count = _first_layer_tokens(model)
-    return fits and (count is None or count in (rows, rows + prefix, rows - prefix + prefix))
+    return fits and (count is None or count in (rows, rows + prefix))
 
 
 _COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → tokens at its first layer
@@ -215,7 +205,7 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
     outputs do not depend on the PE, which tells them from the norms the tokens pass after it.
     ValueError when such a LayerNorm has a non-constant weight (it would mix position back in);
     None when nothing is found."""
-    first, found = first_layer(model), _pe_of(model)
+    first, found = first_layer(model), find_position_embedding(model).pos_embed
     if first is None or found is None:
         return None
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
@@ -236,7 +226,10 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
             perturbed = _calls(model, adapter, images, inside)
         finally:
             found.copy_(saved)
-        same = [perturbed is not None and torch.equal(a, b) for (_, a), (_, b) in zip(calls, perturbed or [])]
+        if perturbed is None:  # the model refuses the perturbed PE: no answer
+            return None
+        same = [i < len(perturbed) and perturbed[i][0] is m and torch.equal(out, perturbed[i][1])
+                for i, (m, out) in enumerate(calls)]
         patch = [i for i in patch if same[i]]
         if not patch:
             return None
@@ -249,11 +242,6 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
     return None
 
 
-def _pe_of(model: nn.Module) -> torch.Tensor | None:
-
-    return find_position_embedding(model).pos_embed
-
-
 def _norm_writes(name: str, norm: nn.LayerNorm) -> list[tuple[str, torch.Tensor, None]]:
     weight = norm.weight
     if weight is not None and not bool((weight == weight.flatten()[0]).all()):
@@ -262,7 +250,6 @@ def _norm_writes(name: str, norm: nn.LayerNorm) -> list[tuple[str, torch.Tensor,
     return [] if norm.bias is None else [(f"{name}.bias", norm.bias, None)]
 
 
-@torch.no_grad()
 def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor]] | None:
     """(module, output) of every Linear / Conv2d / LayerNorm outside the attention module, in
     the order they run before the first attention layer; None when the forward fails."""
