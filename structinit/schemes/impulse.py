@@ -117,7 +117,8 @@ def plan_impulse(
     row and an ordinary column); no head targets them and fidelity ignores their rows.
 
     The offsets are remembered on each attention module (``module.structinit_impulse``) for
-    :func:`structinit.impulse_fidelity` (see :func:`structinit.get_record`). Returns ``model``.
+    :func:`structinit.impulse_fidelity` (see :func:`structinit.get_record`). Returns the
+    :class:`structinit.Plan`; ``impulse_init_`` commits it and returns ``model``.
 
     Examples:
         >>> model = structinit.create_model("vit_tiny_patch2_32")
