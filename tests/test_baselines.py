@@ -14,6 +14,7 @@ from torch import nn
 
 import structinit
 from rejection import check_rejected
+from structinit.schemes.registry import SCHEMES
 
 BASELINES = ["pytorch", "timm", "jax", "xavier", "xavier_fused", "trunc_normal", "kaiming_uniform"]
 D = 192
@@ -329,3 +330,38 @@ def test_pytorch_scheme_zero_out_proj_bias_like_fresh_multihead_attention():
             assert_uniform(m.out_proj.weight, 1 / math.sqrt(64), "out_proj")
             assert torch.count_nonzero(m.in_proj_bias) == 0
             assert torch.count_nonzero(m.out_proj.bias) == 0, "out_proj.bias re-drawn after the MHA reset"
+
+
+class _ResetsThenFails(nn.Module):
+    """A module whose own reset_parameters fails after its children have been reset (the
+    ``pytorch`` scheme resets children before parents), with a counter buffer it bumps first."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+        self.register_buffer("resets", torch.zeros((), dtype=torch.long))
+
+    def reset_parameters(self):
+        self.resets += 1
+        raise RuntimeError("this model's own init failed")
+
+
+def test_a_reset_that_raises_leaves_the_model_as_it_was():
+    """Module code the ``pytorch`` scheme runs at commit can fail halfway; every tensor it had
+    already written (the children's resets, the buffer) is restored, so nothing is half-done."""
+    check_rejected(scramble(_ResetsThenFails()), lambda m: structinit.init_(m, "pytorch", seed=0),
+                   RuntimeError, "own init failed")
+
+
+def test_a_registered_scheme_that_raises_leaves_the_model_as_it_was():
+    @structinit.register_scheme("test_half_then_fail")
+    def half_then_fail(model, value: float = 1.0):
+        with torch.no_grad():
+            next(model.parameters()).fill_(value)
+        raise ValueError("failed after its first write")
+
+    try:
+        model = scramble(encoder())
+        check_rejected(model, lambda m: structinit.init_(m, "test_half_then_fail"), ValueError, "first write")
+    finally:
+        SCHEMES.pop(("model", "test_half_then_fail"))

@@ -113,3 +113,19 @@ def test_convit_needs_average_pooling():
         structinit.models.ConViT(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2)
     with pytest.raises(ValueError, match=r"local_up_to_layer=3"):
         structinit.create_model("convit_cpu_patch4_32", depth=2, local_up_to_layer=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_local_init_in_any_dtype(dtype):
+    """The local init (at construction, and again through the ``pytorch`` scheme, which runs
+    every module's reset_parameters) writes the Gaussian rows in the weight's own dtype."""
+    reference = GPSA(16, 4, grid=(4, 4), locality_strength=1.0)
+    gpsa = GPSA(16, 4, grid=(4, 4), locality_strength=1.0).to(dtype)
+    gpsa.reset_parameters()
+    assert torch.equal(gpsa.pos_proj.weight, reference.pos_proj.weight.to(dtype))
+    model = structinit.create_model("convit_cpu_patch4_32").to(dtype)
+    structinit.init_(model, "pytorch", seed=0)
+    for m in model.modules():
+        if isinstance(m, GPSA):
+            assert torch.equal(m.v.weight, torch.eye(m.v.in_features, dtype=dtype))
+            assert torch.equal(m.gating_param, torch.ones_like(m.gating_param))

@@ -2,6 +2,8 @@
 model's own logits, impulse writes the q/k biases, and the model's own maps on real images are
 the impulse; what cannot hold is refused with the model untouched."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -56,6 +58,23 @@ def test_every_layers_own_maps_on_real_images_are_the_impulse(target_mass):
             t = target_index((8, 8), offset)
             rows = torch.nonzero(t >= 0).squeeze(1)
             assert float(maps[i][:, h, rows, t[rows]].min()) >= target_mass - 1e-4, (name, h)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_model_whose_angles_are_rounded_still_hits(dtype):
+    """In 16 bits the model's own angles are rounded (bf16: by up to ~0.02 rad on an 8×8 grid),
+    which is not a non-linear rotation: the init is not refused, and the model's own maps hit."""
+    model = rope_vit().to(dtype)
+    structinit.init_(model, "impulse", seed=0)
+    assert bool((structinit.impulse_fidelity(model, images().to(dtype))["hit"] == 1).all())
+
+
+def test_a_bend_larger_than_rounding_is_refused_in_16_bits():
+    rotary = rope_vit().blocks[0].attn.rope.rotary()
+    bent = rotary.angles.clone()
+    bent[0, 9, 0] += 0.3
+    with pytest.raises(ValueError, match="not linear in the grid position"):
+        dataclasses.replace(rotary, angles=bent.to(torch.bfloat16)).frequencies()
 
 
 def test_a_class_token_is_not_rotated_and_the_grid_still_hits():

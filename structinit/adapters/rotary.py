@@ -90,7 +90,9 @@ def _frequencies(angles: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     x = torch.arange(w, dtype=torch.float64)[None, :, None]
     linear = a[:, :1, :1] + y * wy[:, None, None] + x * wx[:, None, None]
     off = float(_wrapped(a - linear).abs().max()) if a.numel() else 0.0
-    if off > LINEAR_TOLERANCE:
+    # Angles held in 16 bits are rounded, each by up to half a unit in the last place of its size.
+    rounding = torch.finfo(angles.dtype).eps * float(a.abs().max()) if a.numel() else 0.0
+    if off > LINEAR_TOLERANCE + rounding:
         raise ValueError(f"the rotary angles are not linear in the grid position on a {h}×{w} grid (off by {off:.3g} "
                          "rad): impulse needs θ_f(p) = θ_f(0) + ω_f·p, as axial, mixed and 1-D RoPE have")
     return torch.stack([wy, wx], -1)

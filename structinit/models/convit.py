@@ -67,8 +67,8 @@ class GPSA(nn.Module):
         self.pos_proj.bias.zero_()
         centres = head_centres(self.num_heads)
         centred = [h for h, centre in enumerate(centres) if centre is not None]
-        self.pos_proj.weight[centred] = gaussian_positional_weight([centres[h] for h in centred],
-                                                                   device=self.pos_proj.weight.device)
+        w = self.pos_proj.weight
+        w[centred] = gaussian_positional_weight([centres[h] for h in centred], device=w.device).to(w.dtype)
         self.pos_proj.weight.mul_(self.locality_strength)  # heads without a centre too, as published
         self.gating_param.fill_(1.0)
 

@@ -195,7 +195,8 @@ def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, 
             for m in _post_order(model):
                 _reset(m)
 
-    plan = Plan(actions=[reset_all])  # the resets write the model themselves, so they run at commit
+    # The resets write the model themselves, so they run at commit (undone if one raises).
+    plan = Plan(actions=[reset_all], touched=[*model.parameters(), *model.buffers()])
     pos, tokens = _position_and_prefix(model)
     if pos is not None:
         plan.add([(pos, torch.randn(pos.shape, generator=gen) * 0.02)])

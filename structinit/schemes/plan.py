@@ -24,6 +24,8 @@ class Plan:
     writes: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     records: list[tuple[nn.Module, str, dict | None]] = field(default_factory=list)
     actions: list[Callable[[], None]] = field(default_factory=list)
+    # The tensors the actions may write in place: saved before they run, restored if the commit fails.
+    touched: list[torch.Tensor] = field(default_factory=list)
     # Run on the model as written; one that raises undoes the plan (commit; structinit.schemes.checks).
     checks: list[Callable[[], None]] = field(default_factory=list)
     # Layers the scheme left alone on purpose, (name, why), for the caller to report.
@@ -52,24 +54,24 @@ class Plan:
         self.records.append((adapter.module, "impulse", record))
 
     def commit(self) -> None:
-        """Apply the plan; when a check fails, restore every written tensor and record (actions
-        cannot be undone, so a plan with actions has no checks) and raise its error."""
-        if self.checks and self.actions:
-            raise RuntimeError("internal: a plan with actions cannot be checked and undone")
-        saved = self._save() if self.checks else None
-        for action in self.actions:
-            action()
-        self._apply(self.writes, self.records)
+        """Apply the plan; when an action or a check raises, restore every tensor written (the
+        writes' destinations and ``touched``) and every record, and raise its error. An action
+        that changes a module's structure (a parametrisation) is not undone."""
+        saved = self._save() if self.checks or self.actions else None
         try:
+            for action in self.actions:
+                action()
+            self._apply(self.writes, self.records)
             for check in self.checks:
                 check()
         except BaseException:
-            self._apply(*saved)
+            if saved is not None:
+                self._apply(*saved)
             raise
 
     def _save(self):
         tensors, seen = [], set()
-        for dst, _ in self.writes:
+        for dst in [*(dst for dst, _ in self.writes), *self.touched]:
             key = (dst.data_ptr(), tuple(dst.shape), dst.stride())
             if key not in seen:
                 seen.add(key)

@@ -79,13 +79,13 @@ def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, ta
     """Make the in-place ``fn(model, **options) -> model`` selectable as ``init_(model, name)``
     (usable as a decorator). ``target`` says which modules it initialises (one of
     :data:`TARGETS`). Its options are checked by name against its signature; it runs when the
-    plan commits."""
+    plan commits, and if it raises, every parameter and buffer of the model is restored."""
     check_choice("target", target, TARGETS)
 
     def deco(f):
         @functools.wraps(f)
         def plan(model: nn.Module, *args, **options) -> Plan:
-            return Plan(actions=[lambda: f(model, *args, **options)])
+            return Plan(actions=[lambda: f(model, *args, **options)], touched=[*model.parameters(), *model.buffers()])
 
         _register(Scheme(name, target, plan, f, typed=False))
         return f
