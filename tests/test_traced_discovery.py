@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+import structinit
 from structinit.adapters.trace import traced_discovery, traced_patch_embedding
 from structinit.models.vit import Attention
 
@@ -78,3 +79,37 @@ def test_traced_patch_embedding_when_the_perturbed_forward_fails():
     assert traced_patch_embedding(model) is None
     assert torch.equal(model.pos_embed, before)
     assert model(torch.randn(1, 3, 16, 16)).shape == (1, 17, 16)
+
+
+class FixedTable(nn.Module):
+    """A ViT whose fixed sin-cos table is a plain float32 attribute, cast to the tokens' dtype in
+    the forward (vit-pytorch's SimpleViT): after ``.to(bfloat16)`` the table stays float32."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 4, 4)
+        self.table = torch.randn(16, dim)
+        self.mix = Attention(dim, 2)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        return self.mix(x + self.table.to(x.dtype))
+
+
+def test_a_table_held_in_another_dtype_than_the_model_is_traced_in_the_models():
+    torch.manual_seed(0)
+    model = FixedTable().to(torch.bfloat16)
+    found = traced_discovery(model)
+    assert found is not None and found.pos_embed is model.table and found.grid == (4, 4)
+
+
+def test_a_16_bit_q_k_norm_is_run_in_its_own_dtype():
+    """The adapters recompute q and k in float32 and run the model's own q/k norms on them: a
+    bf16 LayerNorm refuses float32 input, so it gets its own dtype (it raised 'mixed dtype')."""
+    torch.manual_seed(0)
+    model = structinit.create_model("vit_micro_patch2_16")
+    for block in model.blocks:
+        block.attn.q_norm, block.attn.k_norm = nn.LayerNorm(16), nn.LayerNorm(16)
+    model = model.to(torch.bfloat16)
+    structinit.init_(model, "mimetic", seed=0)
+    assert all(torch.isfinite(p).all() for p in model.parameters())

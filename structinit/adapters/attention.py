@@ -114,7 +114,10 @@ class AttentionAdapter:
             t = torch.einsum("...td,hdr->...htr", x, w.to(x.dtype))
             t = t if b is None else t + b.to(x.dtype)[:, None, :]
             norm = getattr(self.module, norm, None)
-            qk.append(norm(t) if isinstance(norm, nn.Module) else t)
+            if isinstance(norm, nn.Module):  # the model's own norm, run in its own dtype (a 16-bit norm refuses fp32)
+                held = next(norm.parameters(), None)
+                t = norm(t if held is None else t.to(held.dtype)).to(x.dtype)
+            qk.append(t)
         q, k = qk
         if self.cosine is not None:  # Swin-V2: s_h·cos(q, k)
             q, k = self.cosine.features(q, k, self.scale)

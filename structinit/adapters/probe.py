@@ -95,10 +95,11 @@ def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Te
 
 def _images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:
     images = torch.randn(count, *size, generator=torch.Generator().manual_seed(0))
-    return images.to(device=_device(model), dtype=_dtype(model))
+    return images.to(device=_device(model), dtype=model_dtype(model))
 
 
-def _dtype(model: nn.Module) -> torch.dtype:
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (its inputs' dtype), else float32."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
@@ -126,7 +127,7 @@ def _taken_size(model: nn.Module, sizes: list[tuple[int, int, int]]) -> list[tup
         for size in [*sizes, *((3, s, s) for s in _COMMON_SIDES if (3, s, s) not in sizes)]:
             try:
                 with torch.random.fork_rng(devices=[]):
-                    model(torch.zeros(1, *size, dtype=_dtype(model), device=_device(model)))
+                    model(torch.zeros(1, *size, dtype=model_dtype(model), device=_device(model)))
             except Exception:  # the wrong size (or not an image model): try the next
                 continue
             found = [size]

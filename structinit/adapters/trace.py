@@ -31,7 +31,15 @@ from structinit.adapters.position import (
     square_side,
     use_traced_discovery,
 )
-from structinit.adapters.probe import _patch, _rows, _taken_size, probe_inputs, probe_sizes, token_candidates
+from structinit.adapters.probe import (
+    _patch,
+    _rows,
+    _taken_size,
+    model_dtype,
+    probe_inputs,
+    probe_sizes,
+    token_candidates,
+)
 from structinit.adapters.registry import find_attention_layers
 from structinit.utils.memo import kept
 
@@ -113,8 +121,8 @@ def traced_discovery(model: nn.Module) -> Discovery | None:
 
 def _trace(model, adapter, candidates) -> Discovery | None:
     for c, h, w in probe_sizes(model, candidates):
-        # in the tensors' dtype, for the base forward and for every perturbed one alike
-        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(candidates[0][1].dtype)
+        # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike
+        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(model_dtype(model))
         base = tokens_at(model, adapter, images)
         if base is not None:
             found = _classify(model, adapter, images, base, candidates)
@@ -211,7 +219,7 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
     inside = {id(m) for m in adapter.module.modules()}
     for c, h, w in _taken_size(model, probe_sizes(model, [("pe", found)])):  # stated, else a common size
-        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(found.dtype)
+        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(model_dtype(model))
         calls = _calls(model, adapter, images, inside)
         if calls is None:
             continue
