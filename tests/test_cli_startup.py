@@ -61,8 +61,11 @@ def test_the_command_is_the_launcher_outside_the_package():
 def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(SLOW_IMPORT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    # Started as from a terminal, SIGINT at its default: a job a shell puts in the background without
+    # job control inherits SIGINT ignored, and Python then keeps ignoring it (the run would go on).
     proc = subprocess.Popen([str(console_script()), "demo"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "importing structinit\n", proc.communicate(timeout=60)
         proc.send_signal(signal.SIGINT)
