@@ -90,10 +90,11 @@ def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Te
     can be told."""
     dim = candidates[0][1].dim if candidates else _common_width(model)
     sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
-    return _images(model, count, sizes[0]) if sizes else None
+    return probe_images(model, count, sizes[0]) if sizes else None
 
 
-def _images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:
+def probe_images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:
+    """``count`` seeded N(0, 1) images of ``size`` (C, H, W) on the model's device, in its dtype."""
     images = torch.randn(count, *size, generator=torch.Generator().manual_seed(0))
     return images.to(device=_device(model), dtype=model_dtype(model))
 
@@ -151,4 +152,4 @@ def probe_at(model: nn.Module, grid: tuple[int, int], count: int = 2) -> torch.T
     patch = _patch(model)
     if patch is None:
         return None
-    return _images(model, count, (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1]))
+    return probe_images(model, count, (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1]))

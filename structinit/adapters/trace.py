@@ -35,7 +35,7 @@ from structinit.adapters.probe import (
     _patch,
     _rows,
     _taken_size,
-    model_dtype,
+    probe_images,
     probe_inputs,
     probe_sizes,
     token_candidates,
@@ -120,14 +120,14 @@ def traced_discovery(model: nn.Module) -> Discovery | None:
 
 
 def _trace(model, adapter, candidates) -> Discovery | None:
-    for c, h, w in probe_sizes(model, candidates):
+    for size in probe_sizes(model, candidates):
         # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike
-        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(model_dtype(model))
+        images = probe_images(model, 1, size)
         base = tokens_at(model, adapter, images)
         if base is not None:
             found = _classify(model, adapter, images, base, candidates)
             if found is not None:
-                return _with_grid(model, *found, (h, w))
+                return _with_grid(model, *found, size[1:])
     return None
 
 
@@ -218,8 +218,8 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
         return None
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
     inside = {id(m) for m in adapter.module.modules()}
-    for c, h, w in _taken_size(model, probe_sizes(model, [("pe", found)])):  # stated, else a common size
-        images = torch.randn(1, c, h, w, generator=torch.Generator().manual_seed(0)).to(model_dtype(model))
+    for size in _taken_size(model, probe_sizes(model, [("pe", found)])):  # stated, else a common size
+        images = probe_images(model, 1, size)
         calls = _calls(model, adapter, images, inside)
         if calls is None:
             continue

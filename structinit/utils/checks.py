@@ -62,10 +62,9 @@ def check_int(name: str, value: object, *, low: int | None = None, high: int | N
 
 
 def check_sizes(**sizes: object) -> None:
-    """Raise ``ValueError`` unless every value is an int ≥ 1 (a Python int, not ``bool``)."""
+    """:func:`check_int` with ``low=1`` on every ``name=value`` given (layer sizes and counts)."""
     for name, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r}: expected an int ≥ 1")
+        check_int(name, value, low=1)
 
 
 def check_number(
