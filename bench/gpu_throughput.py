@@ -40,7 +40,7 @@ import structinit
 from structinit.augment import Augment
 from structinit.data import load_dataset, stratified_subset
 from structinit.data.datasets import ArrayDataset
-from structinit.harness.config import ImageConfig
+from structinit.harness.config import COMPILE_MODES, ImageConfig
 from structinit.harness.recipes import recipe
 from structinit.harness.run.device import Placement, resolve_precision
 from structinit.harness.tasks import train
@@ -144,11 +144,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetch: int = 0) -> ImageConfig:
+def bench_config(spec: Spec, compile: bool, init: str, augment: str, cpu_prefetch: int = 0,
+                 aug_workers: int = 0, compile_mode: str = "default") -> ImageConfig:
     """``paper-cifar`` in bf16 at ``spec``'s model and batch, one epoch (half of it warm-up)."""
     return recipe("paper-cifar", model=spec.model, model_kwargs=dict(spec.overrides), batch_size=spec.batch,
                   compile=compile, init=init, augment=augment, precision="bf16", epochs=1, warmup_epochs=0.5,
-                  data_dir=None, test_prefix=None, test_every=1, cpu_prefetch=cpu_prefetch)
+                  data_dir=None, test_prefix=None, test_every=1, cpu_prefetch=cpu_prefetch, aug_workers=aug_workers,
+                  compile_mode=compile_mode)
 
 
 def wait_at(start_file: Path, timeout_s: float = 600.0) -> None:
@@ -163,12 +165,14 @@ def wait_at(start_file: Path, timeout_s: float = 600.0) -> None:
 
 
 def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup: int, init: str,
-            pipeline: str | None = None, start_file: Path | None = None, cpu_prefetch: int = 0) -> dict:
+            pipeline: str | None = None, start_file: Path | None = None, cpu_prefetch: int = 0,
+            aug_workers: int = 0, compile_mode: str = "default") -> dict:
     """images/s, warm-up seconds and peak memory of the harness's training step on ``spec``.
 
     Without ``pipeline`` the step trains on one fixed batch (the model and the optimiser
     alone); with it (an augmentation spec) each step takes the next batch of
-    :meth:`ImageTask.batches`, augmented on the device. Either way ``warmup`` steps run first
+    :meth:`ImageTask.batches`, augmented on the device (or on the CPU: ``cpu_prefetch`` batches
+    ahead in a thread, or in ``aug_workers`` processes). Either way ``warmup`` steps run first
     (compiling), then ``steps`` steps are timed as the training loop runs them: queued without
     waiting, with one synchronisation at the end."""
     shape, classes = input_shape_and_classes(spec)
@@ -178,7 +182,8 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
     labels = torch.randint(0, classes, (n,), generator=generator)
     data = ArrayDataset(images, labels, [str(k) for k in range(classes)], "random", (0.5,) * shape[0],
                         (0.25,) * shape[0])
-    cfg = bench_config(spec, compile, init, pipeline or "none", cpu_prefetch if pipeline else 0)
+    cfg = bench_config(spec, compile, init, pipeline or "none", cpu_prefetch if pipeline else 0,
+                       aug_workers if pipeline else 0, compile_mode)
     task, train_step = image_step(cfg, data, device)
     batches = task.batches(task.schedule()[0][0], Placement(1, 0, device))
     if pipeline is None:
@@ -195,10 +200,13 @@ def measure(spec: Spec, device: torch.device, compile: bool, steps: int, warmup:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    warm_s = run(warmup)
-    if start_file is not None:
-        wait_at(start_file)
-    seconds = run(steps)
+    try:
+        warm_s = run(warmup)
+        if start_file is not None:
+            wait_at(start_file)
+        seconds = run(steps)
+    finally:
+        task.close()
     if not all(math.isfinite(float(v)) for v in losses):
         raise FloatingPointError(f"{spec.label}: a training loss is not finite")
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
@@ -302,7 +310,8 @@ def device_header(device: torch.device, card: str | None, peak: float | None, ar
             f"training step (forward + backward + fused AdamW on CUDA, bf16 autocast), {args.steps} steps queued "
             f"after {args.warmup} warm-up steps, init {args.init}."
             + (f" Rows '+ pipeline' take their batches from the harness (ImageTask.batches): {args.pipeline} on "
-               "uint8 images on the device, then normalisation." if args.pipeline else ""))
+               "uint8 images (on the device, or on the CPU where the row says so), then normalisation."
+               if args.pipeline else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline-only", action="store_true", help="time only the --pipeline row")
     p.add_argument("--cpu-prefetch", type=int, default=0, metavar="N",
                    help="the --pipeline row augments on the CPU, N batches ahead (the harness's cpu_prefetch)")
+    p.add_argument("--aug-workers", default="0", metavar="N[,N…]",
+                   help="a --pipeline row for each N: augmented in N worker processes (the harness's aug_workers; "
+                   "0: on the device, or --cpu-prefetch's thread)")
+    p.add_argument("--no-eager", dest="eager", action="store_false", help="no eager rows (with compile)")
+    p.add_argument("--compile-modes", default="default", metavar="MODE[,MODE…]",
+                   help="a compiled row for each of torch.compile's modes (e.g. default,reduce-overhead: CUDA "
+                   "graphs); the --pipeline rows take the first")
     p.add_argument("--start-file", type=Path, default=None, metavar="PATH",
                    help="after warming up, write PATH.ready.<pid> and time only once PATH exists (to time "
                    "concurrent processes over one window)")
@@ -356,6 +372,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--pipeline-only and --cpu-prefetch are about the --pipeline row: give --pipeline AUGMENT too")
     if args.cpu_prefetch < 0:
         raise SystemExit(f"--cpu-prefetch {args.cpu_prefetch}: expected N ≥ 0 batches ahead")
+    try:
+        workers_list = [int(w) for w in args.aug_workers.split(",")]
+    except ValueError:
+        workers_list = [-1]
+    if any(w < 0 for w in workers_list) or len(set(workers_list)) != len(workers_list):
+        raise SystemExit(f"--aug-workers {args.aug_workers}: expected distinct counts ≥ 0, e.g. 0,8")
+    compile_modes = [m.strip() for m in args.compile_modes.split(",")]
+    if not compile_modes or any(m not in COMPILE_MODES for m in compile_modes):
+        raise SystemExit(f"--compile-modes {args.compile_modes}: expected modes from {', '.join(COMPILE_MODES)}")
     if args.pipeline is not None:
         try:
             Augment.parse(args.pipeline)
@@ -366,12 +391,22 @@ def main(argv: list[str] | None = None) -> int:
         card, peak = "--peak-tflops", args.peak_tflops
     header = device_header(device, card, peak, args)
     print(header, flush=True)
-    modes = ["eager", "compile"] if args.compile else ["eager"]
+    compiled = {("compile" if m == "default" else f"compile ({m})"): m for m in compile_modes}
+    first = ["eager", *list(compiled)[:1]] if args.compile else ["eager"]
+    if not args.eager and args.compile:
+        first = first[1:]
+    pipelines = []  # (mode, workers): the harness's whole step, in the first compile mode (or eager)
     if args.pipeline is not None:
-        where = f", CPU {args.cpu_prefetch} ahead" if args.cpu_prefetch else ""
-        modes.append(f"{modes[-1]} + pipeline{where}")  # the harness's whole step, in the fastest mode only
-    if args.pipeline_only:
-        modes = modes[-1:]
+        for workers in workers_list:
+            where = (f", {workers} workers" if workers else f", CPU {args.cpu_prefetch} ahead" if args.cpu_prefetch
+                     else "")
+            pipelines.append((f"{first[-1]} + pipeline{where}", workers))
+    # the step alone, with its batches, then the other compile modes (last: --budget-s cuts those first)
+    modes = [] if args.pipeline_only else first
+    modes = [*modes, *(mode for mode, _ in pipelines)]
+    if not args.pipeline_only and args.compile:
+        modes += list(compiled)[1:]
+    workers_of = dict(pipelines)
     counted = [flops_per_image(spec) for spec in specs]  # (FLOPs per image, image shape)
     cells, failed, start = {}, False, time.perf_counter()
     text = throughput_table([], header, peak)
@@ -385,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     row |= measure(spec, device, mode.startswith("compile"), args.steps, args.warmup, args.init,
                                    args.pipeline if "+ pipeline" in mode else None, args.start_file,
-                                   args.cpu_prefetch)
+                                   args.cpu_prefetch, workers_of.get(mode, 0),
+                                   compiled.get(mode.split(" + ")[0], "default"))
                 except torch.OutOfMemoryError:
                     row["status"] = "out of memory"
                 except Exception as error:  # one bad cell fails the run, the others are still measured

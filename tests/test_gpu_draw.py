@@ -3,12 +3,14 @@ payload cut into parts and joined with its md5 sums checked, every call's work, 
 trains on between calls, stops with its checkpoint brought back in pieces, and resumes from
 them in the next draw to the same end."""
 
+import hashlib
 import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -57,30 +59,38 @@ def draw(tmp_path):
                               text=True, env={**env, "OUT": str(tmp_path / out), **extra}, timeout=300)
 
     yield parts, call
-    pid = tmp_path / "work" / "paper-cifar-impulse.pid"
-    if pid.exists():  # never leave a training process behind
+    for pid in (tmp_path / "work").glob("*.pid"):  # never leave a training process behind
         try:
             os.kill(int(pid.read_text()), signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, ValueError):
             pass
+
+
+def _runs(out: Path) -> dict[str, str]:
+    """The files of runs.tar under ``out``: {'<run>/<file>': text}."""
+    with tarfile.open(out / "runs.tar") as tar:
+        return {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+
+
+def _tar_rows(out: Path, run: str) -> list[dict]:
+    return [json.loads(line) for line in _runs(out).get(f"{run}/metrics.jsonl", "").splitlines()]
 
 
 def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tmp_path, draw):
     parts, call = draw
+    column = {"GPU_DRAW_COLUMN": "impulse mimetic", "GPU_DRAW_TRAIN_ARGS": "--epochs 12"}
     n = parts()
     assert n == 3 and all((tmp_path / "parts" / f"part{k}" / "MD5SUMS").exists() for k in (1, 2, 3))
     one = call(1, n, "out1")
     assert one.returncode == 0, one.stdout + one.stderr
     assert "| cuda-tests | skipped |" in (tmp_path / "out1" / "draw.md").read_text()
-    two = call(2, n, "out2", GPU_DRAW_CONCURRENCY="1")
+    two = call(2, n, "out2")  # the default jobs: tests, then throughput
     assert two.returncode == 0, two.stdout + two.stderr
-    assert "CPU 4 ahead" in (tmp_path / "out2" / "throughput-cpu-prefetch.md").read_text()
-    table = (tmp_path / "out2" / "concurrency.md").read_text()
-    assert all(f"\n| {p} |" in table for p in (1, 2, 4)) and "measured" not in table
-    assert "+ pipeline" in (tmp_path / "out2" / "throughput.md").read_text()
+    table = (tmp_path / "out2" / "throughput.md").read_text()
+    assert "+ pipeline |" in table and "+ pipeline, 2 workers |" in table
 
     # call 3 joins the parts and starts a 12-epoch run that trains on after the call returns
-    three = call(3, n, "out3", GPU_DRAW_SECONDS="0", GPU_DRAW_TRAIN_ARGS="--epochs 12")
+    three = call(3, n, "out3", GPU_DRAW_SECONDS="0", **column)
     assert three.returncode == 0, three.stdout + three.stderr
     assert "md5 sums match: 4 files" in three.stdout and "starting the run" in three.stdout
     metrics = tmp_path / "work" / "paper-cifar-impulse" / "metrics.jsonl"
@@ -89,13 +99,13 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
         time.sleep(0.2)
     assert len(_rows(metrics)) >= 2
     # call 4, the draw's last: the run is stopped and its checkpoint comes back in pieces
-    four = call(4, n, "out4", GPU_DRAW_SECONDS="0", GPU_DRAW_STOP="1", GPU_DRAW_KEEP="1",
-                GPU_DRAW_TRAIN_ARGS="--epochs 12")
+    four = call(4, n, "out4", GPU_DRAW_SECONDS="0", GPU_DRAW_STOP="1", GPU_DRAW_KEEP="1", **column)
     assert four.returncode == 0, four.stdout + four.stderr
     assert "the run is training" in four.stdout and "stopping the run" in four.stdout
     back = sorted(p.name for p in (tmp_path / "out4").iterdir())
-    assert "checkpoint.md5" in back and "checkpoint.pt.00" in back and "result.json" not in back
-    stopped_at = _rows(tmp_path / "out4" / "metrics.jsonl")[-1]["epoch"]
+    assert "checkpoint.md5" in back and "checkpoint.pt.00" in back and len(back) <= 8
+    assert "paper-cifar-impulse/result.json" not in _runs(tmp_path / "out4")
+    stopped_at = _tar_rows(tmp_path / "out4", "paper-cifar-impulse")[-1]["epoch"]
     assert 2 <= stopped_at < 12
 
     # The next draw, on a fresh machine: the payload carries the checkpoint, and the run resumes.
@@ -112,16 +122,24 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     assert other.returncode == 1 and "FAILED resume check: this machine makes other initial weights" in other.stdout
     resume.write_text(json.dumps(saved))
     # the payload's run decides the init: naming another before the run is done is refused, unchanged
-    wrong = call(n, n, "out5", GPU_DRAW_INIT="mimetic", GPU_DRAW_TRAIN_ARGS="--epochs 12")
+    wrong = call(n, n, "out5", GPU_DRAW_INIT="mimetic", **column)
     assert wrong.returncode == 2 and "resumes a run of init impulse: unset GPU_DRAW_INIT" in wrong.stderr
     assert not (tmp_path / "work" / "paper-cifar-mimetic").exists() and not (tmp_path / "data").exists()
-    last = call(n, n, "out5", GPU_DRAW_TRAIN_ARGS="--epochs 12")
+    # The resumed run finishes, and the column's next init starts in the time left and finishes too.
+    last = call(n, n, "out5", GPU_DRAW_SECONDS="200", GPU_DRAW_NEXT_MIN_S="1", GPU_DRAW_WEIGHTS="1", **column)
     assert last.returncode == 0, last.stdout + last.stderr
     assert "resuming the run from the checkpoint in the payload" in last.stdout
-    result = json.loads((tmp_path / "out5" / "result.json").read_text())
+    assert "the column's next init, mimetic" in last.stdout and "the column is finished" in last.stdout
+    files = _runs(tmp_path / "out5")
+    result = json.loads(files["paper-cifar-impulse/result.json"])
     assert result["epochs_done"] == 12 and result["starts"][0] == 0 and result["starts"][-1] == stopped_at * 10
-    assert [r["epoch"] for r in _rows(tmp_path / "out5" / "metrics.jsonl")] == list(range(1, 13))
-    assert (tmp_path / "out5" / "model.md5").exists() and (tmp_path / "out5" / "model.safetensors.00").exists()
+    assert [r["epoch"] for r in _tar_rows(tmp_path / "out5", "paper-cifar-impulse")] == list(range(1, 13))
+    other_run = json.loads(files["paper-cifar-mimetic/result.json"])
+    assert other_run["config"]["init"] == "mimetic" and other_run["epochs_done"] == 12
+    for run in ("paper-cifar-impulse", "paper-cifar-mimetic"):  # the weights, joined to the device's md5 sum
+        pieces = sorted((tmp_path / "out5").glob(f"{run}.safetensors.*"))
+        joined = b"".join(p.read_bytes() for p in pieces)
+        assert hashlib.md5(joined).hexdigest() == (tmp_path / "out5" / f"{run}.md5").read_text().split()[0]
 
 
 def test_a_call_without_its_part_or_with_a_damaged_part_says_so(tmp_path, draw):
@@ -135,4 +153,15 @@ def test_a_call_without_its_part_or_with_a_damaged_part_says_so(tmp_path, draw):
     piece.write_bytes(piece.read_bytes()[:-1] + b"\0")
     damaged = call(n, n, "out")
     assert damaged.returncode == 1 and "md5 sums of the payload do not match" in damaged.stdout
-    assert not (tmp_path / "work" / "paper-cifar-impulse").exists()
+    assert not (tmp_path / "work" / "paper-cifar-mimetic").exists()
+
+
+def test_the_calls_take_the_jobs_in_the_order_given(tmp_path, draw):
+    parts, call = draw
+    n = parts()
+    one = call(1, n, "out1", GPU_DRAW_JOBS="throughput")
+    assert one.returncode == 0 and "## call 1: throughput" in one.stdout, one.stdout + one.stderr
+    two = call(2, n, "out2", GPU_DRAW_JOBS="throughput")
+    assert two.returncode == 0 and "no job for call 2" in two.stdout and "tests" not in two.stdout
+    bad = call(1, n, "out3", GPU_DRAW_JOBS="throughput benchmark")
+    assert bad.returncode == 2 and "unknown job 'benchmark'" in bad.stderr

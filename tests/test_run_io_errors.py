@@ -6,8 +6,6 @@ from __future__ import annotations
 import errno
 import os
 
-import torch
-
 from structinit.harness.cli.main import main
 from structinit.harness.run import checkpoint
 from structinit.harness.run.checkpoint import load_checkpoint
@@ -16,26 +14,29 @@ ARGS = ["train", "--recipe", "digits", "--epochs", "3", "--set", "train_size=Non
 
 
 def test_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    # The second checkpoint finds the disk full: written in the background while epoch 3 trains, its
+    # error still ends the run in one line, and the epoch-1 checkpoint is the one kept.
     out = tmp_path / "run"
-    real_save, calls = torch.save, []
+    real_fsync, calls = os.fsync, []
 
-    def full_disk(obj, f):  # what torch.save says when the disk fills up mid-file
-        calls.append(1)
-        if len(calls) == 2:
-            f.write(b"PK\x03\x04partial")
-            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 1417216 vs 1417104")
-        real_save(obj, f)
+    def full_disk(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1].startswith(".checkpoint.pt."):
+            calls.append(1)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
 
-    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
     assert main([*ARGS, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert f"{out / 'checkpoint.pt'}: could not be written (the disk is full" in err
+    assert f"{out / 'checkpoint.pt'}: could not be written (No space left on device)" in err
     assert "the last good checkpoint" in err and "--resume" in err and "Traceback" not in err
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1  # the epoch-1 checkpoint, intact
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
 
-    monkeypatch.setattr(checkpoint.torch, "save", real_save)  # space freed
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1  # the metrics are never ahead of it
+    monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)  # space freed
     assert main([*ARGS, "--out", str(out), "--resume"]) == 0
     done = load_checkpoint(out / "checkpoint.pt")
     assert done["epoch"] == 3 and done["starts"] == [0, load_checkpoint(out / "checkpoint.pt")["starts"][1]]

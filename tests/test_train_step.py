@@ -41,13 +41,13 @@ def test_the_step_follows_the_schedule_and_changes_the_weights():
 
 
 @needs_cuda
-@pytest.mark.parametrize("cpu_prefetch", [0, 2])
-def test_cuda_step_and_batches_never_wait_for_the_device(cpu_prefetch):
+@pytest.mark.parametrize(("cpu_prefetch", "aug_workers"), [(0, 0), (2, 0), (0, 2)])
+def test_cuda_step_and_batches_never_wait_for_the_device(cpu_prefetch, aug_workers):
     # paper-cifar's augmentation (RandAugment draws per image on the CPU, every op; on the
     # device, or on the CPU ahead of the step) and the step, after one warm-up step: any
     # host-device synchronisation raises.
     task, step, where = _step(torch.device("cuda"), "flip,ra2-9-0.5", images=512, batch=64,
-                              cpu_prefetch=cpu_prefetch)
+                              cpu_prefetch=cpu_prefetch, aug_workers=aug_workers)
     assert step.opt.defaults.get("fused") is True
     batches = task.batches(task.schedule()[0][0], where)
     step(0, *next(batches))
@@ -58,6 +58,7 @@ def test_cuda_step_and_batches_never_wait_for_the_device(cpu_prefetch):
             step(i, x, y)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        task.close()
     torch.cuda.synchronize()
 
 
@@ -83,3 +84,78 @@ def test_a_run_resumes_with_another_cpu_prefetch_but_not_another_augmentation(tm
     # how the batches are made is not what they are: the finished run is found, not refused
     again = run_task(ImageTask(dataclasses.replace(cfg, cpu_prefetch=3)), resume=True, progress=False)
     assert again["history"] == done["history"] and again["init_fingerprint"] == done["init_fingerprint"]
+
+
+def _epochs(task, where, epochs=2):
+    return [list(task.batches(chunk, where)) for chunk in task.schedule()[0][:epochs]]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(len(ea) == len(eb) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+                                                               for x, y in zip(ea, eb)) for ea, eb in zip(a, b))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_the_batches_of_a_seed_are_the_same_for_any_worker_count():
+    # Two epochs (the workers outlive the first), paper-cifar's augmentation and a crop: in the step,
+    # in a thread, and in 1, 2 or 3 worker processes, the same images, labels and order.
+    task, _, where = _step(torch.device("cpu"), "flip,ra2-9-0.5,crop4", images=100, batch=16)
+    inline = _epochs(task, where)
+    assert len(inline) == 2 and len(inline[0]) == task.steps == 6
+    assert not torch.equal(inline[0][0][0], inline[1][0][0])
+    for kind in ({"cpu_prefetch": 2}, {"aug_workers": 1}, {"aug_workers": 2}, {"aug_workers": 3}):
+        task.cfg = dataclasses.replace(task.cfg, **{"cpu_prefetch": 0, "aug_workers": 0, **kind})
+        try:
+            assert _same(_epochs(task, where), inline), kind
+        finally:
+            task.close()
+    task.cfg = dataclasses.replace(task.cfg, aug_workers=0, seed=1)  # and another seed gives other batches
+    assert not _same(_epochs(task, where), inline)
+
+
+def test_a_batch_depends_on_its_key_alone():
+    # Any order of making the batches gives the same batches: what lets workers make them in any order.
+    from structinit.harness.tasks.image_batches import EpochBatches
+
+    task, _, _ = _step(torch.device("cpu"), "flip,ra2-9-0.5", images=64, batch=16)
+    source = EpochBatches(task.cpu_images, task.augment, seed=0, rank=0, world=1, per_rank=16, steps=4)
+    forward = [source[k] for k in range(8)]
+    again = EpochBatches(task.cpu_images, task.augment, seed=0, rank=0, world=1, per_rank=16, steps=4)
+    backward = [again[k] for k in reversed(range(8))][::-1]
+    assert all(torch.equal(a, b) for a, b in zip(forward, backward))
+    assert sorted(torch.cat([source.order(0), source.order(1)]).tolist()) == sorted(list(range(64)) * 2)
+
+
+def test_an_error_in_a_worker_reaches_the_run():
+    from structinit.harness.tasks.image_batches import AugmentWorkers, EpochBatches
+
+    def broken(x, generator):
+        raise ValueError("this augmentation is broken")
+
+    source = EpochBatches(torch.zeros(8, 3, 4, 4, dtype=torch.uint8), broken, seed=0, rank=0, world=1, per_rank=4,
+                          steps=2)
+    pool = AugmentWorkers(source, workers=1)
+    try:
+        with pytest.raises(ValueError, match="this augmentation is broken"):
+            list(pool.epoch(0))
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="workers=0"):
+        AugmentWorkers(source, workers=0)
+
+
+def test_a_run_trains_the_same_with_augmentation_workers(tmp_path):
+    # The whole run, bit for bit: the weights and the history (times aside) with and without workers.
+    from safetensors.torch import load_file
+
+    from structinit.harness.tasks import train
+
+    runs = {}
+    for workers in (0, 2):
+        cfg = recipe("digits", epochs=2, augment="flip,crop1", aug_workers=workers,
+                     out_dir=str(tmp_path / f"w{workers}"))
+        result = train(cfg, progress=False)
+        runs[workers] = ([{k: v for k, v in row.items() if k not in ("wall_s", "images_per_s")}
+                          for row in result["history"]], load_file(tmp_path / f"w{workers}" / "model.safetensors"))
+    assert runs[0][0] == runs[2][0]
+    assert all(torch.equal(runs[0][1][k], runs[2][1][k]) for k in runs[0][1])

@@ -28,6 +28,9 @@ from structinit.utils.checks import check_annotated
 __all__ = ["Facts", "RunConfig", "SequenceConfig", "ImageConfig", "check_config", "config_from_dict", "facts",
            "option"]
 
+# torch.compile's modes (torch.compile(mode=…)); "default" is torch's own default.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
 
 @dataclass(frozen=True)
 class Facts:
@@ -154,6 +157,9 @@ class RunConfig:
                             help="arithmetic: fp32, bf16, fp16, or auto (bf16 where the hardware has it natively, "
                             "else fp32)")
     compile: bool = option(False, flag=True, check="flag", help="torch.compile the model")
+    compile_mode: str = option("default", check=COMPILE_MODES, expected=", ".join(COMPILE_MODES),
+                               help="torch.compile's mode, with compile: reduce-overhead replays the step's kernels "
+                               "as CUDA graphs, the max-autotune modes search kernels first (minutes)")
     ema_decay: float | None = option(None, flag=True, check="decay", help="decay of an exponential moving average "
                                      "of the weights, also evaluated and exported (None = off)")
     eval_every: int = option(1, flag=True, check="count",
@@ -210,9 +216,12 @@ class ImageConfig(RunConfig):
                                        "0.1412, or None for no certification")
     augment: str = option("crop4,flip", flag=True, check="text", help="data augmentation, applied to whole batches")
     cpu_prefetch: int = option(0, check="natural", help="augment on the CPU in a background thread, this many "
-                               "batches ahead of the step (0: on the training device, in the step); the same draws "
-                               "either way (on a GPU a blend may round a tie the other way), so a run may change it "
-                               "when it resumes")
+                               "batches ahead of the step (0: on the training device, in the step); the same "
+                               "batches either way (on a GPU a blend may round a tie the other way), so a run may "
+                               "change it when it resumes")
+    aug_workers: int = option(0, check="natural", help="augment on the CPU in this many worker processes, kept for "
+                              "the whole run (0: none; cpu_prefetch or the device does it); the same batches for any "
+                              "number, so a run may change it when it resumes")
 
 
 @dataclass

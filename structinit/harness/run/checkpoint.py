@@ -21,6 +21,7 @@ import os
 import pickle
 import re
 import secrets
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,50 @@ def atomic_write_bytes(path: Path, write) -> None:
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Atomically save ``state`` (tensors, state dicts, numbers, strings, lists, dicts)."""
     atomic_write_bytes(path, lambda f: torch.save(state, f))
+
+
+def checkpoint_bytes(state: dict[str, Any]) -> bytes:
+    """The bytes :func:`save_checkpoint` writes for ``state``, made now: a training step may
+    change the tensors right after, while the bytes go to disk in the background."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+class BackgroundWrites:
+    """Run-file writes in one background thread, one at a time and in order, so that the
+    device trains on while a checkpoint is flushed and fsync'ed.
+
+    :meth:`submit` waits for the write before it (a run keeps at most one in flight) and
+    raises its error, if it failed; :meth:`wait` waits for the last one. An error is raised
+    once, in the training thread, as the write itself raised it.
+    """
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write) -> None:
+        """Run ``write()`` in the background once the write before it has finished."""
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(write,), name="structinit-writes")
+        self._thread.start()
+
+    def _run(self, write) -> None:
+        try:
+            write()
+        except BaseException as err:  # raised in the training thread, at the next submit or wait
+            self._error = err
+
+    def wait(self, raise_error: bool = True) -> None:
+        """Wait for the write in flight; raise its error (unless ``raise_error`` is false: the
+        caller is already handling another)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None and raise_error:
+            raise error
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,11 +33,13 @@ from structinit.harness.errors import NonFiniteLossError, RunIOError, user_input
 from structinit.harness.run.checkpoint import (
     EMA_WEIGHTS,
     WEIGHTS,
+    BackgroundWrites,
     MetricsLog,
+    atomic_write_bytes,
     check_same_init,
+    checkpoint_bytes,
     init_fingerprint,
     resume_state,
-    save_checkpoint,
     save_weights,
     write_json,
 )
@@ -108,6 +111,8 @@ def run_task(task: Task, resume: bool = False, progress: bool = True, wait: bool
             keep = (f"the last good checkpoint {ckpt} is kept: free some space (or fix the folder) and run again "
                     "with resume=True (--resume)") if ckpt.exists() else "no checkpoint was written yet"
             raise RunIOError(f"{err}; {keep}") from err.__cause__
+        finally:  # a task's helpers (augmentation workers) end with its run, however it ends
+            getattr(task, "close", lambda: None)()
 
 
 def construct_and_plan(cfg, sizes: dict) -> tuple[nn.Module, Plan]:
@@ -211,52 +216,61 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     if log is not None:
         log.flush()  # metric files agree with the checkpoint, even after a kill
     run_start = time.perf_counter()
-    for chunk in (c for c in chunks if c.first >= done):
-        loss_sum, right, scored = (torch.zeros((), device=device) for _ in range(3))
-        weight = 0
-        bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
-        t0 = time.perf_counter()
-        for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
-            loss, logits = train_step(step, x, y)
-            good, n, w = task.count(logits, y)
-            loss_sum += loss * w
-            right, scored, weight = right + good, scored + n, weight + w
-            if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
-                bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
-                bar.update(step + 1 - chunk.first - bar.n)
-        if bar is not None:
-            bar.close()
-        totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
-                                               torch.tensor(float(weight), dtype=torch.float64, device=device)]))
-        totals = totals.cpu()  # waits for the chunk's last step: the time below is the device's too
-        seconds = time.perf_counter() - t0
-        lr = train_step.lr(chunk.last - 1)
-        if not math.isfinite(float(totals[0])):
-            raise NonFiniteLossError(
-                f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not finite "
-                f"(lr {lr:.3g}); stopped without overwriting {ckpt_path}, which holds the run up to step {chunk.first}")
-        row = {**task.row(chunk), "step": chunk.last, "lr": lr, "train_loss": float(totals[0]) / float(totals[3]),
-               "train_acc": float(totals[1]) / max(1.0, float(totals[2])),
-               f"{task.examples}_per_s": (chunk.last - chunk.first) * cfg.batch_size / seconds,
-               "wall_s": wall_before + time.perf_counter() - run_start}
-        if chunk.evaluate:
-            row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1], full=chunk.full)
-            if ema is not None:  # the averaged weights too, then the live ones back
-                live = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                model.load_state_dict(ema.state)
-                scores = task.evaluate(model, dtype, where, False, robust=False, full=chunk.full)
-                row |= {f"ema_{k}": v for k, v in scores.items() if k.endswith("_acc")}
-                model.load_state_dict(live)
-        history = [*history, row]
-        if where.writes:
-            save_checkpoint(ckpt_path, {
-                "config": cfg.to_dict(), **task.row(chunk), "step": chunk.last, "model": model.state_dict(),
-                **train_step.state(), "history": history, "wall_s": row["wall_s"],
-                "finished": chunk is chunks[-1], "init_fingerprint": fingerprint, "starts": starts,
-            })
-            log.append(row)
-        if where.world > 1:
-            torch.distributed.barrier()
+    writes = BackgroundWrites()
+    try:
+        for chunk in (c for c in chunks if c.first >= done):
+            loss_sum, right, scored = (torch.zeros((), device=device) for _ in range(3))
+            weight = 0
+            bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
+            t0 = time.perf_counter()
+            for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
+                loss, logits = train_step(step, x, y)
+                good, n, w = task.count(logits, y)
+                loss_sum += loss * w
+                right, scored, weight = right + good, scored + n, weight + w
+                if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
+                    bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
+                    bar.update(step + 1 - chunk.first - bar.n)
+            if bar is not None:
+                bar.close()
+            totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
+                                                   torch.tensor(float(weight), dtype=torch.float64, device=device)]))
+            totals = totals.cpu()  # waits for the chunk's last step: the time below is the device's too
+            seconds = time.perf_counter() - t0
+            lr = train_step.lr(chunk.last - 1)
+            if not math.isfinite(float(totals[0])):
+                raise NonFiniteLossError(
+                    f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not "
+                    f"finite (lr {lr:.3g}); stopped without overwriting {ckpt_path}, which holds the run up to step "
+                    f"{chunk.first}")
+            row = {**task.row(chunk), "step": chunk.last, "lr": lr, "train_loss": float(totals[0]) / float(totals[3]),
+                   "train_acc": float(totals[1]) / max(1.0, float(totals[2])),
+                   f"{task.examples}_per_s": (chunk.last - chunk.first) * cfg.batch_size / seconds,
+                   "wall_s": wall_before + time.perf_counter() - run_start}
+            if chunk.evaluate:
+                row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1], full=chunk.full)
+                if ema is not None:  # the averaged weights too, then the live ones back
+                    live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                    model.load_state_dict(ema.state)
+                    scores = task.evaluate(model, dtype, where, False, robust=False, full=chunk.full)
+                    row |= {f"ema_{k}": v for k, v in scores.items() if k.endswith("_acc")}
+                    model.load_state_dict(live)
+            history = [*history, row]
+            if where.writes:
+                # Serialised now (the next step changes the tensors), written while the next chunk trains; the
+                # metrics follow the checkpoint, so that they are never ahead of it.
+                blob = checkpoint_bytes({
+                    "config": cfg.to_dict(), **task.row(chunk), "step": chunk.last, "model": model.state_dict(),
+                    **train_step.state(), "history": history, "wall_s": row["wall_s"],
+                    "finished": chunk is chunks[-1], "init_fingerprint": fingerprint, "starts": starts,
+                })
+                writes.submit(partial(_persist, ckpt_path, blob, log, row))
+            if where.world > 1:
+                torch.distributed.barrier()
+    except BaseException:  # the chunk before is on disk, whole, before the error goes on
+        writes.wait(raise_error=False)
+        raise
+    writes.wait()
     result = {"config": cfg.to_dict(), "seed": cfg.seed, "world_size": where.world, "versions": versions(),
               "precision": precision_name(dtype), "device": describe_device(device),
               "wall_s": history[-1]["wall_s"] if history else 0.0, "history": history,
@@ -271,6 +285,12 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
             save_weights(out / EMA_WEIGHTS, ema.state, metadata)
         write_json(result_path, result)
     return result
+
+
+def _persist(ckpt_path: Path, blob: bytes, log: MetricsLog, row: dict) -> None:
+    """Write a chunk's checkpoint (its bytes), then its metrics row."""
+    atomic_write_bytes(ckpt_path, lambda f: f.write(blob))
+    log.append(row)
 
 
 def finished_result(path: Path) -> dict[str, Any] | None:

@@ -47,7 +47,11 @@ class TrainStep:
         if where.world > 1:
             ids = [device.index] if device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        self.net = torch.compile(net) if cfg.compile else net
+        mode = cfg.compile_mode
+        self.net = torch.compile(net, mode=mode) if cfg.compile else net
+        # CUDA graphs (reduce-overhead, max-autotune) write each step's outputs into the same memory: the
+        # step marks where one step begins and hands back copies.
+        self.graphs = cfg.compile and mode in ("reduce-overhead", "max-autotune") and device.type == "cuda"
 
     def lr(self, step: int) -> float:
         """The learning rate of step ``step``: warm-up, then cosine decay (:func:`cosine_lr`)."""
@@ -57,8 +61,12 @@ class TrainStep:
         lr = self.lr(step)
         for group in self.opt.param_groups:
             group["lr"] = lr
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
             logits = self.net(x)
+        if self.graphs:
+            logits = logits.clone()
         loss = self.task.loss(logits, y)
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()

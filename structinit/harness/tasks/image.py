@@ -3,8 +3,10 @@ certified robustness included (Trockman & Kolter, ICLR 2021; the maths is in
 :mod:`structinit.analysis.certify`).
 
 The whole dataset lives on the training device as uint8 tensors; each epoch draws a
-permutation seeded by (seed, epoch) and augments whole batches there with a generator seeded
-by (seed, epoch, rank). A chunk of the run is an epoch. Evaluation scores every held-out or
+permutation seeded by (seed, epoch), and each batch its augmentation from a generator seeded by
+(seed, epoch, rank, batch), so that a batch is the same wherever it is augmented: on the device,
+or on the CPU in a thread or in worker processes (:mod:`~structinit.harness.tasks.image_batches`).
+A chunk of the run is an epoch. Evaluation scores every held-out or
 test split (accuracy and cross-entropy), and with ``certify_eps`` the certified accuracy of
 models that declare a Lipschitz bound and, at the end, the ℓ₂ PGD accuracy
 (:func:`pgd_accuracy`): certified training is an option of this task.
@@ -35,6 +37,7 @@ from structinit.harness.errors import user_input
 from structinit.harness.run.device import Placement, resolve_precision
 from structinit.harness.run.lifecycle import Chunk, construct_and_plan
 from structinit.harness.run.step import TrainStep
+from structinit.harness.tasks.image_batches import AugmentWorkers, EpochBatches
 from structinit.utils import derived_generator, to_device
 from structinit.utils.background import ahead
 
@@ -188,14 +191,16 @@ class ImageTask:
     """Classify images: a chunk is an epoch; see the module docstring."""
 
     unit, examples = "epoch", "images"
-    free_fields = ("cpu_prefetch",)
+    free_fields = ("cpu_prefetch", "aug_workers")
     state_keys = ("config", "epoch", "model", "optimizer", "scaler", "history", "wall_s")
     # Fields added after runs were made: a checkpoint without one ran with this value, and resumes.
     added_fields: ClassVar[dict[str, Any]] = {"loss": "ce", "hinge_margin": None, "certify_eps": None,
-                                              "test_every": 1, "cpu_prefetch": 0}
+                                              "test_every": 1, "cpu_prefetch": 0, "aug_workers": 0,
+                                              "compile_mode": "default"}
 
     def __init__(self, cfg: ImageConfig):
         self.cfg = cfg
+        self._workers: AugmentWorkers | None = None  # started by the first batches() with aug_workers
 
     def check(self) -> str:
 
@@ -255,22 +260,34 @@ class ImageTask:
         return chunks, n * cfg.epochs, round(cfg.warmup_epochs * n)
 
     def batches(self, chunk: Chunk, where: Placement):
-        epoch, k = chunk.number - 1, self.per_rank
-        order = torch.randperm(len(self.images), generator=derived_generator(self.cfg.seed, epoch))
-        mine = order[where.rank :: where.world][: self.steps * k]
-        mine_here = to_device(mine, where.device)
-        aug_gen = derived_generator(self.cfg.seed, epoch, where.rank, 1)  # 1: augmentation
-        if self.cfg.cpu_prefetch:
-            # The same draws on the CPU images, a background thread ahead of the step; pinned, so
-            # that the copy to a GPU is queued without waiting.
-            pin = where.device.type == "cuda"
-            augmented = (self.augment(self.cpu_images[mine[i * k : (i + 1) * k]], aug_gen) for i in range(self.steps))
-            uint8 = ahead((x.pin_memory() if pin else x for x in augmented), self.cfg.cpu_prefetch)
-            uint8 = (to_device(x, where.device) for x in uint8)
+        """The batches of ``chunk`` (an epoch) on ``where``'s device: normalised images and their
+        labels. Batch i of epoch e is the same wherever it is augmented (see
+        :mod:`~structinit.harness.tasks.image_batches`): on the device in the step, on the CPU in a
+        thread ``cpu_prefetch`` batches ahead, or in ``aug_workers`` processes."""
+        epoch, cfg = chunk.number - 1, self.cfg
+        sizes = dict(seed=cfg.seed, rank=where.rank, world=where.world, per_rank=self.per_rank, steps=self.steps)
+        on_device = EpochBatches(self.images, self.augment, **sizes)  # labels, and batches augmented in the step
+        pin = where.device.type == "cuda"  # pinned: the copy to a GPU is queued without waiting
+        if cfg.aug_workers:
+            if self._workers is None:
+                self._workers = AugmentWorkers(EpochBatches(self.cpu_images, self.augment, **sizes), cfg.aug_workers,
+                                               pin=pin)
+            uint8 = (to_device(x, where.device) for x in self._workers.epoch(epoch))
+        elif cfg.cpu_prefetch:
+            on_cpu = EpochBatches(self.cpu_images, self.augment, **sizes)
+            made = (on_cpu[epoch * self.steps + i] for i in range(self.steps))
+            uint8 = (to_device(x, where.device) for x in ahead((x.pin_memory() if pin else x for x in made),
+                                                                 cfg.cpu_prefetch))
         else:
-            uint8 = (self.augment(self.images[mine_here[i * k : (i + 1) * k]], aug_gen) for i in range(self.steps))
+            uint8 = (on_device[epoch * self.steps + i] for i in range(self.steps))
         for i, x in enumerate(uint8):
-            yield (x.float() / 255 - self.mean) / self.std, self.labels[mine_here[i * k : (i + 1) * k]]
+            yield (x.float() / 255 - self.mean) / self.std, self.labels[on_device.indices(epoch, i, on_device=True)]
+
+    def close(self) -> None:
+        """End the augmentation workers, if the run started any."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.cfg.loss == "hinge":  # label_smoothing is a cross-entropy option: it plays no part here

@@ -61,7 +61,8 @@ class SequenceTask:
     unit, examples = "step", "sequences"
     free_fields = ()
     state_keys = ("config", "step", "model", "optimizer", "history", "wall_s")
-    added_fields: ClassVar[dict[str, Any]] = {"precision": "fp32", "compile": False, "ema_decay": None}
+    added_fields: ClassVar[dict[str, Any]] = {"precision": "fp32", "compile": False, "ema_decay": None,
+                                              "compile_mode": "default"}
 
     def __init__(self, cfg: SequenceConfig):
         self.cfg = cfg
