@@ -12,6 +12,10 @@ After an intended change, regenerate the reference, review its diff and commit i
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +45,33 @@ def test_scheme_weights_match_the_golden_fingerprints(case, golden):
     assert case.id in golden["schemes"], f"no reference for case {case.id!r}; regenerate the golden file"
     diffs = differences(expected_scheme(golden, case), fingerprints(scheme_weights(case)))
     assert not diffs, failure("scheme case", f"{case.id}: init_({case.model}, {case.scheme!r}, {case.options})", diffs)
+
+
+# The CPU code paths a machine can take: MKL's instruction sets and ATen's vectorised kernels.
+# A machine with another CPU takes another path; each of these does on this machine.
+CODE_PATHS = {
+    "mkl-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "mkl-sse4_2": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    "aten-default": {"ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+@pytest.mark.parametrize("path", CODE_PATHS)
+def test_the_golden_fingerprints_hold_on_every_cpu_code_path(path):
+    """The same seed gives the same weights whatever BLAS, LAPACK and vector kernels compute
+    them: the fingerprints above, in a fresh process on another code path."""
+    env = {**os.environ, **CODE_PATHS[path]}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "match_the_golden_fingerprints or runs_on_the_code_path"], cwd=Path(__file__).parents[1],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{path} ({CODE_PATHS[path]}):\n{done.stdout[-4000:]}{done.stderr[-2000:]}"
+    assert f"{len(CASES) + 1} passed" in done.stdout, done.stdout[-2000:]
+
+
+def test_this_process_runs_on_the_code_path_asked_for():
+    # What makes the test above able to fail: its processes really take the other path.
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 
 
 def test_every_registered_scheme_has_a_golden_case(golden):

@@ -22,6 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from structinit.functional.linalg import psd_sqrt
 from structinit.utils import check_choice, check_int, check_number, make_generator
 
 NORMS = ("sum", "variance")
@@ -177,9 +178,11 @@ def _check_cov(cov: object) -> int:
 
 
 def sample_filters(cov: torch.Tensor, channels: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``channels`` filters f ~ N(0, Σ) i.i.d.: f = L z, z ~ N(0, I), L Lᵀ = Σ by
-    eigendecomposition (negative eigenvalues from round-off clipped to 0, so any symmetric
-    PSD-up-to-round-off Σ works). Σ: (k², k²); returns (channels, 1, k, k) float32.
+    """``channels`` filters f ~ N(0, Σ) i.i.d.: f = Σ^{½} z, z ~ N(0, I), with Σ^{½} the
+    symmetric PSD square root (:func:`~structinit.functional.linalg.psd_sqrt`; negative
+    eigenvalues from round-off count as 0, so any symmetric PSD-up-to-round-off Σ works). Unlike a
+    factor made of eigenvectors, Σ^{½} is the same on every machine, repeated eigenvalues and all.
+    Σ: (k², k²); returns (channels, 1, k, k) float32.
 
     Examples:
         >>> f = sample_filters(gaussian_kronecker_covariance(3, 1.0), 8, generator=torch.Generator().manual_seed(0))
@@ -190,9 +193,7 @@ def sample_filters(cov: torch.Tensor, channels: int, *, generator: torch.Generat
     check_int("channels", channels, low=1)
     g = make_generator(generator)
     z = torch.randn(channels, k * k, generator=g, dtype=torch.float64)
-    cov = cov.double()
-    evals, evecs = torch.linalg.eigh((cov + cov.T) / 2)
-    return (z @ (evecs * evals.clamp_min(0).sqrt()).T).float().view(channels, 1, k, k)
+    return (z @ psd_sqrt(cov)).float().view(channels, 1, k, k)
 
 
 def estimate_covariance(filters: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from structinit.functional.linalg import canonical_svd
 from structinit.functional.mimetic import mimetic_noise
 from structinit.functional.posembed import sincos_frequencies
 from structinit.functional.reservation import position_basis
@@ -243,7 +244,7 @@ def content_qk(z: torch.Tensor, heads: int, head_dim: int, used: int, weight: fl
     wk = torch.zeros_like(wq)
     for h in range(heads):
         m = weight * proj @ (mimetic_noise(d, generator=generator) + torch.eye(d, dtype=torch.float64)) @ proj
-        left, sv, right = torch.linalg.svd(m)
+        left, sv, right = canonical_svd(m)
         wq[h, :, used:] = left[:, :free] * sv[:free].sqrt()
         wk[h, :, used:] = right[:free].T * sv[:free].sqrt()
     return wq, wk

@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from structinit.functional.linalg import canonical_svd
 from structinit.utils import check_number
 
 NOISE = ("uniform", "normal", "circular")
@@ -211,7 +212,7 @@ def mimetic_factors(
         left, right, m = circular_factors(dim, dim, alpha, beta, with_target=True, generator=generator)
         return left[0], right[0], m[0]
     m = alpha * mimetic_noise(dim, noise, generator=generator) + beta * torch.eye(dim, dtype=torch.float64)
-    u, s, vh = torch.linalg.svd(m)
+    u, s, vh = canonical_svd(m)  # signs fixed: the same factors on every machine
     return u * s.sqrt(), s.sqrt()[:, None] * vh, m
 
 
