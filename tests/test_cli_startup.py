@@ -9,9 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 import structinit
 

@@ -253,3 +253,23 @@ def test_registry_has_every_downloadable_dataset():
             assert len(f.md5) == 32 and int(f.md5, 16) >= 0 and f.size > 0
     with pytest.raises(ValueError, match="no source for 'imagenet'"):
         download("imagenet", "unused")
+
+
+def test_the_mirror_the_error_advises_is_one_the_command_line_can_name(server, tmp_path, monkeypatch):
+    # The official host cannot be reached: the error names the mirror setting, and that setting
+    # fetches the files from the mirror through `structinit train --download`.
+    from structinit.harness.cli.main import main
+
+    hits = serve_cifar_archive(server, monkeypatch)
+    base = SOURCES["cifar10"].base_url
+    body = server[1]["/cifar-10-python.tar.gz"]
+    server[1]["/mirror/cifar-10-python.tar.gz"] = body
+    monkeypatch.setitem(SOURCES, "cifar10", Source("http://unreachable.invalid/", SOURCES["cifar10"].files))
+    with pytest.raises(DownloadError, match="STRUCTINIT_DATA_MIRROR=<url> for any command"):
+        download("cifar10", tmp_path / "a", timeout=5)
+    monkeypatch.setenv("STRUCTINIT_DATA_MIRROR", base + "mirror")
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "digits", "--dataset", "cifar10", "--data-dir", str(tmp_path / "b"),
+                 "--download", "--epochs", "1", "--set", "train_size=None", "--model", "vit_cpu_patch4_32",
+                 "--batch-size", "4", "--no-progress", "--out", str(out)]) == 0
+    assert hits == ["/mirror/cifar-10-python.tar.gz"] and (out / "result.json").is_file()

@@ -133,7 +133,10 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     files = _runs(tmp_path / "out5")
     result = json.loads(files["paper-cifar-impulse/result.json"])
     assert result["epochs_done"] == 12 and result["starts"][0] == 0 and result["starts"][-1] == stopped_at * 10
-    assert [r["epoch"] for r in _tar_rows(tmp_path / "out5", "paper-cifar-impulse")] == list(range(1, 13))
+    rows = _tar_rows(tmp_path / "out5", "paper-cifar-impulse")
+    assert [r["epoch"] for r in rows] == list(range(1, 13))
+    # the shared copy's exact test images every epoch, the whole (partly re-encoded) test set every 10
+    assert all("test_first1017_acc" in r for r in rows) and [r["epoch"] for r in rows if "test_acc" in r] == [10, 12]
     other_run = json.loads(files["paper-cifar-mimetic/result.json"])
     assert other_run["config"]["init"] == "mimetic" and other_run["epochs_done"] == 12
     for run in ("paper-cifar-impulse", "paper-cifar-mimetic"):  # the weights, joined to the device's md5 sum

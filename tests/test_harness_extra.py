@@ -52,3 +52,37 @@ for call in (lambda: structinit.load_dataset("digits"), lambda: _progress(Chunk(
     assert [line.split(" needs the ")[1].split()[0] for line in lines] == [
         "scikit-learn", "tqdm", "matplotlib", "pillow", "safetensors"]
     assert all(HARNESS_INSTALL in line for line in lines)
+
+
+# Each command with arguments it would accept on a full install (what it reads need not exist:
+# the missing extra is said first).
+COMMANDS = [
+    ["train", "--recipe", "digits", "--epochs", "1", "--no-progress"],
+    ["compare", "--recipe", "digits", "--inits", "impulse", "--seeds", "1", "--no-progress"],
+    ["report", "runs/nothing-here"],
+    ["attention", "--model", "vit_cpu_patch2_8", "--dataset", "none"],
+    ["cka", "runs/nothing-here", "runs/nothing-here-either"],
+    ["ablate", "kernel"],
+]
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_every_command_on_a_base_install_names_the_extra_in_one_line(argv, tmp_path):
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in EXTRA)
+    code = f"import sys; {blocked}\nfrom structinit.harness.cli.main import main\nsys.exit(main({argv!r}))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    err = proc.stderr.strip()
+    assert proc.returncode == 1, (proc.returncode, err[-2000:])
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"structinit {argv[0]} needs the harness extra" in err and HARNESS_INSTALL in err, err
+    assert "scikit-learn, matplotlib, pillow, tqdm, safetensors are not installed" in err
+    assert not any(tmp_path.iterdir())  # nothing started: no run folder
+
+
+def test_demo_needs_no_extra():
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in EXTRA)
+    code = (f"import sys; {blocked}\nfrom structinit.harness.cli.main import main\n"
+            "sys.exit(main(['demo', '--model', 'vit_cpu_patch2_8']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -192,3 +192,12 @@ def test_resume_compares_what_ran_not_how_it_was_spelt(tmp_path):
     assert again["final"] == first["final"] and again["config"]["precision"] == "auto"  # the finished run, as it was
     with pytest.raises(ValueError, match=r"different configuration \(precision differ\)"):
         train(digits(tmp_path, precision="fp16", epochs=1), resume=True, progress=False)
+
+
+def test_paper_cifar_scores_the_whole_test_set_of_the_users_copy():
+    # A user's CIFAR-10 is exact in all 10,000 test images: the recipe scores them all (every 10
+    # epochs and at the end); a prefix is for copies that are exact only up to some image.
+    from structinit.harness.recipes import recipe
+
+    cfg = recipe("paper-cifar")
+    assert cfg.test_prefix is None and cfg.test_every == 1 and cfg.eval_every == 10

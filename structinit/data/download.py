@@ -22,6 +22,9 @@ __all__ = ["SOURCES", "DownloadError", "RemoteFile", "Source", "download", "fetc
 
 log = logging.getLogger(__name__)
 _CHUNK = 1 << 20
+# A mirror that holds the official file names, for every download: what the command line sets.
+MIRROR_ENV = "STRUCTINIT_DATA_MIRROR"
+MIRROR_HINT = f"base_url= in Python, or the environment variable {MIRROR_ENV}=<url> for any command"
 
 
 class DownloadError(OSError):
@@ -119,7 +122,7 @@ def _stream(url: str, out: BinaryIO, timeout: float) -> tuple[str, int, int | No
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         raise DownloadError(
-            f"cannot reach {url}: {reason}; check the network, or pass base_url= a mirror that has the file"
+            f"cannot reach {url}: {reason}; check the network, or name a mirror that has the file: {MIRROR_HINT}"
         ) from exc
     h, received = hashlib.md5(usedforsecurity=False), 0
     with response:
@@ -169,12 +172,12 @@ def fetch(url: str, dest: str | Path, md5: str, size: int | None = None, timeout
         if size is not None and received != size:
             raise DownloadError(
                 f"{url}: received {received} bytes, expected {size} — the download is truncated or not the "
-                "official file; nothing was kept, retry or use another mirror (base_url=)"
+                f"official file; nothing was kept, retry or use another mirror ({MIRROR_HINT})"
             )
         if found != md5:
             raise DownloadError(
                 f"{url}: md5 is {found}, expected {md5} — the download is corrupted or truncated; "
-                "nothing was kept, retry or use another mirror (base_url=)"
+                f"nothing was kept, retry or use another mirror ({MIRROR_HINT})"
             )
         os.replace(part, dest)
     finally:
@@ -247,7 +250,8 @@ def download(
     Args:
         name: a key of :data:`SOURCES` ("cifar10", "cifar100", "svhn", "mnist", "fashion_mnist").
         root: the data folder; files go to ``root/<source.subdir>``.
-        base_url: replaces the source's host and path (a mirror holding the same file names).
+        base_url: replaces the source's host and path (a mirror holding the same file names);
+            by default ``$STRUCTINIT_DATA_MIRROR`` where it is set (how the command line names one).
         source: a :class:`Source` to use instead of ``SOURCES[name]``.
 
     Files that already exist with the right md5 are not downloaded again; an archive is not
@@ -258,7 +262,7 @@ def download(
             raise ValueError(f"download: no source for {name!r}; expected one of {', '.join(SOURCES)}")
         source = SOURCES[name]
     folder = Path(root).expanduser() / source.subdir
-    base = base_url if base_url is not None else source.base_url
+    base = base_url if base_url is not None else os.environ.get(MIRROR_ENV) or source.base_url
     base = base if base.endswith("/") else base + "/"
     for remote in source.files:
         path = fetch(base + remote.filename, folder / remote.filename, remote.md5, remote.size, timeout)

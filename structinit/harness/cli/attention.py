@@ -55,6 +55,7 @@ from structinit.harness.tasks.image import test_images
 from structinit.models import create_model
 from structinit.schemes.records import get_record, set_record
 from structinit.schemes.registry import init_
+from structinit.utils.optional_imports import require
 
 COMMAND = "attention"
 HELP = "attention-map figures of inits (--model/--init) or of a run before and after training (--run)"
@@ -239,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     with user_input("out_dir"):
         check_out_dir(out)
     layers = _ints(args.layers, "--layers")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "structinit attention's figures")
 
     try:
         if args.run:

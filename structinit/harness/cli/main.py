@@ -38,6 +38,7 @@ from structinit.harness.specs import parse_init_spec, parse_seeds, spec_label, s
 from structinit.harness.summary import format_summary
 from structinit.harness.tasks import train
 from structinit.models import list_models
+from structinit.utils.optional_imports import require_harness
 
 # Commands in a module of their own: each has COMMAND (its name), HELP (one line),
 # add_arguments(parser) and run(args) -> exit status.
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
+        if args.command != "demo":  # every other command trains, reads runs or draws: the harness extra
+            require_harness(f"structinit {args.command}")
         return commands[args.command](args)
     except KeyboardInterrupt as stop:
         if args.debug:

@@ -16,6 +16,7 @@ import re
 from structinit.harness.cli.flags import UsageError, field_flags
 from structinit.harness.errors import NonFiniteLossError, RunIOError, input_parameter
 from structinit.harness.tasks import config_fields
+from structinit.utils.optional_imports import HARNESS_INSTALL
 
 __all__ = ["exit_code", "format_error", "to_flags"]
 
@@ -64,6 +65,8 @@ def exit_code(err: BaseException) -> int | None:
     """2 for an error in the user's input, 1 for a run that failed on its own (a diverged
     loss, a full disk), None for a bug (shown with its traceback)."""
     if isinstance(err, (NonFiniteLossError, RunIOError)):
+        return 1
+    if isinstance(err, ImportError) and HARNESS_INSTALL in str(err):  # a missing package, named
         return 1
     if isinstance(err, UsageError) or input_parameter(err) is not None:
         return 2

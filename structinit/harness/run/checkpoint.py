@@ -287,8 +287,7 @@ def write_json(path: Path, obj: Any) -> None:
 def write_png(path: Path, fig, **savefig: Any) -> Path:
     """A matplotlib figure written as a PNG at ``path`` atomically (:func:`atomic_write_bytes`),
     then closed; ``savefig`` options (e.g. ``bbox_inches='tight'``) are passed on."""
-    import matplotlib.pyplot as plt
-
+    plt = require("matplotlib.pyplot", "figures")
     atomic_write_bytes(Path(path), lambda f: fig.savefig(f, format="png", **savefig))
     plt.close(fig)
     return Path(path)
