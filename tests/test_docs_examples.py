@@ -50,3 +50,24 @@ def test_the_config_tables_match_the_config_fields():
         text = want
     assert "<!-- fields: ImageConfig -->" in text and "<!-- fields: SequenceConfig -->" in text
     assert want == text, "stale: " + (test_the_config_tables_match_the_config_fields.__doc__ or "")
+
+
+def test_which_init_states_the_seed_spread_that_the_data_show():
+    # The page's words on how far seeds spread are the numbers bench/seed_spread.py computes from
+    # the per-seed data in docs/results/data/.
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from seed_spread import cells
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    found = cells()
+    text = (ROOT / "docs" / "which-init.md").read_text()
+    wider, total = map(int, re.search(r"in (\d+) of the (\d+) measured cells by more than 2 points", text).groups())
+    assert (wider, total) == (sum(1 for c in found if c[2] > 2.0), len(found))
+    spread = {(name, cell): round(points, 1) for name, cell, points, _ in found}
+    assert spread[("cpu-cifar-vit.json", "impulse")] == 3.3 and "up to 3.3 points\nfor impulse on `cpu-cifar`" in text
+    assert spread[("data-size.json", "accuracy/cifar10/1000/timm")] == 3.8 and "3.8 for `timm`" in text
+    assert round(found[0][2]) == 15 and "by up to 15 points" in text
