@@ -154,3 +154,18 @@ def test_baselines_reinitialise_hf_position_embedding_and_class_token(scheme):
     structinit.init_(model, scheme, seed=0)
     assert emb.position_embeddings.detach().abs().max() < 1  # trunc-normal / N(0, 0.02²), not 5
     assert emb.cls_token.detach().abs().max() < 1
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_as_many_tokens_as_channels_is_plain_attention(scheme, digits):
+    # SigLIP's tower (no class token) at width 64 on an 8×8 grid: its tokens, handed to the attention
+    # as hidden_states=…, are (B, 64, 64), the shape of a mask over 64 tokens. They are the tokens,
+    # not a logit term: the layer is written and its own maps carry the structure.
+    config = transformers.SiglipVisionConfig(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                             num_attention_heads=4, image_size=32, patch_size=4)
+    torch.manual_seed(0)
+    model = transformers.SiglipVisionModel(config)
+    structinit.init_(model, scheme, seed=0)
+    if scheme == "impulse":
+        fid = structinit.impulse_fidelity(model, digits[:8])
+        assert bool((fid["hit"] > 0.9).all()), fid["hit"]

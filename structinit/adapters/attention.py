@@ -157,7 +157,7 @@ class AttentionAdapter:
     def call_terms(self, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor | None:
         """The additive logit terms the module received with tokens ``x`` (B, T, D) in a call
         (Swin's window mask, BEiT's shared relative bias), as (B, 1 or heads, T, T), or None."""
-        return call_logit_terms(args, kwargs, x.shape[0], self.num_heads, x.shape[-2])
+        return call_logit_terms(args, kwargs, x.shape[0], self.num_heads, x.shape[-2], x)
 
     def attention_probs(self, x: torch.Tensor, terms: torch.Tensor | None = None) -> torch.Tensor:
         """softmax(q kᵀ · scale + relative bias + terms), shape (..., heads, T, T), for input

@@ -151,9 +151,11 @@ def find_relative_bias(module: nn.Module) -> RelativeBias | None:
     return RelativeBias(holder, table, index, grid, t - area)
 
 
-def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: int) -> torch.Tensor | None:
-    """The additive logit terms among a layer call's arguments besides its tokens, summed and
-    broadcast to (batch, 1 or heads, T, T); None if there is none.
+def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: int,
+                     x: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The additive logit terms among a layer call's arguments besides its tokens (the first
+    argument; in a call with none, the keyword that holds ``x``, else the first tensor keyword),
+    summed and broadcast to (batch, 1 or heads, T, T); None if there is none.
 
     A term is any floating tensor whose last two axes are (T, T): Swin's window mask
     (windows, T, T), tiled over the images of the batch as the layer does; a relative bias
@@ -162,7 +164,17 @@ def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: 
     (1, heads, T, T); a (T, T) or (batch or 1, heads or 1, T, T) mask.
     """
     found = []
-    for key, value in (*((None, a) for a in args[1:]), *kwargs.items()):
+    # The tokens are the call's first argument; in a call with none, the keyword that holds ``x`` (the
+    # tokens the projections read), else its first tensor keyword (Hugging Face passes hidden_states=…).
+    # With as many tokens as channels they are (…, T, T) too, and no logit term.
+    if args:
+        others = [(None, a) for a in args[1:]] + list(kwargs.items())
+    else:
+        passed = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        same = [k for k in passed if x is not None and kwargs[k].data_ptr() == x.data_ptr()]
+        tokens_key = (same or passed or [None])[0]
+        others = [(k, v) for k, v in kwargs.items() if k != tokens_key]
+    for key, value in others:
         if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim >= 2
                 and tuple(value.shape[-2:]) == (tokens, tokens)):
             continue
