@@ -384,3 +384,32 @@ def test_no_silent_choice(tmp_path, monkeypatch, capsys, argv, message):
         code = exit_.code
     assert code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--seeds", "1,1"], "--seeds '1,1': seed 1 is given twice"),
+    (["--inits", "impulse,mimetic,impulse"], "init spec 'impulse' names the same init as 'impulse'"),
+    (["--inits", "impulse:kernel_size=3", "--init", "impulse:kernel_size=3"], "names the same init"),
+    (["--seeds", "99999999999999999999999"], "a count is at most 10,000"),
+    (["--seeds", "0,-1"], "seed -1 is not a whole number in [0, 2**63)"),
+])
+def test_a_comparison_that_would_count_a_run_twice_or_never_end_is_refused(argv, words, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = main(["compare", "--recipe", "digits", "--epochs", "1", "--no-progress", "--out", str(out), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not out.exists()
+
+
+def test_the_compare_api_takes_what_the_command_line_takes(tmp_path):
+    from structinit.harness.compare import compare
+    from structinit.harness.recipes import recipe
+
+    base = recipe("digits", epochs=1)
+    with pytest.raises(ValueError, match="seed 0 is given twice"):
+        compare(base, ["pytorch"], [0, 0], tmp_path / "a")
+    with pytest.raises(ValueError, match=r"inits=\[\]: expected init specs"):
+        compare(base, [], 1, tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    summary = compare(base, "pytorch,mimetic", 1, tmp_path / "c", progress=False)  # a string, a count
+    assert set(summary) == {"pytorch", "mimetic"} and all(row["seeds"] == [0] for row in summary.values())

@@ -64,3 +64,21 @@ def test_no_ema_file_without_ema(tmp_path):
     train(recipe("digits", out_dir=str(tmp_path / "run"), epochs=1), progress=False)
     assert (tmp_path / "run/model.safetensors").is_file()
     assert not (tmp_path / "run/model_ema.safetensors").exists()
+
+
+def test_the_same_weights_make_the_same_bytes_in_every_process(tmp_path):
+    # safetensors orders the header's metadata by a hash map seeded per process: without sorting it,
+    # two identical exports differ in their bytes. Each process here writes the same weights.
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from structinit.harness.run.checkpoint import save_weights; "
+            "save_weights(sys.argv[1], {'a': torch.arange(6.0), 'b': torch.ones(2, 3)}, "
+            "{'config': '{}', 'init_fingerprint': 'f', 'structinit_version': '0', 'seed': '1'})")
+    files = []
+    for k in range(6):
+        files.append(tmp_path / f"w{k}.safetensors")
+        subprocess.run([sys.executable, "-c", code, str(files[-1])], check=True, timeout=120)
+    assert len({f.read_bytes() for f in files}) == 1
+    tensors, metadata = load_weights(files[0])
+    assert torch.equal(tensors["a"], torch.arange(6.0)) and metadata["seed"] == "1" and metadata["format"] == "pt"

@@ -29,7 +29,7 @@ from structinit.harness.run.checkpoint import atomic_write_bytes, write_json, wr
 from structinit.harness.run.device import placement
 from structinit.harness.run.folder import check_out_dir
 from structinit.harness.run.lifecycle import check_run, construct_and_plan
-from structinit.harness.specs import parse_init_spec, spec_label
+from structinit.harness.specs import check_init_specs, parse_init_spec, parse_seeds, spec_label
 from structinit.harness.summary import format_summary, summarise
 from structinit.harness.tasks import make_task, train
 from structinit.utils.optional_imports import require
@@ -67,9 +67,14 @@ def check_specs(base: RunConfig, inits: list[str], seeds: list[int],
     return parsed
 
 
-def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | Path,
+def compare(base: RunConfig, inits: list[str] | str, seeds: list[int] | int | str, out_dir: str | Path,
             progress: bool = True, wait: bool = False) -> dict[str, Any]:
     """Train ``base`` once per (init spec, seed), then summarise. Returns the summary dict.
+
+    ``inits`` is a list of init specs or a string of them as ``--inits`` takes it
+    (:func:`~structinit.harness.specs.check_init_specs`); ``seeds`` a count or a list of seeds
+    (:func:`~structinit.harness.specs.parse_seeds`). The same init or seed given twice is refused:
+    it would be one run counted twice.
 
     ``out_dir`` and the settings are checked before anything is loaded, and every spec is
     checked completely (:func:`check_specs`) before the first run, so a bad one fails at once,
@@ -78,6 +83,7 @@ def compare(base: RunConfig, inits: list[str], seeds: list[int], out_dir: str | 
     out = Path(out_dir)
     with user_input("out_dir"):
         check_out_dir(out)
+    inits, seeds = check_init_specs(inits), parse_seeds(seeds)
     check_run(make_task(dataclasses.replace(base, out_dir=str(out))), placement())
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}

@@ -171,7 +171,8 @@ def _why_unreadable(err: Exception) -> str:
 def save_weights(path: Path, state_dict: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """Atomically write ``state_dict`` as a safetensors file, keys unchanged, tensors on the
     CPU and contiguous; ``metadata`` (str → str) goes into its header, with ``format: pt``
-    (what Hugging Face's loaders check) unless given."""
+    (what Hugging Face's loaders check) unless given. The same tensors and metadata give the same
+    bytes in every process (the header's keys sorted)."""
     st = require("safetensors.torch", "exporting weights")
     meta = {"format": "pt", **(metadata or {})}
     bad = [k for k, v in meta.items() if not isinstance(k, str) or not isinstance(v, str)]
@@ -186,8 +187,20 @@ def save_weights(path: Path, state_dict: dict[str, torch.Tensor], metadata: dict
             t = t.clone()  # tied weights: safetensors refuses tensors that share memory
         storages.add(ptr)
         tensors[name] = t
-    data = st.save(tensors, metadata=meta)
+    data = _canonical_header(st.save(tensors, metadata=meta))
     atomic_write_bytes(path, lambda f: f.write(data))
+
+
+def _canonical_header(data: bytes) -> bytes:
+    """The safetensors file ``data`` with its JSON header's keys sorted: safetensors writes the
+    metadata in the order of a hash map seeded per process, so the same weights would make other
+    bytes in each run. The header stays padded with spaces to a multiple of 8 bytes, as the format
+    asks; the tensors' offsets are relative to the data after it, so they do not move."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size :]
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
