@@ -319,3 +319,27 @@ def test_property_model_level(dh, seed):
     with torch.no_grad():
         out = attn.proj(F.linear(x, attn.qkv.weight[2 * dim:], attn.qkv.bias[2 * dim:]))
     torch.testing.assert_close(out, x @ c.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_the_mimetic_check_runs_on_two_tokens_and_says_nothing(monkeypatch):
+    # One patch and a class token: no spread off the diagonal to measure one against. The check
+    # compares the model's own maps with the written q kᵀ's instead (it can fail there), and no
+    # NaN warning of a standard deviation over one logit reaches the user.
+    import warnings
+
+    from structinit.schemes.checks import diagonal_strength
+
+    model = structinit.create_model("vit_cpu_patch4_32", img_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        structinit.init_(model, "mimetic", seed=0)
+    with pytest.raises(ValueError, match="needs at least 3 tokens"):
+        diagonal_strength(torch.zeros(1, 1, 2, 2))
+    # the check can fail: maps that are not the written q kᵀ's are refused, and the model left as it was
+    from structinit.schemes import checks
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(checks, "tolerance", lambda dtype: -1.0)  # no map can match now
+    with pytest.raises(ValueError, match="are not those of the q kᵀ written"):
+        structinit.init_(model, "mimetic", seed=1)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -146,11 +146,18 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None
                 "(structinit.register_adapter) or use 'mimetic'")
 
 
+MIN_DIAGONAL_TOKENS = 3  # a diagonal stands out of a spread: two logits besides it at least
+
+
 def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
     """Per head, how far each token's logit on itself stands above its logits on the others,
     in units of their spread: mean over rows of (L_ii − mean_j≠i L_ij) / std_j≠i L_ij, for
-    logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve)."""
+    logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve). It needs
+    T ≥ 3 (two logits off the diagonal to have a spread); ValueError otherwise."""
     t = logits.shape[-1]
+    if t < MIN_DIAGONAL_TOKENS:
+        raise ValueError(f"diagonal_strength: {t} tokens leave {max(t - 1, 0)} logit(s) off the diagonal per row, "
+                         f"no spread to measure against; it needs at least {MIN_DIAGONAL_TOKENS} tokens")
     eye = torch.eye(t, dtype=torch.bool, device=logits.device)
     logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
     diag = logits[..., eye].reshape(*logits.shape[:-2], t)
@@ -175,7 +182,9 @@ def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
             if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1]:
                 continue  # a windowed layer that cuts its own windows: its tokens are not the map's
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
-            if ad.masks_self:  # no diagonal to see: the maps must be the ones the written q kᵀ give
+            # No diagonal to see (masked), or too few tokens to measure one against the rest: the maps
+            # must then be the ones the written q kᵀ give.
+            if ad.masks_self or real.probs.shape[-1] < MIN_DIAGONAL_TOKENS:
                 _check_same_maps(name, ad, real, x, terms)
                 continue
             with torch.no_grad():
@@ -194,8 +203,9 @@ def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
 
 
 def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
-    """A layer whose diagonal is masked hides mimetic's q kᵀ diagonal from its maps; what the
-    model computes must then be the map of the q kᵀ written, off the diagonal."""
+    """A layer whose diagonal is masked, or that sees fewer than :data:`MIN_DIAGONAL_TOKENS`
+    tokens, shows no measurable diagonal; what the model computes must then be the map of the
+    q kᵀ written."""
     with torch.no_grad():
         ours = ad.attention_probs(x.float(), terms)
     real_probs = real.probs.reshape(ours.shape) if real.probs.numel() == ours.numel() else None
