@@ -187,3 +187,39 @@ def test_real_mnist():
     assert ds.images.shape == (60000, 1, 28, 28) and len(load_dataset("mnist", SHARED, split="test")) == 10000
     mean, std = channel_stats(ds.images)
     assert mean[0] == pytest.approx(0.1307, abs=1e-4) and std[0] == pytest.approx(0.3081, abs=1e-4)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_a_label_file_is_known_by_its_content_not_its_name(tmp_path, monkeypatch, gz):
+    # MNIST and Fashion-MNIST share their file names. A label file whose content is a known
+    # official one (here a stand-in registered as MNIST's train labels) is refused as the other
+    # dataset or the other split, named; as itself, or as an unknown file, it loads.
+    import hashlib
+
+    from structinit.data import idx
+
+    _, labels = write_mnist(tmp_path / "data", gz=gz)
+    official = hashlib.md5(idx_bytes(labels, 2049)).hexdigest()  # the content, whatever the gzip around it
+    monkeypatch.setitem(idx.KNOWN_LABELS, official, ("mnist", "train"))
+    assert load_dataset("mnist", tmp_path / "data").labels.tolist() == labels.tolist()
+    name = "train-labels-idx1-ubyte" + (".gz" if gz else "")
+    with pytest.raises(DatasetFormatError, match=rf"{name}: these are MNIST's train labels \(the official file\), "
+                                                 "and Fashion-MNIST train was asked for"):
+        load_dataset("fashion_mnist", tmp_path / "data")
+    for f in (tmp_path / "data").iterdir():  # the same files as the test split
+        f.rename(f.with_name(f.name.replace("train", "t10k")))
+    with pytest.raises(DatasetFormatError, match="these are MNIST's train labels .* MNIST test was asked for"):
+        load_dataset("mnist", tmp_path / "data", split="test")
+    monkeypatch.delitem(idx.KNOWN_LABELS, official)
+    assert len(load_dataset("fashion_mnist", tmp_path / "data", split="test")) == 5  # unknown: not judged
+
+
+@pytest.mark.skipif(not (SHARED / "mnist").is_dir(), reason="the shared MNIST copy is not on this machine")
+def test_the_official_mnist_labels_are_known():
+    from structinit.data import idx
+
+    for split, stem in (("train", "train"), ("test", "t10k")):
+        path = SHARED / "mnist" / f"{stem}-labels-idx1-ubyte.gz"
+        idx.check_known_labels(path, "mnist", split)  # itself: passes
+        with pytest.raises(DatasetFormatError, match=f"these are MNIST's {split} labels"):
+            idx.check_known_labels(path, "fashion_mnist", split)

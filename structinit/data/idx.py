@@ -9,6 +9,7 @@ the values, row-major. Images are magic 2051 (0x00000803: uint8, 3 dims N×28×2
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 import struct
 import zlib
@@ -36,6 +37,15 @@ _FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 _SUBDIRS = {"mnist": ("mnist", "MNIST/raw"), "fashion_mnist": ("fashion-mnist", "FashionMNIST/raw")}
+# The md5 of each official label file's content (the IDX bytes, uncompressed: a copy may be
+# gzipped anew), which tells the datasets apart; their file names are the same.
+KNOWN_LABELS = {
+    "a25bea736e30d166cdddb491f175f624": ("mnist", "train"),
+    "27ae3e4e09519cfbb04c329615203637": ("mnist", "test"),
+    "9018921c3c673c538a1fc5bad174d6f9": ("fashion_mnist", "train"),
+    "15d484375f8d13e6eb1aabb0c3f46965": ("fashion_mnist", "test"),
+}
+_NAMES = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -116,6 +126,17 @@ def _locate(root: Path, name: str, split: str) -> tuple[Path, Path]:
     )
 
 
+def check_known_labels(path: Path, name: str, split: str) -> None:
+    """Refuse a label file that is, by its content (:data:`KNOWN_LABELS`), another dataset's or
+    another split's official one: MNIST and Fashion-MNIST share their file names, so a folder of
+    the one passes for the other. A file that is no official one (a subset, your own) passes."""
+    known = KNOWN_LABELS.get(hashlib.md5(_read_bytes(path), usedforsecurity=False).hexdigest())
+    if known is not None and known != (name, split):
+        what, wanted = f"{_NAMES[known[0]]}'s {known[1]} labels", f"{_NAMES[name]}'s {split} files"
+        raise DatasetFormatError(f"{path}: these are {what} (the official file), and {_NAMES[name]} {split} was "
+                                 f"asked for; point the data folder at {wanted}, or ask for the dataset it holds")
+
+
 def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train") -> ArrayDataset:
     """MNIST (``name="mnist"``) or Fashion-MNIST (``"fashion_mnist"``): images uint8 (N, 1, 28, 28).
 
@@ -128,6 +149,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
     images_path, labels_path = _locate(Path(root).expanduser(), name, split)
     images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
     labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")
+    check_known_labels(labels_path, name, split)
     if labels.shape[0] != images.shape[0]:
         raise DatasetFormatError(
             f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images; "
