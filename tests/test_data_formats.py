@@ -208,7 +208,7 @@ def test_a_label_file_is_known_by_its_content_not_its_name(tmp_path, monkeypatch
         load_dataset("fashion_mnist", tmp_path / "data")
     for f in (tmp_path / "data").iterdir():  # the same files as the test split
         f.rename(f.with_name(f.name.replace("train", "t10k")))
-    with pytest.raises(DatasetFormatError, match="these are MNIST's train labels .* MNIST test was asked for"):
+    with pytest.raises(DatasetFormatError, match=r"these are MNIST's train labels .* MNIST test was asked for"):
         load_dataset("mnist", tmp_path / "data", split="test")
     monkeypatch.delitem(idx.KNOWN_LABELS, official)
     assert len(load_dataset("fashion_mnist", tmp_path / "data", split="test")) == 5  # unknown: not judged
