@@ -126,11 +126,13 @@ def _locate(root: Path, name: str, split: str) -> tuple[Path, Path]:
     )
 
 
-def check_known_labels(path: Path, name: str, split: str) -> None:
-    """Refuse a label file that is, by its content (:data:`KNOWN_LABELS`), another dataset's or
+def check_known_labels(path: Path, labels: np.ndarray, name: str, split: str) -> None:
+    """Refuse the label file ``path`` (its ``labels``, as :func:`read_idx` read them) when it is,
+    by its content (:data:`KNOWN_LABELS`: the IDX bytes, header and labels), another dataset's or
     another split's official one: MNIST and Fashion-MNIST share their file names, so a folder of
     the one passes for the other. A file that is no official one (a subset, your own) passes."""
-    known = KNOWN_LABELS.get(hashlib.md5(_read_bytes(path), usedforsecurity=False).hexdigest())
+    content = struct.pack(">II", LABELS_MAGIC, labels.shape[0]) + labels.tobytes()
+    known = KNOWN_LABELS.get(hashlib.md5(content, usedforsecurity=False).hexdigest())
     if known is not None and known != (name, split):
         what, wanted = f"{_NAMES[known[0]]}'s {known[1]} labels", f"{_NAMES[name]}'s {split} files"
         raise DatasetFormatError(f"{path}: these are {what} (the official file), and {_NAMES[name]} {split} was "
@@ -149,7 +151,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
     images_path, labels_path = _locate(Path(root).expanduser(), name, split)
     images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
     labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")
-    check_known_labels(labels_path, name, split)
+    check_known_labels(labels_path, labels, name, split)
     if labels.shape[0] != images.shape[0]:
         raise DatasetFormatError(
             f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images; "

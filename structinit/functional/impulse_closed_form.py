@@ -37,8 +37,9 @@ def pinv_projector(p: torch.Tensor, rank: int) -> torch.Tensor:
     u, s, vh = canonical_svd(p.T @ p)
     keep = torch.arange(s.numel()) < rank
     if s.numel():
-        keep &= s > ZERO_RTOL * s[0]
-    inv = torch.where(keep, 1.0 / torch.where(keep, s, torch.ones_like(s)), torch.zeros_like(s))
+        keep &= s > ZERO_RTOL * s[0]  # s is descending
+    inv = torch.zeros_like(s)
+    inv[keep] = 1.0 / s[keep]
     return (vh.T * inv) @ u.T @ p.T
 
 

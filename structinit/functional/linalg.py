@@ -16,6 +16,7 @@ What is left between machines is rounding, of the order of the float64 epsilon.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -102,10 +103,11 @@ def canonical_svd(m: torch.Tensor, rtol: float = CLUSTER_RTOL) -> tuple[torch.Te
     u[:, :null] *= sign
     v[:, :null] *= sign
     # Then each cluster of equal values (a run of gaps ≤ tol) gets the basis its subspace alone decides.
-    cluster = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(s[1:null] < s[: null - 1] - tol, 0)])
-    for c in torch.unique(cluster[torch.cat([cluster[1:] == cluster[:-1], torch.zeros(1, dtype=torch.bool)])]):
-        idx = torch.nonzero(cluster == c).flatten()
-        a, b = int(idx[0]), int(idx[-1]) + 1
+    cluster = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.bool), s[1:null] < s[: null - 1] - tol]), 0)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(torch.bincount(cluster), 0)]).tolist()
+    for a, b in itertools.pairwise(starts):
+        if b - a < 2:
+            continue  # a value of its own: its sign is fixed above
         q = _subspace_basis(u[:, a:b], probes_u[:, : b - a])
         mean = s[a:b].mean()
         u[:, a:b] = q
