@@ -86,6 +86,22 @@ class MyAttn(nn.Module):
         return self.wo((attn @ v).transpose(1, 2).reshape(b, t, d))
 
 
+class PackedPerHeadAttn(MyAttn):
+    """MyAttn with q, k and v from one Linear packed per head ((B, T, heads, 3, r)): q's rows are
+    not one evenly strided block, so only a registered adapter can read it."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.wqkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.wqkv(x).reshape(b, t, self.h, 3, -1).permute(3, 0, 2, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+        self.last_attn = attn.detach()
+        return self.wo((attn @ v).transpose(1, 2).reshape(b, t, d))
+
+
 class MyAdapter(structinit.AttentionAdapter):
     def __init__(self, module):
         self.module = module

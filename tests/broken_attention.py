@@ -121,8 +121,9 @@ class PooledViT(nn.Module):
 
 
 class UnknownAttention(nn.Module):
-    """Self-attention that no built-in adapter reads (its projections are called ``to_qk`` and
-    ``values``) — Twins' and several hierarchical ViTs' situation."""
+    """Self-attention that neither a built-in adapter nor the trace reads: its projections are
+    called ``to_qk`` and ``values``, and q and k are packed per head ((B, T, heads, 2, r)), so
+    q's rows are not one evenly strided block of ``to_qk``."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -131,7 +132,7 @@ class UnknownAttention(nn.Module):
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k = self.to_qk(x).reshape(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        q, k = self.to_qk(x).reshape(b, t, self.heads, 2, -1).permute(3, 0, 2, 1, 4)
         v = self.values(x).reshape(b, t, self.heads, -1).transpose(1, 2)
         attn = (q @ k.transpose(-2, -1)).softmax(-1)
         return self.out((attn @ v).transpose(1, 2).reshape(b, t, d))

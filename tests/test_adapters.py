@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 import structinit
-from attention_modules import MyAdapter, MyAttn, SepAttention, SepViT
+from attention_modules import MyAdapter, MyAttn, PackedPerHeadAttn, SepAttention, SepViT
+from structinit.adapters.provenance import TracedAdapter
 
 # ---------------------------------------------------------------------------------------------
 # small models, one per adapter kind
@@ -179,11 +180,26 @@ def registered():
         structinit.unregister_adapter(MyAttn)
 
 
-def test_unknown_attention_class_is_rejected_before_registration():
+def test_an_unregistered_class_is_read_by_what_it_computes_until_an_adapter_is_registered():
     model = SepViT(attn_cls=MyAttn)
+    assert all(isinstance(ad, TracedAdapter) for _, ad in structinit.find_attention_layers(model))
+    structinit.register_adapter(MyAttn, MyAdapter)
+    try:
+        assert all(isinstance(ad, MyAdapter) for _, ad in structinit.find_attention_layers(SepViT(attn_cls=MyAttn)))
+    finally:
+        structinit.unregister_adapter(MyAttn)
+    assert all(isinstance(ad, TracedAdapter) for _, ad in structinit.find_attention_layers(SepViT(attn_cls=MyAttn)))
+
+
+def test_attention_nothing_reads_is_rejected_before_registration():
+    model = SepViT(attn_cls=PackedPerHeadAttn)
     with pytest.raises(ValueError, match=r"register_adapter") as info:
         structinit.find_attention_layers(model)
-    assert "MyAttn" in str(info.value)
+    assert "PackedPerHeadAttn" in str(info.value) and "evenly strided" in str(info.value)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"register_adapter"):
+        structinit.impulse_init_(model, seed=0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=r"register_adapter"):
         structinit.impulse_init_(model, seed=0)
@@ -202,10 +218,10 @@ def test_registered_adapter_impulse_and_fidelity(registered):
 
 
 def test_unregister_restores_rejection():
-    structinit.register_adapter(MyAttn, MyAdapter)
-    structinit.unregister_adapter(MyAttn)
+    structinit.register_adapter(PackedPerHeadAttn, MyAdapter)
+    structinit.unregister_adapter(PackedPerHeadAttn)
     with pytest.raises(ValueError, match=r"register_adapter"):
-        structinit.find_attention_layers(SepViT(attn_cls=MyAttn))
+        structinit.find_attention_layers(SepViT(attn_cls=PackedPerHeadAttn))
 
 
 def test_register_adapter_with_predicate(registered):

@@ -100,7 +100,8 @@ def test_a_pooling_head_is_left_alone_and_listed():
 def test_an_unknown_attention_beside_depthwise_convs_is_named_not_replaced_by_the_conv_init():
     model = ConvPositionViT()
     check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
-                   r"attention that no adapter understands: attn \(UnknownAttention: a 64×64 softmax map\)")
+                   r"attention that no adapter understands: attn \(UnknownAttention: a 64×64 softmax map; "
+                   r"parameter 'to_qk.weight' does not lay its heads out as one evenly strided block\)")
     structinit.init_(model, "impulse", target="conv", seed=0)  # asked for by name: the convs alone
 
 

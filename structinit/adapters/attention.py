@@ -72,6 +72,11 @@ class AttentionAdapter:
             x = x.transpose(0, 1)
         return x if x.ndim == 3 else x.unsqueeze(0)
 
+    def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
+        """The module's output as (B, T, D) tokens, to compare with the recomputation (the
+        output as it is, but for a module that works on (B, D, H, W) maps)."""
+        return out
+
     # -- reading ---------------------------------------------------------------------------
     def read_qk(self):
         """(Wq, bq, Wk, bk): weights (heads, D, r), biases (heads, r) or None."""

@@ -250,6 +250,9 @@ def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, a
             return new.transpose(0, 1).to(value.dtype)  # nn.MultiheadAttention, sequence first
         if value.ndim == old.ndim - 1 and value.unsqueeze(0).shape == old.shape and torch.equal(value[None], old):
             return new[0].to(value.dtype)  # an unbatched (T, D) call
+        if value.ndim == 4 and old.ndim == 3 and value.flatten(2).transpose(1, 2).shape == old.shape \
+                and torch.equal(value.flatten(2).transpose(1, 2), old):  # (B, D, H, W) maps, pixels as tokens
+            return new.transpose(1, 2).reshape(value.shape).to(value.dtype)
         return value
     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
+from structinit.adapters.provenance import CallTokens, TraceError, trace_attention
 from structinit.utils.memo import kept
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -245,7 +246,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
-    if not _value_path(adapter, real, x, module_output(call), rel=output_tolerance(dtype)):
+    if not _value_path(adapter, real, x, adapter.output_tokens(module_output(call)), rel=output_tolerance(dtype)):
         return Verdict(name, adapter, "refused", VALUE_PATH,
                        "its output is not its attention map applied to v through its output projection (heads "
                        "mixed after the softmax, a second map mixed in, or a projection structinit does not see)")
@@ -286,7 +287,7 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
                 for n, ad in candidates]
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     names = {m: n for n, m in model.named_modules()}
-    unknown, pooling = [], []
+    unclaimed, pooling = {}, []
     for module, maps in by_module.items():
         if any(module is m for _, ad in candidates for m in ad.module.modules()):
             continue
@@ -297,8 +298,39 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
         if all(a.queries != a.keys for a in attention):
             pooling.append((name, f"{type(module).__name__}: {_pooling_words(m)}"))
         else:
-            unknown.append((name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map"))
+            unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
+    traced, unknown = traced_verdicts(model, inputs, unclaimed, dtype)
+    order = list(names)
+    verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True)
+
+
+def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[str, str]],
+                    dtype: torch.dtype) -> tuple[list[Verdict], list[tuple[str, str]]]:
+    """Attention that no adapter claims, read by provenance (:mod:`structinit.adapters.provenance`)
+    from its call in a second probe and judged like any adapted layer; (verdicts, what stays
+    unknown, with why the trace could not read it)."""
+    if not unclaimed:
+        return [], []
+    reader = CallTokens()
+    try:
+        calls, _ = observe(model, inputs, [(m, m, reader) for m in unclaimed])
+    except Exception:  # the first probe ran: a second that fails says nothing more
+        return [], list(unclaimed.values())
+    verdicts, unknown = [], []
+    for module, (name, what) in unclaimed.items():
+        call = calls[module]
+        try:
+            adapter = trace_attention(module, call.args, call.kwargs) if call.done else None
+        except (TraceError, ValueError, RuntimeError, TypeError, IndexError, KeyError) as err:
+            unknown.append((name, f"{what}; {err}"))
+            continue
+        if adapter is None:
+            unknown.append((name, what))
+            continue
+        call.x = adapter.input_tokens(call.args, call.kwargs).detach()
+        verdicts.append(dataclasses.replace(judge(name, adapter, call, dtype), tokens=_token_count(call)))
+    return verdicts, unknown
 
 
 def _token_count(call: ModuleCall) -> int | None:

@@ -1,0 +1,341 @@
+"""Attention found by what it computes: each softmax map followed back to the parameter entries
+that make its queries, keys and values, and forward to the projection that reads its output,
+whatever the module is called and however it lays out its weights.
+
+The module runs once on the arguments the model's probe handed it, with gradients, under a
+:class:`~torch.overrides.TorchFunctionMode` that records every torch call. From the attention
+map (a softmax over the last axis of a …×T×T tensor, or ``scaled_dot_product_attention``) the
+record gives the operands of the product that made its logits (q and kᵀ) and of the product
+that applies it (v). Labelled probing then says which entries feed which head and channel:
+
+- a cotangent on one head's slice of q that is 1 on every channel, and one that is c + 1 on
+  channel c: on every parameter entry that feeds that head linearly, the ratio of the two
+  gradients is its channel plus one. A Linear, a Linear subclass, ``F.linear`` on a raw
+  Parameter, ``einsum`` or ``@`` on a (3, heads, r, D) weight and a 1×1 convolution all read
+  alike: the entries say where they are, not the names;
+- the output side is read the same way, with the context the map produced replaced by labelled
+  constants in a second run.
+
+Entries that do not form a strided (heads·r, D) block, a parameter that feeds q non-linearly
+(a norm or rotation between the projection and the product, a position term), or a head layout
+with gaps make no adapter: the layer stays "attention that no adapter understands", with the
+reason. What is found becomes a :class:`TracedAdapter` over strided views of the module's own
+parameters, which the survey (:mod:`structinit.adapters.verify`) then checks against the model's
+own maps like any other adapter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from structinit.adapters.attention import AttentionAdapter, Views
+from structinit.adapters.provenance_record import (
+    Operand,
+    first_tensor,
+    map_operands,
+    record,
+    restored,
+)
+
+MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
+
+
+class TraceError(ValueError):
+    """Why a module's attention could not be followed back to its parameters."""
+
+
+class TracedAdapter(AttentionAdapter):
+    """An attention module read by provenance (module doc): ``views`` holds, for 'q', 'k', 'v'
+    and 'o', (weight, bias) strided views of the module's own parameters in ``nn.Linear``
+    layout; ``maps_layout`` is True when the module takes (B, D, H, W) maps rather than (B, T, D)
+    tokens (1×1 convolutions on an image), whose tokens are its pixels in row-major order."""
+
+    def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
+                 maps_layout: bool = False, param_names: dict[str, str] | None = None):
+        self.module, self._views = module, views
+        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+        self.dim = int(views["q"][0].shape[1])
+        self.scale, self.maps_layout = float(scale), maps_layout
+        self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
+
+    def linear_views(self) -> Views:
+        return dict(self._views)
+
+    def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        x = first_tensor(args, kwargs)
+        if self.maps_layout and x.ndim == 4:
+            return x.flatten(2).transpose(1, 2)
+        return x if x.ndim == 3 else x.unsqueeze(0)
+
+    def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
+        if out is not None and self.maps_layout and out.ndim == 4:
+            return out.flatten(2).transpose(1, 2)
+        return out
+
+
+class CallTokens:
+    """Reads the tokens of a call the way a :class:`TracedAdapter` will, before there is one:
+    what a probe records for a module the trace is about to read."""
+
+    sibling_inputs = ()
+
+    @staticmethod
+    def input_tokens(args: tuple, kwargs: dict) -> torch.Tensor:
+        x = first_tensor(args, kwargs)
+        return x.flatten(2).transpose(1, 2) if x.ndim == 4 else (x if x.ndim == 3 else x.unsqueeze(0))
+
+
+def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
+    """A :class:`TracedAdapter` for ``module`` from one call on ``args``/``kwargs`` (module doc);
+    the module, its parameters, buffers and cached attributes are restored bit for bit after.
+    :class:`TraceError` with the reason when its attention is not read so."""
+    params = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
+    if not params:
+        raise TraceError("it holds no floating-point parameters: its q, k and v come from elsewhere")
+    with restored(module, [p for _, p in params]):
+        return _trace(module, args, kwargs, params)
+
+
+def _trace(module, args, kwargs, params) -> TracedAdapter:
+    rec = record(module, args, kwargs)
+    ops = rec.ops
+    found = map_operands(rec)
+    if found is None:
+        raise TraceError("the trace cannot follow its softmax map back to a product of q and k and on to "
+                         "the product that applies it to v")
+    q, k, product, sdpa_scale, v = found
+    x = first_tensor(args, kwargs)
+    maps_layout = x.ndim == 4
+    tokens = x.flatten(2).transpose(1, 2) if maps_layout else (x if x.ndim == 3 else x.unsqueeze(0))
+    dim, r = int(tokens.shape[-1]), q.channels
+    if k.channels != r or v.channels != r:
+        raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "
+                         "reads heads of one width")
+    heads, group = _heads(q, params)
+    views, names = {}, {}
+    for role, operand in (("q", q), ("k", k), ("v", v)):
+        views[role], names[role] = _input_block(role, operand, params, heads, r, dim)
+    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, heads, group, r, dim)
+    adapter = TracedAdapter(module, views, heads, r, 1.0, maps_layout, names)
+    adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
+    return adapter
+
+
+# -- heads and the input projections --------------------------------------------------------------
+
+def _grads(target: torch.Tensor, cotangent: torch.Tensor, params) -> list[torch.Tensor]:
+    got = torch.autograd.grad(target, [p for _, p in params], cotangent, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(params, got)]
+
+
+def _lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool) -> torch.Tensor:
+    """Zero but on slice ``lead`` of ``op``: 1 (or c + 1 on channel c) on every token."""
+    moved = torch.zeros(op.moved_shape, dtype=op.tensor.dtype, device=op.tensor.device)
+    chan = torch.arange(1, op.channels + 1, dtype=moved.dtype, device=moved.device) if labels else 1.0
+    moved[lead] = chan
+    return op.unmove(moved)
+
+
+def _support(op: Operand, lead, params) -> frozenset:
+    grads = _grads(op.tensor, _lead_cotangent(op, lead, False), params)
+    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
+
+
+def _heads(q: Operand, params) -> tuple[int, callable]:
+    """The head count and lead → head of the q operand: its head axis is the last lead axis when
+    there are two or more (B, heads, T, r); for one flat lead axis (B·heads, T, r) the heads are
+    the leads until the entries feeding them repeat."""
+    leads = q.lead_shape
+    if not leads:
+        raise TraceError("its map has no head axis")
+    if len(leads) >= 2:
+        return leads[-1], lambda lead: lead[-1]
+    first, n = _support(q, (0,), params), leads[0]
+    if n > MAX_LEADS:
+        raise TraceError(f"its products run over {n} slices, more than the {MAX_LEADS} the trace follows")
+    heads = next((h for h in range(1, n) if _support(q, (h,), params) == first), n)
+    if n % heads:
+        raise TraceError(f"its {n} product slices do not repeat every {heads} heads")
+    return heads, lambda lead: lead[0] % heads
+
+
+def _head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
+    zeros = (0,) * (len(op.lead_shape) - 1)
+    return [(*zeros, h) for h in range(heads)]
+
+
+def _labelled(op: Operand, lead, params) -> list[dict[int, torch.Tensor]]:
+    """For each parameter, channel → the multi-indices of its entries feeding slice ``lead`` of
+    ``op`` linearly (module doc); TraceError naming an entry fed otherwise."""
+    ones = _grads(op.tensor, _lead_cotangent(op, lead, False), params)
+    labels = _grads(op.tensor, _lead_cotangent(op, lead, True), params)
+    return [_decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
+
+
+def _decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
+    where = torch.nonzero(g1)
+    if not len(where):
+        return {}
+    ratio = (gl[tuple(where.T)] / g1[tuple(where.T)]).double()
+    label = ratio.round()
+    if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
+        raise TraceError(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
+                         "rotation or a position term between it and the product)")
+    return {int(c) - 1: where[label == c] for c in label.unique()}
+
+
+def _block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]], heads: int, r: int,
+           width: int, kind: str) -> torch.Tensor:
+    """The strided view of ``param`` holding entries[h][c] for every head h and channel c: a
+    (heads·r, width) block ('in': each row runs along one axis of ``width`` entries), its
+    transpose ('out') or a (heads·r,) vector ('bias'). TraceError when the entries do not form one."""
+    first = entries[0].get(0)
+    line = 1 if kind == "bias" else width
+    if any(len(e) != r or any(len(ix) != line for ix in e.values()) for e in entries):
+        raise TraceError(f"parameter {name!r} does not hold one entry row per head and channel")
+    stride = torch.tensor(param.stride())
+    axis_stride = 0
+    if kind != "bias":
+        moving = [a for a in range(param.ndim) if len(first[:, a].unique()) > 1]
+        if len(moving) != 1 or not all(_along(ix, moving[0], width) for e in entries for ix in e.values()):
+            raise TraceError(f"parameter {name!r} does not hold each head channel along one axis")
+        axis_stride = param.stride(moving[0])
+    def start(h, c):
+        ix = entries[h][c]
+        return int((ix.min(0).values * stride).sum()) if kind != "bias" else int((ix[0] * stride).sum())
+    base = start(0, 0)
+    sc = start(0, 1) - base if r > 1 else 0
+    sh = start(1, 0) - base if heads > 1 else r * sc
+    if r == 1:
+        sc = sh
+    if sh != r * sc or any(start(h, c) != base + h * sh + c * sc for h in range(heads) for c in range(r)):
+        raise TraceError(f"parameter {name!r} does not lay its heads out as one evenly strided block")
+    offset = param.storage_offset() + base
+    if kind == "bias":
+        return param.as_strided((heads * r,), (sc,), offset)
+    if kind == "in":
+        return param.as_strided((heads * r, width), (sc, axis_stride), offset)
+    return param.as_strided((width, heads * r), (axis_stride, sc), offset)
+
+
+def _along(ix: torch.Tensor, axis: int, width: int) -> bool:
+    """Whether entries ``ix`` (N, ndim) run 0 … width − 1 along ``axis`` and stay put on the others."""
+    others = torch.cat([ix[:, :axis], ix[:, axis + 1:]], 1)
+    return sorted(ix[:, axis].tolist()) == list(range(width)) and bool((others == others[:1]).all())
+
+
+def _assemble(role: str, per_head: list[list[dict]], params, heads, r, width, kind):
+    """(weight view, bias view or None) of one role from each head's labelled entries, and the
+    weight's parameter name."""
+    weight = bias = None
+    for i, (name, param) in enumerate(params):
+        entries = [head[i] for head in per_head]
+        if not any(entries):
+            continue
+        if not all(entries):
+            raise TraceError(f"parameter {name!r} feeds only some heads of {role}")
+        is_bias = all(len(ix) == 1 for e in entries for ix in e.values()) and width > 1
+        view = _block(name, param, entries, heads, r, width, "bias" if is_bias else kind)
+        if (bias if is_bias else weight) is not None:
+            raise TraceError(f"{role} is the sum of several projections (parameter {name!r} is one more)")
+        if is_bias:
+            bias = view
+        else:
+            weight, weight_name = view, name
+    if weight is None:
+        raise TraceError(f"no parameter of the module projects the tokens to {role}")
+    return (weight, bias), weight_name
+
+
+def _input_block(role, op: Operand, params, heads, r, dim):
+    per_head = [_labelled(op, lead, params) for lead in _head_leads(op, heads)]
+    return _assemble(role, per_head, params, heads, r, dim, "in")
+
+
+# -- the output projection ---------------------------------------------------------------------------
+
+def _output_block(module, args, kwargs, ops, v: Operand, params, heads, group, r, dim):
+    """The output projection: the module runs again with the context (map · v) replaced by zeros,
+    ones and labels 1 + h·r + c; the gradients of its summed output say which entries read which
+    head channel (module doc)."""
+    context = v.product_index
+    shape = ops[context][3].shape
+    lead_axes = v.context_lead_axes(len(shape))
+    ones = torch.ones(shape, dtype=ops[context][3].dtype, device=ops[context][3].device)
+    head = torch.zeros(shape, dtype=torch.long, device=ones.device)
+    for lead in _all_leads([shape[a] for a in lead_axes]):
+        index = [slice(None)] * len(shape)
+        for a, i in zip(lead_axes, lead):
+            index[a] = i
+        head[tuple(index)] = group(lead)
+    chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
+                                                        for a in range(len(shape))])
+    labels = (1 + head * r + chan).to(ones.dtype)
+    got = {name: _output_grads(module, args, kwargs, context, value, params)
+           for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
+    per_head = [[{} for _ in params] for _ in range(heads)]
+    bias = None
+    for i, (name, param) in enumerate(params):
+        g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
+        if bool(g0.ne(0).any()):
+            if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
+                raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
+            bias = param if bias is None else _raise(f"the output has two biases ({name!r} is the second)")
+            continue
+        for c, ix in _decode(name, g1, gl, heads * r).items():
+            per_head[c // r][i][c % r] = ix
+    (weight, _), weight_name = _assemble("the output", per_head, params, heads, r, dim, "out")
+    return (weight, bias), weight_name
+
+
+def _raise(message: str):
+    raise TraceError(message)
+
+
+def _all_leads(shape) -> list[tuple[int, ...]]:
+    out = [()]
+    for n in shape:
+        out = [(*lead, i) for lead in out for i in range(n)]
+    return out
+
+
+def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
+    out = record(module, args, kwargs, swap={context: value}).out
+    y = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        raise TraceError("its output does not depend on the attention's context through its parameters")
+    return _grads(y, torch.ones_like(y), params)
+
+
+# -- the softmax scale ---------------------------------------------------------------------------------
+
+def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) -> float:
+    """The factor between the adapter's q kᵀ and the logits the module forms: the least-squares
+    factor between its product's output and ours, times the scalars applied after the product
+    (or the scaled-dot-product call's scale)."""
+    with torch.no_grad():
+        q, k = adapter.qk_features(tokens.float())
+        ours = (q @ k.transpose(-2, -1)).double()
+        made, after = product
+        made = made.detach().double()
+        if made.numel() != ours.numel():
+            raise TraceError(f"its logits have {made.numel()} entries, the projections' q kᵀ {ours.numel()}")
+        made = made.reshape(ours.shape)
+        factor = float((made * ours).sum() / (ours * ours).sum().clamp_min(1e-30))
+        residual = float((made - factor * ours).norm() / made.norm().clamp_min(1e-30))
+    if not math.isfinite(factor) or residual > 1e-3:
+        raise TraceError("its q kᵀ is not that of the projections the trace found (tokens reordered or "
+                         "transformed between them)")
+    return factor * (after if sdpa_scale is None else sdpa_scale)
+
+
+def describe(adapter: TracedAdapter) -> str:
+    """One line naming where each role's weight was found, for messages and reports."""
+    names = adapter.param_names
+    return ", ".join(f"{role}: {names[role]}" for role in ("q", "k", "v", "o") if role in names)
+
+
+__all__ = ["CallTokens", "TraceError", "TracedAdapter", "describe", "trace_attention"]

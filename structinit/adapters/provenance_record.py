@@ -1,0 +1,323 @@
+"""The record :mod:`structinit.adapters.provenance` reads: one call of a module with every torch
+call it makes (function, arguments, result), the operands of the products around its attention
+map, and a guard that leaves the module exactly as it was."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
+_SDPA = F.scaled_dot_product_attention
+_MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
+_BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
+_PRODUCTS = _MATMUL | _BADDBMM | {torch.einsum}
+_MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul_,
+        torch.Tensor.__imul__}
+_DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_, torch.Tensor.__itruediv__}
+# What a map may pass through on its way to the values: a copy in another dtype, dropout, a mask.
+_CARRY = {F.dropout, torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, torch.Tensor.contiguous,
+          torch.Tensor.clone, torch.Tensor.masked_fill, torch.Tensor.type, torch.Tensor.half, torch.Tensor.bfloat16}
+_TOKEN_KEYS = ("hidden_states", "x", "query", "input", "inputs", "tokens")
+
+
+Op = tuple  # (func, args, kwargs, out)
+
+
+class _Recorder(TorchFunctionMode):
+    """Keeps every torch call; ``swap`` maps a call's index to the result it returns instead."""
+
+    def __init__(self, swap: dict[int, torch.Tensor] | None = None):
+        super().__init__()
+        self.ops: list[Op] = []
+        self.swap = swap or {}
+        self.snapshots: dict[int, torch.Tensor] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        index = len(self.ops)
+        if index in self.swap:
+            out = self.swap[index]
+        elif func in _PRODUCTS and isinstance(out, torch.Tensor):
+            self.snapshots[index] = out.detach().clone()  # as made: an in-place scale or mask may follow
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+@dataclass
+class Record:
+    """One call: its torch calls in order, its output, and each product's result as it was made."""
+
+    ops: list[Op]
+    out: object
+    snapshots: dict[int, torch.Tensor]
+
+
+def record(module: nn.Module, args: tuple, kwargs: dict, swap: dict[int, torch.Tensor] | None = None) -> Record:
+    """The :class:`Record` of one call of ``module`` in eval mode, with gradients, under a forked
+    random state seeded 0 (the module's mode is restored; :func:`restored` restores the rest)."""
+    was_training = module.training
+    module.eval()
+    recorder = _Recorder(swap)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), recorder:
+            torch.manual_seed(0)
+            out = module(*args, **kwargs)
+    finally:
+        module.train(was_training)
+    return Record(recorder.ops, out, recorder.snapshots)
+
+
+@contextlib.contextmanager
+def restored(module: nn.Module, params: list[torch.Tensor]):
+    """Gradients on for ``params`` inside; after, every parameter, buffer and tensor attribute of
+    ``module`` and its children back as it was, values and identities, and the flags."""
+    flags = [p.requires_grad for p in params]
+    saved = []
+    for m in module.modules():
+        tensors = {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
+        holders = (dict(m._parameters), dict(m._buffers), tensors)
+        values = [(t, t.detach().clone()) for d in holders for t in d.values() if t is not None]
+        saved.append((m, holders, values))
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        yield
+    finally:
+        with torch.no_grad():
+            for m, (parameters, buffers, tensors), values in saved:
+                m._parameters.clear()
+                m._parameters.update(parameters)
+                m._buffers.clear()
+                m._buffers.update(buffers)
+                for k, v in tensors.items():
+                    object.__setattr__(m, k, v)
+                for t, value in values:
+                    if t.shape == value.shape and not torch.equal(t, value):
+                        t.copy_(value)
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
+def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The tokens of a call: its first tensor argument, else a tensor under a usual keyword."""
+    found = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if found is None:
+        found = next((kwargs[k] for k in _TOKEN_KEYS if isinstance(kwargs.get(k), torch.Tensor)), None)
+    if found is None:
+        raise ValueError("the call passes no tensor")
+    return found
+
+
+@dataclass
+class Operand:
+    """One operand of a product, with its token and channel axes; its lead axes are the rest
+    (batch, windows, heads). For a value operand, ``product_index`` is the product's call and
+    ``context_axes`` the (token, channel) axes of its result."""
+
+    tensor: torch.Tensor
+    token: int
+    channel: int
+    product_index: int = -1
+    context_axes: tuple[int, int] = (-2, -1)
+
+    def __post_init__(self):
+        self.token %= self.tensor.ndim
+        self.channel %= self.tensor.ndim
+
+    @property
+    def moved_shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.movedim((self.token, self.channel), (-2, -1)).shape)
+
+    @property
+    def lead_shape(self) -> tuple[int, ...]:
+        return self.moved_shape[:-2]
+
+    @property
+    def channels(self) -> int:
+        return int(self.tensor.shape[self.channel])
+
+    def unmove(self, moved: torch.Tensor) -> torch.Tensor:
+        return moved.movedim((-2, -1), (self.token, self.channel))
+
+    def context_lead_axes(self, ndim: int) -> list[int]:
+        token, channel = (a % ndim for a in self.context_axes)
+        return [a for a in range(ndim) if a not in (token, channel)]
+
+    @property
+    def context_channel_axis(self) -> int:
+        return self.context_axes[1]
+
+
+def _producers(ops: list[Op]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for i, (_, _, _, result) in enumerate(ops):
+        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+            if isinstance(t, torch.Tensor):
+                out.setdefault(id(t), []).append(i)
+    return out
+
+
+def _made_before(producers, t: torch.Tensor, before: int) -> int | None:
+    """The last call before ``before`` that returned ``t`` (in-place calls return their input)."""
+    return max((i for i in producers.get(id(t), ()) if i < before), default=None)
+
+
+def _scalar(value) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach())
+    return None
+
+
+def _back_to_product(ops, producers, t: torch.Tensor, before: int, depth: int = 12):
+    """(index of the product call that made ``t``, the scalar factor applied since) following the
+    elementwise calls between (scales, masks, added biases, casts); None if none is found."""
+    i = _made_before(producers, t, before)
+    if i is None or depth == 0:
+        return None
+    func, args, kwargs, _ = ops[i]
+    if func in _PRODUCTS:
+        return i, float(kwargs.get("alpha", 1.0)) if func in _BADDBMM else 1.0
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.ndim == t.ndim]
+    tensors.sort(key=lambda a: a.shape != t.shape)  # the logits themselves before a bias or mask added to them
+    for a in tensors:
+        found = _back_to_product(ops, producers, a, i, depth - 1)
+        if found is None:
+            continue
+        index, factor = found
+        scalars = [s for s in (_scalar(b) for b in args if b is not a) if s is not None]
+        if func in _MUL and scalars:
+            factor *= scalars[0]
+        elif func in _DIV and scalars and args[0] is a:
+            factor /= scalars[0]
+        return index, factor
+    return None
+
+
+def _einsum_axes(equation: str, operands) -> tuple[str, list[str], str] | None:
+    equation = equation.replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        return None
+    inputs, output = equation.split("->")
+    inputs = inputs.split(",")
+    return (output, inputs, equation) if len(inputs) == 2 == len(operands) else None
+
+
+def _product_operands(op: Op) -> tuple[Operand, Operand] | None:
+    """The (query-side, key-side) operands of a product whose result is (…, T, S)."""
+    func, args = op[0], op[1]
+    if func in _MATMUL:
+        a, b = args[0], args[1]
+        return Operand(a, -2, -1), Operand(b, -1, -2)
+    if func in _BADDBMM:
+        return Operand(args[1], -2, -1), Operand(args[2], -1, -2)
+    operands = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+    parsed = _einsum_axes(args[0], operands)
+    if parsed is None:
+        return None
+    output, (sa, sb), _ = parsed
+    query, key = output[-2], output[-1]
+    shared = [c for c in sa if c in sb and c not in output]
+    if len(shared) != 1 or query not in sa or key not in sb:
+        return None
+    c = shared[0]
+    return Operand(operands[0], sa.index(query), sa.index(c)), Operand(operands[1], sb.index(key), sb.index(c))
+
+
+def map_operands(rec: Record):
+    """(q, k, (logits before any scale, factor after), scale of a scaled-dot-product call or None)
+    of the module's first attention map that is applied to values (:func:`value_operand`; a map
+    computed only to be kept is passed over), with v; None when it has none the trace can follow."""
+    for found in _maps(rec):
+        v = value_operand(rec.ops, found)
+        if v is not None:
+            return (*found, v)
+    return None
+
+
+def _maps(rec: Record):
+    ops = rec.ops
+    producers = _producers(ops)
+    for i, (func, args, kwargs, out) in enumerate(ops):
+        if func is _SDPA:
+            q, k = args[0], args[1] if len(args) > 1 else kwargs["key"]
+            scale = kwargs.get("scale")
+            r = q.shape[-1]
+            made = q.detach().double() @ k.detach().double().transpose(-2, -1)
+            yield (Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0),
+                   r ** -0.5 if scale is None else float(scale))
+        if func in SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]:
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            if dim is None or dim % out.ndim != out.ndim - 1:
+                continue
+            found = _back_to_product(ops, producers, args[0], i)
+            operands = None if found is None else _product_operands(ops[found[0]])
+            if operands is None:
+                continue
+            q, k = operands
+            q.product_index = k.product_index = i
+            yield q, k, (rec.snapshots[found[0]], found[1]), None
+
+
+_TRANSPOSES = {torch.transpose, torch.Tensor.transpose, torch.Tensor.mT.__get__, torch.swapaxes,
+               torch.Tensor.swapaxes, torch.Tensor.permute, torch.permute}
+
+
+def _swaps_last_two(func, args, result: torch.Tensor) -> bool:
+    """Whether a call transposes its tensor's last two axes and keeps the rest in place."""
+    if func not in _TRANSPOSES:
+        return False
+    x = args[0]
+    if func in (torch.Tensor.permute, torch.permute):
+        dims = args[1:] if len(args) > 2 or not isinstance(args[1], (tuple, list)) else args[1]
+        order = [d % x.ndim for d in dims]
+        return order == [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2]
+    if func is torch.Tensor.mT.__get__:
+        return True
+    return sorted(a % x.ndim for a in args[1:3]) == [x.ndim - 2, x.ndim - 1]
+
+
+def value_operand(ops: list[Op], found) -> Operand | None:
+    """The v operand of the product that applies the map (a scaled-dot-product call's own v)."""
+    q = found[0]
+    i = q.product_index
+    func, args, kwargs, out = ops[i]
+    if func is _SDPA:
+        v = args[2] if len(args) > 2 else kwargs["value"]
+        return Operand(v, -2, -1, i, (-2, -1))
+    derived, flipped = {id(out)}, set()  # the map as it goes on, and its transpose (keys first)
+    for j in range(i + 1, len(ops)):
+        func, args, kwargs, result = ops[j]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or not isinstance(result, torch.Tensor):
+            continue
+        first = id(tensors[0])
+        if first in derived | flipped and (func in _CARRY or _swaps_last_two(func, args, result)):
+            same = first in derived if func in _CARRY else first in flipped
+            (derived if same else flipped).add(id(result))
+        elif func in _MATMUL and id(args[0]) in derived:
+            return Operand(args[1], -2, -1, j, (-2, -1))
+        elif func in _MATMUL and id(args[1]) in flipped:  # v (…, r, T) @ mapᵀ: the context keys last
+            return Operand(args[0], -1, -2, j, (-1, -2))
+        elif func is torch.einsum:
+            operands = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+            parsed = _einsum_axes(args[0], operands)
+            if parsed is None or id(operands[0]) not in derived:
+                return None
+            output, (sp, sv), _ = parsed
+            key = sp[-1]
+            chan = [c for c in sv if c not in sp]
+            if len(chan) != 1 or key not in sv:
+                return None
+            query = sp[-2]
+            return Operand(operands[1], sv.index(key), sv.index(chan[0]), j,
+                           (output.index(query), output.index(chan[0])))
+    return None

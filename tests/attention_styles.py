@@ -1,0 +1,142 @@
+"""Attention modules written in styles no adapter names: raw Parameters through ``F.linear``,
+``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps, projections in a
+``ModuleDict``, a ``Linear`` subclass. Each records the softmax input and output its own forward
+formed (``last_logits``, ``last_probs``), the ground truth the tests compare structinit against."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _Records(nn.Module):
+    def keep(self, logits, probs):
+        self.last_logits, self.last_probs = logits.detach(), probs.detach()
+        return probs
+
+
+class RawLinearAttention(_Records):
+    """q, k, v from one raw (3D, D) Parameter through ``F.linear``; the output from another."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.w_in = nn.Parameter(torch.randn(3 * dim, dim) * dim**-0.5)
+        self.b_in = nn.Parameter(torch.zeros(3 * dim))
+        self.w_out = nn.Parameter(torch.randn(dim, dim) * dim**-0.5)
+        self.b_out = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(dim=-1))
+        return F.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+class EinsumAttention(_Records):
+    """``einsum`` on a (3, heads, r, D) weight and a (heads, r, D) output weight, no biases."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, heads, dim // heads, dim) * dim**-0.5)
+        self.o = nn.Parameter(torch.randn(heads, dim // heads, dim) * dim**-0.5)
+
+    def forward(self, x):
+        q, k, v = torch.einsum("btd,shcd->sbhtc", x, self.w)
+        logits = torch.einsum("bhic,bhjc->bhij", q, k) / math.sqrt(q.shape[-1])
+        probs = self.keep(logits, F.softmax(logits, dim=-1))
+        return torch.einsum("bhtc,hcd->btd", torch.einsum("bhij,bhjc->bhic", probs, v), self.o)
+
+
+class ConvMapAttention(_Records):
+    """1×1 convolutions on (B, D, H, W) maps; the map applied as v · mapᵀ, channels first."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.qkv = nn.Conv2d(dim, 3 * dim, 1)
+        self.out = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):
+        b, c, hh, ww = x.shape
+        q, k, v = self.qkv(x).reshape(b, 3, self.h, c // self.h, hh * ww).unbind(1)
+        logits = q.transpose(-2, -1) @ k * (c // self.h) ** -0.5
+        probs = self.keep(logits, torch.softmax(logits, -1))
+        return self.out((v @ probs.transpose(-2, -1)).reshape(b, c, hh, ww))
+
+
+class ModuleDictAttention(_Records):
+    """q, k, v and the output in a ``ModuleDict``, through ``scaled_dot_product_attention``
+    (whose map the module does not see: it records the same softmax, recomputed)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.proj = nn.ModuleDict({n: nn.Linear(dim, dim) for n in ("query", "key", "value", "mix")})
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (self.proj[n](x).view(b, t, self.h, -1).transpose(1, 2) for n in ("query", "key", "value"))
+        logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        self.keep(logits, logits.softmax(-1))
+        return self.proj["mix"](F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+
+class ScaledLinear(nn.Linear):
+    """A Linear subclass with a fixed gain of one: the kind of wrapper quantisation or LoRA code ships."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight * 1.0, self.bias)
+
+
+class SubclassAttention(_Records):
+    """Linear-subclass projections named nothing an adapter knows, scaled on q before the product."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.a, self.b, self.c, self.d = (ScaledLinear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        split = lambda y: y.reshape(b, t, self.h, -1).transpose(1, 2)
+        q = split(self.a(x)) * (d // self.h) ** -0.5
+        k, v = split(self.b(x)), split(self.c(x))
+        logits = q @ k.transpose(-2, -1)
+        probs = self.keep(logits, logits.softmax(-1))
+        return self.d((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
+          "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention}
+
+
+class ChannelNorm(nn.LayerNorm):
+    """LayerNorm over the channels of each pixel of a (B, D, H, W) map: each token normalised alone."""
+
+    def forward(self, x):
+        return super().forward(x.movedim(1, -1)).movedim(-1, 1)
+
+
+class StyledViT(nn.Module):
+    """A small pre-norm ViT on 16×16 images (patch 2: an 8×8 grid, a learned PE) whose attention
+    is one of :data:`STYLES`; ``conv-maps`` keeps the tokens as (B, D, H, W) maps throughout."""
+
+    def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
+        super().__init__()
+        self.maps = style == "conv-maps"
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
+        self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(STYLES[style](dim, heads) for _ in range(depth))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2) + self.pos_embed
+        if self.maps:
+            x = x.transpose(1, 2).reshape(x.shape[0], -1, 8, 8)
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x))
+        return self.head(x.flatten(2).mean(-1) if self.maps else x.mean(1))

@@ -1,0 +1,150 @@
+"""Attention in styles no adapter names, read by provenance: the trace follows each softmax map
+back to the parameter entries that make q, k and v and on to the output projection, and both
+schemes write through what it found. Every claim is checked on the module's own forward (the
+maps it records itself), not on structinit's recomputation."""
+
+import pytest
+import torch
+from attention_styles import STYLES, RawLinearAttention, StyledViT
+from torch import nn
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.provenance import TracedAdapter, TraceError, trace_attention
+from structinit.adapters.registry import adapter_for
+from structinit.functional.targets import target_index
+from structinit.schemes.checks import diagonal_strength
+
+
+def _images(n=4):
+    return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def _as_input(model, tokens):
+    """(1, 64, D) tokens in the form the model's attention takes (maps for conv-maps)."""
+    return tokens.transpose(1, 2).reshape(1, -1, 8, 8) if model.maps else tokens
+
+
+def _model(style, seed=0):
+    torch.manual_seed(seed)
+    return StyledViT(style)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_every_style_is_traced_to_its_own_parameters_with_no_adapter_registered(style):
+    model = _model(style)
+    assert all(adapter_for(m) is None for m in model.attns)
+    layers = structinit.find_attention_layers(model)
+    assert [n for n, _ in layers] == ["attns.0", "attns.1"]
+    for (_, ad), attn in zip(layers, model.attns):
+        assert isinstance(ad, TracedAdapter) and (ad.num_heads, ad.head_dim, ad.dim) == (3, 16, 48)
+        owned = {p.untyped_storage().data_ptr() for p in attn.parameters()}
+        for weight, bias in ad.linear_views().values():  # views of the module's own storage
+            assert weight.untyped_storage().data_ptr() in owned
+            assert bias is None or bias.untyped_storage().data_ptr() in owned
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_impulse_on_a_traced_layer_makes_the_modules_own_maps_hit_their_targets(style):
+    model = _model(style)
+    structinit.init_(model, "impulse", seed=0, reserve="none")  # no MLP: nothing to reserve against
+    # the position-only input the papers design for: the model's own norm of its PE's grid rows
+    with torch.no_grad():
+        for norm, attn in zip(model.norms, model.attns):
+            tokens = model.pos_embed.detach()
+            x = norm(_as_input(model, tokens))
+            attn(x)
+            probs = attn.last_probs[0]  # (heads, 64, 64), as the module computed them
+            for h, offset in enumerate(attn.structinit_impulse["offsets"]):
+                target = target_index((8, 8), offset)
+                rows = torch.nonzero(target >= 0).squeeze(1)
+                hit = (probs[h, rows].argmax(-1) == target[rows]).float().mean()
+                assert hit == 1.0, (style, h, offset, float(hit))
+
+
+def _vo_product(attn, maps: bool, dim: int = 48) -> torch.Tensor:
+    """x ↦ out on identical tokens (a uniform map), less its value at 0: W_v W_o as the module's
+    own forward applies it, (D, D) in the row-vector convention."""
+    def run(u):
+        x = u.reshape(1, 1, dim).expand(1, 64, dim)
+        out = attn(_as_input_maps(x) if maps else x)
+        return (out.flatten(2).transpose(1, 2) if maps else out)[0, 0]
+    with torch.no_grad():
+        zero = run(torch.zeros(dim))
+        return torch.stack([run(e) - zero for e in torch.eye(dim)])
+
+
+def _as_input_maps(x):
+    return x.transpose(1, 2).reshape(1, -1, 8, 8)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_mimetic_on_a_traced_layer_shows_in_the_modules_own_logits_and_values(style):
+    model = _model(style)
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    for attn in model.attns:
+        assert (diagonal_strength(attn.last_logits) > 0.25).all()  # q kᵀ ≈ αZ + βI: the diagonal stands out
+        vo = _vo_product(attn, model.maps)
+        assert float(vo.diagonal().mean()) == pytest.approx(-0.4, abs=0.1)  # W_v W_o = γZ − δI, δ = 0.4
+    before = _model(style)
+    with torch.no_grad():
+        before(_images())
+    assert not (diagonal_strength(before.attns[0].last_logits) > 0.25).all()  # the default init does not
+
+
+class QKNormed(RawLinearAttention):
+    """Raw-Parameter attention with a LayerNorm on each head's q and k after the projection."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        q, k = (nn.functional.layer_norm(y, y.shape[-1:]) for y in (q, k))
+        probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1)).softmax(-1))
+        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+class PerHeadPacked(RawLinearAttention):
+    """q, k, v packed per head ((B, T, heads, 3, r)): q's rows are not one evenly strided block."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        qkv = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, self.h, 3, -1).permute(3, 0, 2, 1, 4)
+        q, k, v = qkv
+        probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1) * 0.25).softmax(-1))
+        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+@pytest.mark.parametrize(("cls", "words"), [
+    (QKNormed, "more than a projection"),
+    (PerHeadPacked, "evenly strided block"),
+])
+def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, words):
+    module = cls(48, 3)
+    module.register_buffer("calls", torch.zeros(()))
+    module.register_forward_pre_hook(lambda m, a: m.calls.add_(1) and None)  # a buffer the forward changes
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    flags = [p.requires_grad for p in module.parameters()]
+    with pytest.raises(TraceError, match=words):
+        trace_attention(module, (torch.randn(2, 9, 48),), {})
+    after = module.state_dict()
+    assert all(torch.equal(state[k], after[k]) for k in state) and float(after["calls"]) == 0
+    assert [p.requires_grad for p in module.parameters()] == flags
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_model_whose_attention_the_trace_cannot_read_is_refused_with_why_and_unchanged(scheme):
+    model = StyledViT("raw-linear")
+    model.attns[1] = QKNormed(48, 3)
+    check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
+                   "no adapter understands.*attns.1.*more than a projection")
+
+
+def test_the_trace_reads_a_scale_applied_before_or_after_the_product_and_a_kept_map():
+    """q scaled before the product (the Linear-subclass style), logits scaled after (raw-linear),
+    and a map computed only to be kept beside scaled_dot_product_attention (module-dict)."""
+    for style in ("linear-subclass", "raw-linear", "module-dict"):
+        attn = _model(style).attns[0]
+        ad = trace_attention(attn, (torch.randn(2, 64, 48),), {})
+        assert ad.scale == pytest.approx(16 ** -0.5, rel=1e-5)
