@@ -148,3 +148,52 @@ def test_the_trace_reads_a_scale_applied_before_or_after_the_product_and_a_kept_
         attn = _model(style).attns[0]
         ad = trace_attention(attn, (torch.randn(2, 64, 48),), {})
         assert ad.scale == pytest.approx(16 ** -0.5, rel=1e-5)
+
+
+class CachingViT(StyledViT):
+    """A forward that leaves traces: a call counter buffer, a relative-index buffer rebuilt for a
+    new token count, and a cached tensor attribute created on first use."""
+
+    def __init__(self, style="raw-linear"):
+        super().__init__(style)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("rel_index", torch.zeros(1, 1, dtype=torch.long))
+        self.cached = None
+
+    def forward(self, images):
+        self.calls += 1
+        if self.rel_index.shape[0] != 64:
+            self.rel_index = torch.arange(64)[:, None] - torch.arange(64)[None]
+        if self.cached is None:
+            self.cached = torch.ones(3)
+        return super().forward(images)
+
+
+def _state(model):
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {n: b for n, b in model.named_buffers()}, model.cached)
+
+
+def _assert_same(model, state):
+    values, buffers, cached = state
+    now = model.state_dict()
+    assert values.keys() == now.keys() and all(torch.equal(values[k], now[k]) for k in values)
+    assert all(b is buffers[n] for n, b in model.named_buffers()) and model.cached is cached
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_refused_init_leaves_no_trace_of_its_probes_in_buffers_or_cached_attributes(scheme):
+    model = CachingViT()
+    model.attns[1] = QKNormed(48, 3)
+    state = _state(model)
+    with pytest.raises(ValueError, match="no adapter understands"):
+        structinit.init_(model, scheme, seed=0)
+    _assert_same(model, state)
+
+
+def test_a_written_init_changes_the_weights_it_plans_and_no_buffer():
+    model = CachingViT()
+    values = _state(model)[0]
+    structinit.init_(model, "mimetic", seed=0)
+    assert int(model.calls) == 0 and model.rel_index.shape == (1, 1) and model.cached is None
+    assert not torch.equal(values["attns.0.w_in"], model.attns[0].w_in)

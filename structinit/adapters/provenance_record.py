@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.utils.state import ModuleState
+
 SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
 _SDPA = F.scaled_dot_product_attention
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
@@ -79,28 +81,13 @@ def restored(module: nn.Module, params: list[torch.Tensor]):
     """Gradients on for ``params`` inside; after, every parameter, buffer and tensor attribute of
     ``module`` and its children back as it was, values and identities, and the flags."""
     flags = [p.requires_grad for p in params]
-    saved = []
-    for m in module.modules():
-        tensors = {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}
-        holders = (dict(m._parameters), dict(m._buffers), tensors)
-        values = [(t, t.detach().clone()) for d in holders for t in d.values() if t is not None]
-        saved.append((m, holders, values))
+    state = ModuleState(module, parameter_values=True)
     try:
         for p in params:
             p.requires_grad_(True)
         yield
     finally:
-        with torch.no_grad():
-            for m, (parameters, buffers, tensors), values in saved:
-                m._parameters.clear()
-                m._parameters.update(parameters)
-                m._buffers.clear()
-                m._buffers.update(buffers)
-                for k, v in tensors.items():
-                    object.__setattr__(m, k, v)
-                for t, value in values:
-                    if t.shape == value.shape and not torch.equal(t, value):
-                        t.copy_(value)
+        state.restore()
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter
 from structinit.schemes.records import get_record, set_record
+from structinit.utils.state import ModuleState
 
 
 @dataclass
@@ -32,6 +33,9 @@ class Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     # What the scheme also set, in words, for the caller to report (e.g. talking-heads mixers).
     notes: list[str] = field(default_factory=list)
+    # The model's buffers and tensor attributes before the plan: what the checks' forwards cache
+    # is put back after the commit, written or undone (structinit.utils.state).
+    state: ModuleState | None = None
 
     def add(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for dst, value in pairs:
@@ -68,6 +72,9 @@ class Plan:
             if saved is not None:
                 self._apply(*saved)
             raise
+        finally:
+            if self.state is not None and self.checks:
+                self.state.restore([*(dst for dst, _ in self.writes), *self.touched], drop_new=not self.actions)
 
     def _save(self):
         tensors, seen = [], set()

@@ -28,6 +28,7 @@ from structinit.adapters.registry import attention_survey
 from structinit.schemes.plan import Plan
 from structinit.utils import OptionError, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
+from structinit.utils.state import ModuleState
 
 # 'model': every layer of the model (framework defaults); the others: the layers of one kind.
 TARGETS = ("model", "attention", "conv", "ssm", "token_mixing")
@@ -193,6 +194,7 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
     naming the numeric options given, raised before anything is written."""
     _check_options(scheme, args, options, what)
+    state = ModuleState(model)  # the probes run the model: what their forwards cache is put back
     try:
         plan = scheme.plan(model, *args, **options)
     except _NUMERIC_FAILURES as err:
@@ -207,8 +209,11 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
             raise
         raise ValueError(f"{what}: {err}; the numeric options given: {given} (one may be far too large or too "
                          "small)") from err
+    finally:
+        state.restore()
     if isinstance(plan, Plan):
         _check_writes(plan, model, what, options)
+        plan.state = state
     return plan
 
 

@@ -1,0 +1,56 @@
+"""What a probe's forward may change in a model besides its weights, saved to be put back: the
+buffers and the plain tensor attributes of every module (a relative-index table a forward
+rebuilds for a new token count, a cached bias, a call counter). An init that reads a model by
+running it must leave no trace of those runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def _is_state(value) -> bool:
+    return value is None or isinstance(value, torch.Tensor)
+
+
+class ModuleState:
+    """The buffers and tensor attributes of ``module`` and its children as they are now, by
+    identity and by value (and the parameters' values too with ``parameter_values=True``);
+    :meth:`restore` puts them back."""
+
+    def __init__(self, module: nn.Module, *, parameter_values: bool = False):
+        self._saved = []
+        for m in module.modules():
+            buffers = dict(m._buffers)
+            attributes = {k: v for k, v in vars(m).items() if not k.startswith("_") and _is_state(v)}
+            tensors = [*(b for b in buffers.values() if b is not None),
+                       *(v for v in attributes.values() if v is not None)]
+            if parameter_values:
+                tensors += [p for p in m._parameters.values() if p is not None]
+            self._saved.append((m, buffers, attributes, [(t, t.detach().clone()) for t in tensors]))
+
+    def restore(self, spare: Iterable[torch.Tensor] = (), *, drop_new: bool = True) -> None:
+        """Put every saved buffer and tensor attribute back, by identity and value, except the
+        memory of ``spare`` (what an init writes on purpose). ``drop_new`` also removes the
+        buffers and tensor attributes added since; without it, a buffer removed or added since
+        (a parametrisation an init registered) is left as it is."""
+        spared = {t.untyped_storage().data_ptr() for t in spare}
+        with torch.no_grad():
+            for m, buffers, attributes, values in self._saved:
+                for key in list(m._buffers):
+                    if key in buffers:
+                        m._buffers[key] = buffers[key]
+                    elif drop_new:
+                        del m._buffers[key]
+                for key, value in list(vars(m).items()):
+                    if key in attributes:
+                        object.__setattr__(m, key, attributes[key])
+                    elif drop_new and isinstance(value, torch.Tensor) and not key.startswith("_"):
+                        delattr(m, key)
+                for t, value in values:
+                    if t.untyped_storage().data_ptr() in spared or t.shape != value.shape:
+                        continue
+                    if not torch.equal(t, value):
+                        t.copy_(value)
