@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import Discovery, find_position_embedding, square_side
+from structinit.adapters.probe import takes_token_ids
 from structinit.adapters.rotary import find_rotary
 from structinit.utils import is_int
 
@@ -77,6 +78,12 @@ def infer_layout(
         sides = [s for n in ((rows,) if no_row else (rows - prefix, rows)) if (s := square_side(n)) is not None]
         grid = (sides[0], sides[0]) if sides else None
     if grid is None:
+        if takes_token_ids(model):
+            raise ValueError(
+                f"{type(model).__name__} reads token ids, a 1-D sequence with no grid of image tokens: impulse and the "
+                "other grid schemes shape attention as convolutions on a 2-D grid, which a sequence does not have. "
+                "Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's tokens in row-major order"
+            )
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(
                 f"cannot infer the token grid of {type(model).__name__}: it has no position embedding structinit "

@@ -22,6 +22,7 @@ token order (an MAE-style shuffle) from one probe to the next.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -87,6 +88,25 @@ def _detached(value):
     if isinstance(value, (tuple, list)):
         return type(value)(_detached(v) for v in value)
     return value
+
+
+def call_copy(value):
+    """An argument of a call as it was when the call began, to call again with: tensors detached,
+    and a stateful object copied (a key/value cache grows with every call; a second call on the
+    object the first one filled would see twice the keys). Modules, and what cannot be copied,
+    are passed as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(call_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: call_copy(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str, nn.Module, torch.dtype, torch.device)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an object that refuses copying: the caller gets the object itself
+        return value
 
 
 def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
@@ -190,7 +210,7 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
 
         def enter(mod, args, kwargs, call=call):
             if not call.done and call not in active:
-                call.args, call.kwargs = _detached(args), _detached(kwargs)
+                call.args, call.kwargs = call_copy(args), call_copy(kwargs)
                 active.append(call)
 
         def leave(mod, args, kwargs, output, call=call):

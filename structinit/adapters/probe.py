@@ -86,11 +86,63 @@ def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
 def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Tensor | None:
     """``count`` probe images (count, C, H, W) in the model's dtype for a model whose attention
     layers are ``candidates`` (name, adapter): the first size :func:`probe_sizes` gives (two by
-    default, so that a term that does not depend on content shows as one); None when no size
-    can be told."""
+    default, so that a term that does not depend on content shows as one); for a model that
+    takes no image but token ids (a language model), ``count`` sequences of ids
+    (:func:`text_probe`); None when neither can be told."""
     dim = candidates[0][1].dim if candidates else _common_width(model)
     sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
-    return probe_images(model, count, sizes[0]) if sizes else None
+    return probe_images(model, count, sizes[0]) if sizes else text_probe(model, count)
+
+
+_TEXT_LENGTHS = (16, 8, 4)  # tokens a sequence probe tries, longest first (a model may hold few positions)
+_TEXT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → the length its forward took, or 0
+
+
+def input_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The embedding that reads a model's token ids: the one it names (Hugging Face's
+    ``get_input_embeddings``), else its first ``nn.Embedding``; None when it has none."""
+    getter = getattr(model, "get_input_embeddings", None)
+    try:
+        named = getter() if callable(getter) else None
+    except (NotImplementedError, AttributeError):
+        named = None
+    if isinstance(named, nn.Embedding):
+        return named
+    return next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+
+
+@torch.no_grad()
+def text_probe(model: nn.Module, count: int = 2) -> torch.Tensor | None:
+    """``count`` sequences of seeded random token ids (count, T) for a model whose forward reads
+    token ids through its input embedding (:func:`input_embedding`): T the first of 16, 8, 4 its
+    forward takes; None when it has no embedding or takes none of them."""
+    emb = input_embedding(model)
+    if emb is None:
+        return None
+    make = lambda n, t: torch.randint(emb.num_embeddings, (n, t), generator=torch.Generator().manual_seed(0)).to(
+        emb.weight.device)
+    if model not in _TEXT:
+        _TEXT[model] = 0
+        was_training = model.training
+        model.eval()
+        try:
+            for length in _TEXT_LENGTHS:
+                try:
+                    with torch.random.fork_rng(devices=[]):
+                        model(make(1, length))
+                except Exception:  # too long for its positions, or not a language model at all
+                    continue
+                _TEXT[model] = length
+                break
+        finally:
+            model.train(was_training)
+    return make(count, _TEXT[model]) if _TEXT[model] else None
+
+
+def takes_token_ids(model: nn.Module) -> bool:
+    """Whether the model is probed with token ids (a 1-D sequence) rather than images."""
+    probe = probe_inputs(model, [], count=1)
+    return probe is not None and not probe.is_floating_point()
 
 
 def probe_images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:

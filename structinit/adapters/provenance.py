@@ -26,6 +26,7 @@ own maps like any other adapter.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from structinit.adapters.attention import AttentionAdapter, Views
 from structinit.adapters.provenance_record import (
     Operand,
+    causal_map,
     first_tensor,
     map_operands,
     record,
@@ -61,8 +63,14 @@ class TracedAdapter(AttentionAdapter):
         self.scale, self.maps_layout = float(scale), maps_layout
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
 
+    is_causal = False  # found by the trace (causal_map): keys after the query are masked
+
     def linear_views(self) -> Views:
         return dict(self._views)
+
+    @property
+    def causal(self) -> bool:
+        return self.is_causal
 
     def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
         x = first_tensor(args, kwargs)
@@ -95,11 +103,44 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
     params = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
     if not params:
         raise TraceError("it holds no floating-point parameters: its q, k and v come from elsewhere")
+    originals = dict(params)
+    twin = _double_twin(module, originals)
+    if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
+        try:
+            twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
+            return _trace(twin, _in_double(args), _in_double(kwargs), twin_params, module, originals, args, kwargs)
+        except TraceError:
+            raise
+        except Exception:  # a module that will not run in float64: trace it as it is
+            pass
     with restored(module, [p for _, p in params]):
-        return _trace(module, args, kwargs, params)
+        return _trace(module, args, kwargs, params, module, originals, args, kwargs)
 
 
-def _trace(module, args, kwargs, params) -> TracedAdapter:
+def _double_twin(module: nn.Module, originals: dict) -> nn.Module | None:
+    """A float64 copy of ``module`` with the same parameter names, or None when it cannot be made."""
+    try:
+        twin = copy.deepcopy(module).double()
+    except Exception:  # an attribute that refuses copying
+        return None
+    names = [n for n, p in twin.named_parameters() if p.is_floating_point()]
+    return twin if names == list(originals) else None
+
+
+def _in_double(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().double() if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_in_double(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _in_double(v) for k, v in value.items()}
+    return value
+
+
+def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwargs) -> TracedAdapter:
+    """Trace ``module`` (``owner`` itself, or its float64 twin) on ``args``/``kwargs``; the views
+    are built on ``owner``'s own parameters (``originals``, by name), its tokens read from
+    ``owner_args``/``owner_kwargs``."""
     rec = record(module, args, kwargs)
     ops = rec.ops
     found = map_operands(rec)
@@ -107,7 +148,7 @@ def _trace(module, args, kwargs, params) -> TracedAdapter:
         raise TraceError("the trace cannot follow its softmax map back to a product of q and k and on to "
                          "the product that applies it to v")
     q, k, product, sdpa_scale, v = found
-    x = first_tensor(args, kwargs)
+    x = first_tensor(owner_args, owner_kwargs)
     maps_layout = x.ndim == 4
     tokens = x.flatten(2).transpose(1, 2) if maps_layout else (x if x.ndim == 3 else x.unsqueeze(0))
     dim, r = int(tokens.shape[-1]), q.channels
@@ -117,10 +158,11 @@ def _trace(module, args, kwargs, params) -> TracedAdapter:
     heads, group = _heads(q, params)
     views, names = {}, {}
     for role, operand in (("q", q), ("k", k), ("v", v)):
-        views[role], names[role] = _input_block(role, operand, params, heads, r, dim)
-    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, heads, group, r, dim)
-    adapter = TracedAdapter(module, views, heads, r, 1.0, maps_layout, names)
+        views[role], names[role] = _input_block(role, operand, params, originals, heads, r, dim)
+    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, maps_layout, names)
     adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
+    adapter.is_causal = causal_map(rec, q)
     return adapter
 
 
@@ -227,11 +269,12 @@ def _along(ix: torch.Tensor, axis: int, width: int) -> bool:
     return sorted(ix[:, axis].tolist()) == list(range(width)) and bool((others == others[:1]).all())
 
 
-def _assemble(role: str, per_head: list[list[dict]], params, heads, r, width, kind):
+def _assemble(role: str, per_head: list[list[dict]], params, originals, heads, r, width, kind):
     """(weight view, bias view or None) of one role from each head's labelled entries, and the
-    weight's parameter name."""
+    weight's parameter name; the views are of ``originals[name]``."""
     weight = bias = None
-    for i, (name, param) in enumerate(params):
+    for i, (name, _) in enumerate(params):
+        param = originals[name]
         entries = [head[i] for head in per_head]
         if not any(entries):
             continue
@@ -250,14 +293,14 @@ def _assemble(role: str, per_head: list[list[dict]], params, heads, r, width, ki
     return (weight, bias), weight_name
 
 
-def _input_block(role, op: Operand, params, heads, r, dim):
+def _input_block(role, op: Operand, params, originals, heads, r, dim):
     per_head = [_labelled(op, lead, params) for lead in _head_leads(op, heads)]
-    return _assemble(role, per_head, params, heads, r, dim, "in")
+    return _assemble(role, per_head, params, originals, heads, r, dim, "in")
 
 
 # -- the output projection ---------------------------------------------------------------------------
 
-def _output_block(module, args, kwargs, ops, v: Operand, params, heads, group, r, dim):
+def _output_block(module, args, kwargs, ops, v: Operand, params, originals, heads, group, r, dim):
     """The output projection: the module runs again with the context (map · v) replaced by zeros,
     ones and labels 1 + h·r + c; the gradients of its summed output say which entries read which
     head channel (module doc)."""
@@ -283,11 +326,11 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, heads, group, r
         if bool(g0.ne(0).any()):
             if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
                 raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
-            bias = param if bias is None else _raise(f"the output has two biases ({name!r} is the second)")
+            bias = originals[name] if bias is None else _raise(f"the output has two biases ({name!r} is the second)")
             continue
         for c, ix in _decode(name, g1, gl, heads * r).items():
             per_head[c // r][i][c % r] = ix
-    (weight, _), weight_name = _assemble("the output", per_head, params, heads, r, dim, "out")
+    (weight, _), weight_name = _assemble("the output", per_head, params, originals, heads, r, dim, "out")
     return (weight, bias), weight_name
 
 

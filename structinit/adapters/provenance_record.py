@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.observe import call_copy
 from structinit.utils.state import ModuleState
 
 SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
@@ -67,6 +68,7 @@ def record(module: nn.Module, args: tuple, kwargs: dict, swap: dict[int, torch.T
     was_training = module.training
     module.eval()
     recorder = _Recorder(swap)
+    args, kwargs = call_copy(args), call_copy(kwargs)  # a fresh cache each call: each run starts alike
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), recorder:
             torch.manual_seed(0)
@@ -308,3 +310,15 @@ def value_operand(ops: list[Op], found) -> Operand | None:
             return Operand(operands[1], sv.index(key), sv.index(chan[0]), j,
                            (output.index(query), output.index(chan[0])))
     return None
+
+
+def causal_map(rec: Record, q: Operand) -> bool:
+    """Whether the map masks every key after its query and nothing else: a scaled-dot-product
+    call with ``is_causal``, or a softmax whose input is −∞ exactly above the diagonal."""
+    func, args, kwargs, out = rec.ops[q.product_index]
+    if func is _SDPA:
+        return bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
+    logits = args[0].detach()
+    t = logits.shape[-1]
+    above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
+    return t > 1 and bool((torch.isneginf(logits) == above).all())

@@ -159,10 +159,18 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"diagonal_strength: {t} tokens leave {max(t - 1, 0)} logit(s) off the diagonal per row, "
                          f"no spread to measure against; it needs at least {MIN_DIAGONAL_TOKENS} tokens")
     eye = torch.eye(t, dtype=torch.bool, device=logits.device)
-    logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
+    finite = torch.isfinite(logits)
     diag = logits[..., eye].reshape(*logits.shape[:-2], t)
-    off = logits[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
-    return ((diag - off.mean(-1)) / off.std(-1).clamp_min(1e-6)).mean(dim=(0, -1))
+    # Masked pairs (a causal mask's −∞) are no logits: each row is measured on its open keys.
+    off_open = finite[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
+    off = torch.where(off_open, logits[..., ~eye].reshape(off_open.shape), torch.zeros_like(diag)[..., None])
+    count = off_open.sum(-1)
+    mean = off.sum(-1) / count.clamp_min(1)
+    var = torch.where(off_open, (off - mean[..., None]) ** 2, torch.zeros_like(off)).sum(-1) / (count - 1).clamp_min(1)
+    rows = (count >= 2) & torch.isfinite(diag)
+    score = torch.where(rows, (diag - mean) / var.sqrt().clamp_min(1e-6), torch.zeros_like(diag))
+    used = rows.sum(dim=(0, -1)).clamp_min(1)
+    return score.sum(dim=(0, -1)) / used
 
 
 def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:

@@ -1,0 +1,61 @@
+"""Small language models in the styles people write them, for mimetic on 1-D sequences: nanoGPT's
+causal self-attention (one fused ``c_attn`` Linear, a causal mask held as a buffer or passed to
+``scaled_dot_product_attention``) and a grouped-query attention with rotary positions, as in
+Llama. Each attention records the softmax input and output its own forward formed."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: ``c_attn`` → q, k, v; ``flash`` uses scaled_dot_product_attention with
+    is_causal, otherwise a tril buffer masks the logits before the softmax."""
+
+    def __init__(self, dim, heads, block, flash):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.n_head, self.flash = heads, flash
+        self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (y.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for y in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        self.last_logits, self.last_probs = att.detach(), F.softmax(att, dim=-1).detach()
+        if self.flash:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, attn, dim):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(dim), attn, nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    """Token and learned position embeddings, pre-norm blocks, a tied LM head."""
+
+    def __init__(self, vocab=97, block=32, dim=48, heads=3, depth=2, flash=False, attn=None):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
+        make = attn or (lambda: CausalSelfAttention(dim, heads, block, flash))
+        self.h = nn.ModuleList(Block(make(), dim) for _ in range(depth))
+        self.ln_f, self.lm_head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
