@@ -59,3 +59,44 @@ class TinyGPT(nn.Module):
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
+
+
+def rotate(x, positions, base=10000.0):
+    """Rotary position embedding, half-split (Llama's ``rotate_half``): channels i and i + r/2 of
+    each head turn by position · base^(−2i/r)."""
+    r = x.shape[-1]
+    freq = base ** (-torch.arange(0, r, 2, dtype=torch.float32) / r)
+    angle = positions[:, None].float() * freq[None]
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    half = torch.cat([-x[..., r // 2:], x[..., :r // 2]], -1)
+    return x * cos + half * sin
+
+
+class GroupedRotaryAttention(nn.Module):
+    """Llama-style attention: ``heads`` query heads share ``kv_heads`` key/value heads, q and k
+    rotated by position, causal; the keys repeated per query head (``repeat_kv``) unless
+    ``sdpa``, which hands the fewer heads to scaled_dot_product_attention(enable_gqa=True)."""
+
+    def __init__(self, dim, heads, kv_heads, sdpa=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.r, self.sdpa = heads, kv_heads, dim // heads, sdpa
+        self.wq = nn.Linear(dim, heads * self.r, bias=False)
+        self.wkv = nn.ModuleList(nn.Linear(dim, kv_heads * self.r, bias=False) for _ in range(2))
+        self.wo = nn.Linear(heads * self.r, dim, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        pos = torch.arange(t)
+        q = rotate(self.wq(x).view(b, t, self.heads, self.r).transpose(1, 2), pos)
+        k = rotate(self.wkv[0](x).view(b, t, self.kv_heads, self.r).transpose(1, 2), pos)
+        v = self.wkv[1](x).view(b, t, self.kv_heads, self.r).transpose(1, 2)
+        rep = self.heads // self.kv_heads
+        full_k, full_v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        logits = (q @ full_k.transpose(-2, -1)) / self.r**0.5
+        logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        self.last_logits, self.last_probs = logits.detach(), logits.softmax(-1).detach()
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            y = logits.softmax(-1) @ full_v
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))

@@ -72,6 +72,12 @@ class AttentionAdapter:
             x = x.transpose(0, 1)
         return x if x.ndim == 3 else x.unsqueeze(0)
 
+    def head_values(self, v: torch.Tensor, heads: int) -> torch.Tensor | None:
+        """The value projection's output (B, T, heads·r) as (B, heads, T, r), the values each
+        head's map is applied to; None when it does not split into ``heads``."""
+        b, t, width = v.shape
+        return None if width % heads else v.reshape(b, t, heads, -1).transpose(1, 2)
+
     def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
         """The module's output as (B, T, D) tokens, to compare with the recomputation (the
         output as it is, but for a module that works on (B, D, H, W) maps)."""

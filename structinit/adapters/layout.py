@@ -82,7 +82,8 @@ def infer_layout(
             raise ValueError(
                 f"{type(model).__name__} reads token ids, a 1-D sequence with no grid of image tokens: impulse and the "
                 "other grid schemes shape attention as convolutions on a 2-D grid, which a sequence does not have. "
-                "Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's tokens in row-major order"
+                "Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's tokens in row-major "
+                "order"
             )
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(

@@ -32,7 +32,6 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter, Views
 from structinit.adapters.provenance_record import (
     Operand,
     causal_map,
@@ -41,59 +40,13 @@ from structinit.adapters.provenance_record import (
     record,
     restored,
 )
+from structinit.adapters.traced import CallTokens, TracedAdapter
 
 MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
 
 
 class TraceError(ValueError):
     """Why a module's attention could not be followed back to its parameters."""
-
-
-class TracedAdapter(AttentionAdapter):
-    """An attention module read by provenance (module doc): ``views`` holds, for 'q', 'k', 'v'
-    and 'o', (weight, bias) strided views of the module's own parameters in ``nn.Linear``
-    layout; ``maps_layout`` is True when the module takes (B, D, H, W) maps rather than (B, T, D)
-    tokens (1×1 convolutions on an image), whose tokens are its pixels in row-major order."""
-
-    def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
-                 maps_layout: bool = False, param_names: dict[str, str] | None = None):
-        self.module, self._views = module, views
-        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
-        self.dim = int(views["q"][0].shape[1])
-        self.scale, self.maps_layout = float(scale), maps_layout
-        self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
-
-    is_causal = False  # found by the trace (causal_map): keys after the query are masked
-
-    def linear_views(self) -> Views:
-        return dict(self._views)
-
-    @property
-    def causal(self) -> bool:
-        return self.is_causal
-
-    def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
-        x = first_tensor(args, kwargs)
-        if self.maps_layout and x.ndim == 4:
-            return x.flatten(2).transpose(1, 2)
-        return x if x.ndim == 3 else x.unsqueeze(0)
-
-    def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
-        if out is not None and self.maps_layout and out.ndim == 4:
-            return out.flatten(2).transpose(1, 2)
-        return out
-
-
-class CallTokens:
-    """Reads the tokens of a call the way a :class:`TracedAdapter` will, before there is one:
-    what a probe records for a module the trace is about to read."""
-
-    sibling_inputs = ()
-
-    @staticmethod
-    def input_tokens(args: tuple, kwargs: dict) -> torch.Tensor:
-        x = first_tensor(args, kwargs)
-        return x.flatten(2).transpose(1, 2) if x.ndim == 4 else (x if x.ndim == 3 else x.unsqueeze(0))
 
 
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
@@ -157,10 +110,17 @@ def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwa
                          "reads heads of one width")
     heads, group = _heads(q, params)
     views, names = {}, {}
-    for role, operand in (("q", q), ("k", k), ("v", v)):
-        views[role], names[role] = _input_block(role, operand, params, originals, heads, r, dim)
+    per_head = _read_role("q", q, params, _head_leads(q, heads))
+    views["q"], names["q"] = _assemble("q", per_head, params, originals, heads, r, dim, "in")
+    kv_of = None
+    for role, operand in (("k", k), ("v", v)):
+        shared, per_kv = _shared_heads(role, operand, params, heads)
+        if kv_of is not None and shared != kv_of:
+            raise TraceError("its keys and values are shared by the query heads in different groups")
+        kv_of = shared
+        views[role], names[role] = _assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
     views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
-    adapter = TracedAdapter(owner, views, heads, r, 1.0, maps_layout, names)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, maps_layout, names, kv_of)
     adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
     adapter.is_causal = causal_map(rec, q)
     return adapter
@@ -173,11 +133,12 @@ def _grads(target: torch.Tensor, cotangent: torch.Tensor, params) -> list[torch.
     return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(params, got)]
 
 
-def _lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool) -> torch.Tensor:
-    """Zero but on slice ``lead`` of ``op``: 1 (or c + 1 on channel c) on every token."""
+def _lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool, token: int | None = None) -> torch.Tensor:
+    """Zero but on slice ``lead`` of ``op``: 1 (or c + 1 on channel c) on every token, or on
+    ``token`` alone."""
     moved = torch.zeros(op.moved_shape, dtype=op.tensor.dtype, device=op.tensor.device)
     chan = torch.arange(1, op.channels + 1, dtype=moved.dtype, device=moved.device) if labels else 1.0
-    moved[lead] = chan
+    moved[(*lead, slice(None) if token is None else token)] = chan
     return op.unmove(moved)
 
 
@@ -209,11 +170,12 @@ def _head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
     return [(*zeros, h) for h in range(heads)]
 
 
-def _labelled(op: Operand, lead, params) -> list[dict[int, torch.Tensor]]:
+def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[int, torch.Tensor]]:
     """For each parameter, channel → the multi-indices of its entries feeding slice ``lead`` of
-    ``op`` linearly (module doc); TraceError naming an entry fed otherwise."""
-    ones = _grads(op.tensor, _lead_cotangent(op, lead, False), params)
-    labels = _grads(op.tensor, _lead_cotangent(op, lead, True), params)
+    ``op`` linearly (module doc), read on every token or on ``token`` alone; TraceError naming
+    an entry fed otherwise."""
+    ones = _grads(op.tensor, _lead_cotangent(op, lead, False, token), params)
+    labels = _grads(op.tensor, _lead_cotangent(op, lead, True, token), params)
     return [_decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
 
 
@@ -293,9 +255,37 @@ def _assemble(role: str, per_head: list[list[dict]], params, originals, heads, r
     return (weight, bias), weight_name
 
 
-def _input_block(role, op: Operand, params, originals, heads, r, dim):
-    per_head = [_labelled(op, lead, params) for lead in _head_leads(op, heads)]
-    return _assemble(role, per_head, params, originals, heads, r, dim, "in")
+def _read_role(role: str, op: Operand, params, leads) -> list[list[dict]]:
+    """Each lead's labelled entries (:func:`_labelled`); q and k read on every token, else on the
+    first alone: rotary positions mix each head's channels in pairs by an angle that is zero at
+    position 0."""
+    try:
+        return [_labelled(op, lead, params) for lead in leads]
+    except TraceError:
+        if role == "v":
+            raise
+        return [_labelled(op, lead, params, token=0) for lead in leads]
+
+
+def _signature(entries: list[dict]) -> tuple:
+    return tuple((i, c, tuple(ix[0].tolist())) for i, e in enumerate(entries) for c, ix in sorted(e.items()))
+
+
+def _shared_heads(role: str, op: Operand, params, heads: int) -> tuple[tuple[int, ...], list[list[dict]]]:
+    """(kv_of, each key/value head's labelled entries) of a k or v operand: one per query head,
+    or fewer shared by several (grouped-query attention), either as a product over fewer heads
+    (``scaled_dot_product_attention(enable_gqa=True)``: head h reads h // (heads / n)) or as
+    the same entries repeated across the query heads."""
+    leads = op.lead_shape
+    if len(leads) >= 2 and leads[-1] != heads:
+        n = leads[-1]
+        if heads % n:
+            raise TraceError(f"its {heads} query heads do not share {n} key/value heads evenly")
+        return tuple(h // (heads // n) for h in range(heads)), _read_role(role, op, params, _head_leads(op, n))
+    per_lead = _read_role(role, op, params, _head_leads(op, heads))
+    keys = [_signature(e) for e in per_lead]
+    order = list(dict.fromkeys(keys))
+    return tuple(order.index(key) for key in keys), [per_lead[keys.index(key)] for key in order]
 
 
 # -- the output projection ---------------------------------------------------------------------------
@@ -321,7 +311,7 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, originals, head
            for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
     per_head = [[{} for _ in params] for _ in range(heads)]
     bias = None
-    for i, (name, param) in enumerate(params):
+    for i, (name, _) in enumerate(params):
         g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
         if bool(g0.ne(0).any()):
             if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
@@ -367,12 +357,20 @@ def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) ->
         if made.numel() != ours.numel():
             raise TraceError(f"its logits have {made.numel()} entries, the projections' q kᵀ {ours.numel()}")
         made = made.reshape(ours.shape)
-        factor = float((made * ours).sum() / (ours * ours).sum().clamp_min(1e-30))
-        residual = float((made - factor * ours).norm() / made.norm().clamp_min(1e-30))
+        factor, residual = _fit(made, ours)
+        if residual > 1e-3:  # q and k rotated by position (RoPE): q_i·k_i, the diagonal, is what it was
+            eye = torch.eye(ours.shape[-1], dtype=torch.bool, device=ours.device)
+            factor, residual = _fit(made[..., eye], ours[..., eye])
     if not math.isfinite(factor) or residual > 1e-3:
         raise TraceError("its q kᵀ is not that of the projections the trace found (tokens reordered or "
                          "transformed between them)")
     return factor * (after if sdpa_scale is None else sdpa_scale)
+
+
+def _fit(made: torch.Tensor, ours: torch.Tensor) -> tuple[float, float]:
+    """The least-squares factor of ``made`` on ``ours``, and the relative residual."""
+    factor = float((made * ours).sum() / (ours * ours).sum().clamp_min(1e-30))
+    return factor, float((made - factor * ours).norm() / made.norm().clamp_min(1e-30))
 
 
 def describe(adapter: TracedAdapter) -> str:

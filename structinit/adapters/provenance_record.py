@@ -240,7 +240,10 @@ def _maps(rec: Record):
             q, k = args[0], args[1] if len(args) > 1 else kwargs["key"]
             scale = kwargs.get("scale")
             r = q.shape[-1]
-            made = q.detach().double() @ k.detach().double().transpose(-2, -1)
+            keys = k.detach().double()
+            if keys.ndim >= 3 and keys.shape[-3] != q.shape[-3]:  # grouped-query: each key head serves several
+                keys = keys.repeat_interleave(q.shape[-3] // keys.shape[-3], dim=-3)
+            made = q.detach().double() @ keys.transpose(-2, -1)
             yield (Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0),
                    r ** -0.5 if scale is None else float(scale))
         if func in SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]:
@@ -315,7 +318,7 @@ def value_operand(ops: list[Op], found) -> Operand | None:
 def causal_map(rec: Record, q: Operand) -> bool:
     """Whether the map masks every key after its query and nothing else: a scaled-dot-product
     call with ``is_causal``, or a softmax whose input is −∞ exactly above the diagonal."""
-    func, args, kwargs, out = rec.ops[q.product_index]
+    func, args, kwargs, _ = rec.ops[q.product_index]
     if func is _SDPA:
         return bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
     logits = args[0].detach()

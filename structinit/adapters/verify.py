@@ -33,7 +33,8 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
-from structinit.adapters.provenance import CallTokens, TraceError, trace_attention
+from structinit.adapters.provenance import TraceError, trace_attention
+from structinit.adapters.traced import CallTokens
 from structinit.utils.memo import kept
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -189,10 +190,9 @@ def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor,
     views = adapter.linear_views()
     (wv, bv), (wo, bo) = views["v"], views["o"]
     b, h, t, _ = probs.shape
-    v = nn.functional.linear(x.float(), wv.float(), None if bv is None else bv.float())
-    if v.shape[-1] % h:
+    v = adapter.head_values(nn.functional.linear(x.float(), wv.float(), None if bv is None else bv.float()), h)
+    if v is None:
         return False
-    v = v.reshape(b, t, h, -1).transpose(1, 2)
     context = (probs @ v).transpose(1, 2).reshape(b, t, -1)
     projected = nn.functional.linear(context, wo.float(), None if bo is None else bo.float())
     out = out.float()

@@ -239,6 +239,39 @@ def mimetic_qk(
             torch.stack([m for _, _, m in heads]) if with_target else None)
 
 
+def mimetic_qk_grouped(
+    dim: int, kv_of: tuple[int, ...], head_dim: int, *, alpha: float = 0.7, beta: float = 0.7,
+    noise: str = "uniform", generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Wq (heads, D, r) and Wk (kv_heads, D, r) for grouped-query attention, where query head h
+    reads key head ``kv_of[h]``: each key head serves a group G, so the products
+    Wq[h] Wk[g]ᵀ ≈ M_h (M_h = α Z_h + β I, a fresh draw per query head) share Wk[g].
+
+    Wk[g] spans the best common rank-r subspace of the group's targets: with the stacked
+    S_g = [M_h]_{h∈G} = U Σ Vᵀ (:func:`~structinit.functional.linalg.canonical_svd`),
+    Wk[g] = V_r (Σ_r / √|G|)^{½}, and each Wq[h] = M_h Wk[g] (Wk[g]ᵀ Wk[g])⁻¹, the least-squares
+    best for that Wk[g]. A group of one is the ungrouped init: M_h's rank-r truncation, split
+    as U S^{½}, V S^{½}.
+
+    Examples:
+        >>> wq, wk = mimetic_qk_grouped(32, (0, 0, 1, 1), 8, generator=torch.Generator().manual_seed(0))
+        >>> tuple(wq.shape), tuple(wk.shape)
+        ((4, 32, 8), (2, 32, 8))
+    """
+    heads = len(kv_of)
+    _, _, m = mimetic_qk(dim, heads, head_dim, alpha=alpha, beta=beta, noise=noise, generator=generator)
+    wq = torch.empty(heads, dim, head_dim, dtype=torch.float64)
+    wk = torch.empty(max(kv_of) + 1, dim, head_dim, dtype=torch.float64)
+    for g in range(wk.shape[0]):
+        members = [h for h in range(heads) if kv_of[h] == g]
+        _, sigma, vh = canonical_svd(torch.cat([m[h] for h in members]))
+        weight = (sigma[:head_dim] / math.sqrt(len(members))).sqrt()
+        wk[g] = vh[:head_dim].T * weight
+        for h in members:
+            wq[h] = m[h] @ vh[:head_dim].T / weight
+    return wq, wk
+
+
 def mimetic_vo(
     dim: int, inner: int, *, gamma: float = 0.4, delta: float = 0.4, noise: str = "uniform",
     generator: torch.Generator | None = None, reference_layout: bool = False, with_target: bool = True,

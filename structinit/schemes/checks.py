@@ -36,6 +36,7 @@ _HINTS = {
 HIT_SLACK = 0.02  # per head: how far the real hit rate may fall below the written q/k's (ties, float error)
 MIN_DIAGONAL_SHARE = 0.5  # mimetic: the real diagonal strength against the one the adapter wrote
 MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ β) has no structure to check
+GROUPED = "grouped"  # a scheme that accepts it sets grouped-query layers (shared key/value heads)
 
 
 def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str] = frozenset()) -> list[Verdict]:
@@ -43,6 +44,12 @@ def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str]
     whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do."""
     survey = attention_survey(model)
     verdicts = [survey.verdict(name) for name, _ in chosen]
+    for name, ad in chosen:
+        if getattr(ad, "grouped", False) and GROUPED not in accept:
+            raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
+                             f"its {ad.num_heads} query heads share {ad.kv_heads} key/value heads (grouped-query "
+                             "attention), so one head's map cannot be set apart from its group's; nothing was "
+                             "written. Use 'mimetic', which sets grouped heads")
     for (name, ad), verdict in zip(chosen, verdicts):
         if verdict is not None and verdict.kind == "refused" and verdict.code not in accept:
             raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
@@ -224,4 +231,4 @@ def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
             "adapter does not model (register an adapter that models it)")
 
 
-__all__ = ["TRANSFORMS", "check_settable", "impulse_check", "mimetic_check", "diagonal_strength"]
+__all__ = ["GROUPED", "TRANSFORMS", "check_settable", "impulse_check", "mimetic_check", "diagonal_strength"]

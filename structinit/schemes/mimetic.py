@@ -10,8 +10,8 @@ from torch import nn
 
 from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.registry import attention_survey
-from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_vo
-from structinit.schemes.checks import TRANSFORMS, check_settable, finish_plan, mimetic_check
+from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
+from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
@@ -62,7 +62,7 @@ def plan_mimetic(
     chosen = select_layers(find_attention_layers(model), layers)
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
-    check_settable(model, chosen, "mimetic", accept=TRANSFORMS)
+    check_settable(model, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
@@ -78,6 +78,9 @@ def plan_mimetic(
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
+        if getattr(ad, "grouped", False):  # key/value heads shared by several query heads
+            _plan_grouped(plan, ad, alpha, beta, gamma, delta, noise, gen)
+            continue
         wq, wk, _ = mimetic_qk(ad.dim, ad.num_heads, ad.head_dim, alpha=alpha, beta=beta, noise=noise, generator=gen,
                                with_target=False)
         plan.add_qk(ad, wq, wk)  # record=None clears a stale impulse record
@@ -91,6 +94,19 @@ def plan_mimetic(
         plan.checks.append(check)
     finish_plan(plan, model, "mimetic", chosen, attention_survey(model).skipped() if layers is None else [])
     return plan
+
+
+def _plan_grouped(plan: Plan, ad, alpha, beta, gamma, delta, noise, gen) -> None:
+    """Mimetic on grouped-query attention: q/k by :func:`mimetic_qk_grouped`; v/o so that the
+    value path, every query head reading its group's values, is x ↦ x (γZ − δI): the factors of
+    width kv_heads·r, and each head of a group an equal share of its group's output rows."""
+    wq, wk = mimetic_qk_grouped(ad.dim, ad.kv_of, ad.head_dim, alpha=alpha, beta=beta, noise=noise, generator=gen)
+    plan.add_qk(ad, wq, wk)
+    wv, wo_kv, _ = mimetic_vo(ad.dim, ad.kv_heads * ad.head_dim, gamma=gamma, delta=delta, noise=noise,
+                              generator=gen, with_target=False)
+    share = torch.tensor([ad.kv_of.count(g) for g in ad.kv_of], dtype=wo_kv.dtype)
+    wo = wo_kv.reshape(ad.kv_heads, ad.head_dim, ad.dim)[torch.tensor(ad.kv_of)] / share[:, None, None]
+    plan.add(ad.vo_writes(wv, wo.reshape(ad.num_heads * ad.head_dim, ad.dim)))
 
 
 mimetic_init_ = register_planner("mimetic", plan_mimetic, target="attention")

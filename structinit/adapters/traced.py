@@ -1,0 +1,102 @@
+"""An attention layer as :mod:`structinit.adapters.provenance` found it: strided views of the
+module's own parameters, whatever its names and layout, and what the trace saw about its map
+(scale, causal mask, grouped keys and values)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from structinit.adapters.attention import AttentionAdapter, Views
+from structinit.adapters.provenance_record import first_tensor
+
+
+def _tokens(x: torch.Tensor, maps_layout: bool) -> torch.Tensor:
+    if maps_layout and x.ndim == 4:
+        return x.flatten(2).transpose(1, 2)
+    return x if x.ndim == 3 else x.unsqueeze(0)
+
+
+class TracedAdapter(AttentionAdapter):
+    """An attention module read by provenance: ``views`` holds, for 'q', 'k', 'v' and 'o',
+    (weight, bias) strided views of the module's own parameters in ``nn.Linear`` layout.
+
+    ``maps_layout`` is True when the module takes (B, D, H, W) maps rather than (B, T, D) tokens
+    (1×1 convolutions on an image); its tokens are its pixels in row-major order. ``kv_of[h]``
+    is the key/value head query head h reads: grouped-query attention has fewer key/value heads
+    than query heads (``kv_heads``), and the 'k' and 'v' views hold ``kv_heads`` of them.
+    """
+
+    is_causal = False  # found by the trace: keys after the query are masked
+
+    def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
+                 maps_layout: bool = False, param_names: dict[str, str] | None = None,
+                 kv_of: tuple[int, ...] | None = None):
+        self.module, self._views = module, views
+        self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+        self.dim = int(views["q"][0].shape[1])
+        self.scale, self.maps_layout = float(scale), maps_layout
+        self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
+        self.kv_of = tuple(range(self.num_heads)) if kv_of is None else tuple(kv_of)
+        self.kv_heads = max(self.kv_of) + 1
+
+    @property
+    def grouped(self) -> bool:
+        """Whether several query heads share a key/value head (grouped-query attention)."""
+        return self.kv_heads != self.num_heads
+
+    def linear_views(self) -> Views:
+        return dict(self._views)
+
+    @property
+    def causal(self) -> bool:
+        return self.is_causal
+
+    def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        return _tokens(first_tensor(args, kwargs), self.maps_layout)
+
+    def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
+        if out is not None and self.maps_layout and out.ndim == 4:
+            return out.flatten(2).transpose(1, 2)
+        return out
+
+    def _heads_of(self, w, b, heads):
+        w = w.detach().reshape(heads, self.head_dim, self.dim).transpose(1, 2).clone()
+        return w, None if b is None else b.detach().reshape(heads, self.head_dim).clone()
+
+    def read_qk(self):
+        """(Wq, bq, Wk, bk) per query head: a grouped layer's key heads repeated as its queries read them."""
+        v = self._views
+        wq, bq = self._heads_of(*v["q"], self.num_heads)
+        wk, bk = self._heads_of(*v["k"], self.kv_heads)
+        index = torch.tensor(self.kv_of)
+        return wq, bq, wk[index], None if bk is None else bk[index]
+
+    def qk_writes(self, wq, wk, bq=None, bk=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """As :meth:`AttentionAdapter.qk_writes`; a grouped layer takes ``wk`` (kv_heads, D, r)."""
+        if wk.shape[0] != self.kv_heads:
+            raise ValueError(f"internal: {wk.shape[0]} key heads for a layer with {self.kv_heads}")
+        out = []
+        for (w_dst, b_dst), w, b in ((self._views["q"], wq, bq), (self._views["k"], wk, bk)):
+            out.append((w_dst, w.transpose(1, 2).reshape(w_dst.shape)))
+            if b_dst is not None:
+                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(-1)))
+        return out
+
+    def head_values(self, v: torch.Tensor, heads: int) -> torch.Tensor | None:
+        b, t, width = v.shape
+        if heads != self.num_heads or width != self.kv_heads * self.head_dim:
+            return None
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return v[:, torch.tensor(self.kv_of)]
+
+
+class CallTokens:
+    """Reads the tokens of a call the way a :class:`TracedAdapter` will, before there is one:
+    what a probe records for a module the trace is about to read."""
+
+    sibling_inputs = ()
+
+    @staticmethod
+    def input_tokens(args: tuple, kwargs: dict) -> torch.Tensor:
+        return _tokens(first_tensor(args, kwargs), True)

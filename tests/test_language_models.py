@@ -1,0 +1,86 @@
+"""Mimetic on language models whose attention no adapter names: nanoGPT's fused ``c_attn`` (a
+causal mask as a buffer, or scaled_dot_product_attention's ``is_causal``) and Llama-style
+grouped-query attention with rotary positions. The probe is a sequence of token ids; every
+claim is checked on the module's own forward (the logits it records itself)."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from language_models import GroupedRotaryAttention, TinyGPT
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.traced import TracedAdapter
+from structinit.functional.mimetic import mimetic_qk, mimetic_qk_grouped
+from structinit.schemes.checks import diagonal_strength
+
+
+def _ids(n=4, t=16):
+    return torch.randint(97, (n, t), generator=torch.Generator().manual_seed(1))
+
+
+def _gqa_gpt(sdpa=False):
+    torch.manual_seed(0)
+    return TinyGPT(dim=48, attn=lambda: GroupedRotaryAttention(48, 4, 2, sdpa=sdpa))
+
+
+MODELS = {"nanogpt-masked": lambda: TinyGPT(flash=False), "nanogpt-flash": lambda: TinyGPT(flash=True),
+          "gqa-rope": _gqa_gpt, "gqa-rope-sdpa": lambda: _gqa_gpt(sdpa=True)}
+
+
+def _vo_product(attn, dim=48):
+    """W_v W_o as the module's own forward applies it: its output on identical tokens (every
+    head's map averages equal values), less its output at 0."""
+    def run(u):
+        return attn(u.reshape(1, 1, dim).expand(1, 8, dim))[0, -1]
+    with torch.no_grad():
+        zero = run(torch.zeros(dim))
+        return torch.stack([run(e) - zero for e in torch.eye(dim)])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_mimetic_on_a_language_model_shows_in_its_own_causal_logits_and_values(name):
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    layers = structinit.find_attention_layers(model)
+    assert all(isinstance(ad, TracedAdapter) and ad.causal for _, ad in layers)
+    grouped = name.startswith("gqa")
+    assert all((ad.kv_heads, ad.kv_of) == ((2, (0, 0, 1, 1)) if grouped else (3, (0, 1, 2))) for _, ad in layers)
+    with torch.no_grad():
+        model(_ids())
+    assert not (diagonal_strength(model.h[0].attn.last_logits) > 1.0).all()  # the default init has no diagonal
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_ids())
+    for block in model.h:
+        logits = block.attn.last_logits  # the module's own, its causal mask in place
+        assert torch.isneginf(logits[0, 0, 0, 1:]).all()
+        assert (diagonal_strength(logits) > 1.0).all()
+        assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)
+
+
+@pytest.mark.parametrize(("name", "words"), [("nanogpt-masked", "reads token ids, a 1-D sequence"),
+                                             ("gqa-rope", "share 2 key/value heads")])
+def test_impulse_on_a_language_model_is_refused_with_why_and_writes_nothing(name, words):
+    check_rejected(MODELS[name](), lambda m: structinit.init_(m, "impulse", seed=0), ValueError, words)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.sampled_from([4, 8]), st.sampled_from(["uniform", "circular"]))
+def test_grouped_mimetic_products_are_the_best_for_their_shared_keys(groups, size, r, noise):
+    """Wq[h] Wk[g]ᵀ is M_h projected on Wk[g]'s span (the least-squares best for that key), that
+    span the group's best common one; a group of one gives the ungrouped truncation."""
+    dim, kv_of = 24, tuple(g for g in range(groups) for _ in range(size))
+    wq, wk = mimetic_qk_grouped(dim, kv_of, r, noise=noise, generator=torch.Generator().manual_seed(3))
+    _, _, m = mimetic_qk(dim, len(kv_of), r, noise=noise, generator=torch.Generator().manual_seed(3))
+    for h, g in enumerate(kv_of):
+        basis = torch.linalg.qr(wk[g]).Q
+        torch.testing.assert_close(wq[h] @ wk[g].T, m[h] @ basis @ basis.T)
+        if size == 1:  # the rank-r truncation of M_h itself
+            u, s, vh = torch.linalg.svd(m[h])
+            torch.testing.assert_close(wq[h] @ wk[g].T, u[:, :r] * s[:r] @ vh[:r])
+    members = [h for h in range(len(kv_of)) if kv_of[h] == 0]
+    captured = sum(float((m[h] @ torch.linalg.qr(wk[0]).Q).norm() ** 2) for h in members)
+    other = torch.linalg.qr(torch.randn(dim, r, generator=torch.Generator().manual_seed(5), dtype=torch.float64)).Q
+    assert captured >= sum(float((m[h] @ other).norm() ** 2) for h in members)
