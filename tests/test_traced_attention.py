@@ -197,3 +197,27 @@ def test_a_written_init_changes_the_weights_it_plans_and_no_buffer():
     structinit.init_(model, "mimetic", seed=0)
     assert int(model.calls) == 0 and model.rel_index.shape == (1, 1) and model.cached is None
     assert not torch.equal(values["attns.0.w_in"], model.attns[0].w_in)
+
+
+class WidthChangingAttention(nn.Module):
+    """Hiera's multi-scale attention: tokens of width 32 in, width 64 out (q, k, v of 64)."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_heads, self.qkv, self.proj = 2, nn.Linear(32, 3 * 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, 2, 32).permute(2, 0, 3, 1, 4)
+        return self.proj(nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, 64))
+
+
+def test_mimetic_refuses_a_layer_that_changes_the_width_before_writing():
+    model = nn.Sequential(nn.Conv2d(3, 32, 2, stride=2), nn.Flatten(2), Transpose(), WidthChangingAttention())
+    check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"output projection is 64 → 64 for input tokens of width 32.*keeps the width")
+
+
+class Transpose(nn.Module):
+    def forward(self, x):
+        return x.transpose(1, 2)

@@ -63,6 +63,13 @@ def plan_mimetic(
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
     check_settable(model, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
+    for name, ad in chosen:
+        out = tuple(ad.linear_views()["o"][0].shape)
+        if out != (ad.dim, ad.num_heads * ad.head_dim):
+            raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "
+                             f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "
+                             "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
+                             "the layers that keep it")
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:

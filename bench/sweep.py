@@ -1,0 +1,284 @@
+"""The registry sweep: structinit's attention inits, with no hints, on one small model of every
+module family of timm and every vision architecture of transformers (image classifiers and the
+vision towers of multimodal models), and on transformers' language models for mimetic. Per
+model × scheme: the outcome, the model's own maps after the write, and the reason of a refusal.
+
+    .venv-zoo/bin/python bench/sweep.py --packages timm,transformers --out sweep.json
+    .venv-zoo/bin/python bench/sweep.py --from sweep.json          # the table again, from the data
+
+A written init is checked on the maps the model computes itself: impulse's argmax hit on the
+position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength on the
+log-probabilities of a probe (``structinit.attention_maps``). "silent" is a write whose own maps
+miss (hit < 0.95, or a diagonal strength < 0.5 in some head). A refusal is "expected" when its
+reason names a mechanism no init of its kind can shape (:data:`MECHANISMS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+SCHEMES = ("impulse", "mimetic")
+# Refusal reasons that name what the scheme cannot realise on that layer, by words in the message.
+MECHANISMS = {
+    "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
+                "q and k are normalised", "rotated by position", "masks each token's logit on itself",
+                "no attention layer found"),
+    "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found"),
+}
+MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so
+SMALL_NAMES = ("atto", "femto", "pico", "nano", "tiny", "micro", "mini", "small", "xxs", "xs", "s")
+
+
+@dataclass
+class Row:
+    model: str
+    package: str
+    scheme: str
+    outcome: str  # written, silent, unverified, refused, expected, traceback, no-attention, too-large, build-failed
+    own_map: float | None = None
+    reason: str = ""
+
+
+class _Timeout(BaseException):  # not an Exception: the code under test must not swallow it
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout
+
+
+def smallest(names: list[str]) -> str:
+    """The name that sounds smallest: an early size word, then the shortest name."""
+    def rank(name: str):
+        parts = name.replace("-", "_").split("_")
+        hits = [i for i, w in enumerate(SMALL_NAMES) if w in parts]
+        return (min(hits) if hits else len(SMALL_NAMES), len(name), name)
+    return min(names, key=rank)
+
+
+def timm_entries() -> list[tuple[str, callable]]:
+    import timm
+
+    out = []
+    for module in sorted(timm.list_modules()):
+        names = timm.list_models(module=module)
+        if names:
+            name = smallest(names)
+            out.append((name, lambda name=name: _timm_build(timm, name)))
+    return out
+
+
+def _timm_build(timm, name):
+    for size in ({"img_size": 64}, {}):
+        try:
+            return timm.create_model(name, pretrained=False, num_classes=10, **size)
+        except Exception:  # a model whose size is fixed: its default
+            continue
+    return timm.create_model(name, pretrained=False)
+
+
+_SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
+           "intermediate_size": 192, "image_size": 64, "patch_size": 8, "head_dim": 32, "num_heads": 3,
+           "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64}
+
+
+def shrink(config, width: int = 96) -> None:
+    """Every scalar size field of ``config`` and its sub-configs set small (:data:`_SHRINK`,
+    widths to ``width``), so each architecture builds in a second."""
+    for key, value in list(vars(config).items()):
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
+            shrink(value, width)
+        elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, key, width if key in ("hidden_size", "embed_dim") else
+                    2 * width if key == "intermediate_size" else _SHRINK[key])
+
+
+def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    vision = set(auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)
+    out = []
+    for kind in sorted(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES):
+        try:
+            config = transformers.AutoConfig.for_model(kind)
+        except Exception:
+            continue
+        if kind in vision:
+            out.append((kind, lambda kind=kind: _hf_build(transformers, kind, width, "classifier")))
+        elif getattr(config, "vision_config", None) is not None:
+            out.append((f"{kind}.vision", lambda kind=kind: _hf_build(transformers, kind, width, "tower")))
+        elif language and kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and "vision" not in kind:
+            out.append((kind, lambda kind=kind: _hf_build(transformers, kind, width, "language")))
+    return out
+
+
+def _hf_build(transformers, kind, width, role):
+    config = transformers.AutoConfig.for_model(kind)
+    shrink(config, width)
+    if role == "tower":
+        return transformers.AutoModel.from_config(config.vision_config)
+    auto = transformers.AutoModelForImageClassification if role == "classifier" else transformers.AutoModelForCausalLM
+    return auto.from_config(config)
+
+
+def own_map(model, scheme: str) -> float:
+    """The write as the model's own maps show it (module doc): impulse's smallest head hit on
+    the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
+    has a diagonal strength of at least 1 on a probe, of the strength in the model's own
+    log-probabilities to the written one (a head whose truncation leaves no diagonal promises none)."""
+    import structinit
+    from structinit.adapters.observe import observe, real_maps
+    from structinit.adapters.probe import probe_inputs
+    from structinit.adapters.verify import adapter_logits
+    from structinit.schemes.checks import diagonal_strength
+
+    if scheme == "impulse":
+        return float(torch.nan_to_num(structinit.impulse_fidelity(model)["hit"], nan=1.0).min())
+    inputs = probe_inputs(model, [], count=2)
+    layers = structinit.find_attention_layers(model)
+    calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
+    ratios = []
+    for (_, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):
+        call = calls[ad.module]
+        x = call.x
+        if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1] or x.shape[-2] < 3:
+            continue
+        with torch.no_grad():
+            written = diagonal_strength(adapter_logits(ad, x.float(), ad.call_terms(call.args, call.kwargs, x)))
+        own = diagonal_strength(real.probs.float().clamp_min(0).log())
+        ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
+    if not ratios:
+        raise ValueError("no head has a written diagonal to check, on maps of 3 or more keys")
+    return min(ratios)
+
+
+def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 120) -> list[Row]:
+    import structinit
+    from structinit.adapters.registry import attention_survey
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        torch.manual_seed(0)
+        model = build().eval()
+        size = sum(p.numel() for p in model.parameters())
+        if size > MAX_PARAMETERS:  # the family's smallest entry point is still large: a CPU sweep skips it
+            return [Row(name, package, s, "too-large", reason=f"{size / 1e6:.0f}M parameters") for s in schemes]
+        survey = attention_survey(model)
+        if not (survey.verdicts or survey.unknown or survey.pooling):
+            return [Row(name, package, s, "no-attention") for s in schemes]
+        rows = []
+        for scheme in schemes:
+            rows.append(_one_scheme(structinit, model, name, package, scheme))
+        return rows
+    except _Timeout:
+        return [Row(name, package, s, "timeout", reason=f"over {seconds} s") for s in schemes]
+    except Exception as err:  # the package could not build it small: not structinit's to judge
+        return [Row(name, package, s, "build-failed", reason=f"{type(err).__name__}: {str(err)[:120]}")
+                for s in schemes]
+    finally:
+        signal.alarm(0)
+
+
+def _one_scheme(structinit, model, name, package, scheme) -> Row:
+    import copy
+
+    target = copy.deepcopy(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            structinit.init_(target, scheme, seed=0)
+    except ValueError as err:
+        reason = str(err).split("; nothing was written")[0][:300]
+        expected = any(words in str(err) for words in MECHANISMS[scheme])
+        return Row(name, package, scheme, "expected" if expected else "refused", reason=reason)
+    except _Timeout:
+        raise
+    except Exception as err:
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        return Row(name, package, scheme, "traceback",
+                   reason=f"{type(err).__name__}: {str(err)[:160]} ({where.filename.split('/')[-1]}:{where.lineno})")
+    try:
+        score = own_map(target, scheme)
+    except Exception as err:  # written, but its maps cannot be read: not verified, and said so
+        why = f"own maps unreadable: {type(err).__name__}: {err}"
+        return Row(name, package, scheme, "unverified", reason=why[:200])
+    ok = score >= (0.95 if scheme == "impulse" else 0.5)
+    return Row(name, package, scheme, "written" if ok else "silent", score)
+
+
+def summary(rows: list[Row]) -> str:
+    counted = [r for r in rows if r.outcome not in ("no-attention", "build-failed", "timeout", "too-large")]
+    good = sum(r.outcome in ("written", "expected") for r in counted)
+    silent = sum(r.outcome == "silent" for r in counted)
+    tracebacks = sum(r.outcome == "traceback" for r in counted)
+    unverified = sum(r.outcome == "unverified" for r in counted)
+    return (f"sweep: {good}/{len(counted)} as expected, {silent} silent, {tracebacks} tracebacks "
+            f"({unverified} written with no map of 3 or more keys to check)")
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| model | package | scheme | outcome | own-map | reason |", "|---|---|---|---|---:|---|"]
+    for r in rows:
+        score = "" if r.own_map is None else f"{r.own_map:.2f}"
+        lines.append(f"| {r.model} | {r.package} | {r.scheme} | {r.outcome} | {score} | "
+                     f"{r.reason.replace('|', '/')} |")
+    per = {p: summary([r for r in rows if r.package == p]) for p in dict.fromkeys(r.package for r in rows)}
+    return "\n".join(lines + [""] + [f"{p}: {s}" for p, s in per.items()] + [summary(rows)])
+
+
+def _save(path: str, rows: list[Row]) -> None:
+    """Atomically: a sweep killed while writing keeps its last complete file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"rows": [asdict(r) for r in rows]}, f, indent=0)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--packages", default="timm,transformers")
+    parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser.add_argument("--width", type=int, default=96, help="transformers' hidden size")
+    parser.add_argument("--only", default="", help="comma-separated model names to run")
+    parser.add_argument("--out", help="write the rows as JSON here (and resume from it)")
+    parser.add_argument("--from", dest="source", help="print the table of a saved sweep")
+    args = parser.parse_args(argv)
+    if args.source:
+        print(table([Row(**r) for r in json.load(open(args.source))["rows"]]))
+        return 0
+    schemes = tuple(args.schemes.split(","))
+    done: dict[tuple[str, str], list[Row]] = {}
+    if args.out and os.path.exists(args.out):  # a sweep stopped midway resumes where it was
+        for r in json.load(open(args.out))["rows"]:
+            done.setdefault((r["model"], r["package"]), []).append(Row(**r))
+    entries = []
+    for package in args.packages.split(","):
+        found = timm_entries() if package == "timm" else transformers_entries(args.width)
+        entries += [(name, package, build) for name, build in found]
+    only = set(filter(None, args.only.split(",")))
+    rows = []
+    for name, package, build in entries:
+        if only and name not in only:
+            continue
+        got = done.get((name, package)) or run_one(name, package, build, schemes)
+        rows += got
+        print(" | ".join(f"{r.model} {r.scheme}: {r.outcome}" for r in got), file=sys.stderr, flush=True)
+        if args.out:
+            _save(args.out, rows)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
