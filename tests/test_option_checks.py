@@ -332,6 +332,31 @@ def test_good_values_of_every_kind_still_pass():
     structinit.init_(model, "impulse", layers=0, grid=[4, 4], offsets=[(0, 0), (1, 1)], seed=torch.tensor(3).item(),
                      per_layer_offsets=False, vo_gamma=1, value_init="mimetic")
     structinit.init_(model, "mimetic", layers=range(2), alpha=1, generator=torch.Generator().manual_seed(0))
-    structinit.init_(model, "kaiming_uniform", a=0, mode="fan_out", nonlinearity="relu", seed=2**64 - 1)
-    structinit.trunc_normal_init_(model, std=1, a=-1, b=1, seed=-(2**63))
+    structinit.init_(model, "kaiming_uniform", a=0, mode="fan_out", nonlinearity="relu", seed=2**63 - 1)
+    structinit.trunc_normal_init_(model, std=1, a=-1, b=1, seed=0)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("seed", [-1, -(2**63), 2**63, 2**64 - 1])
+def test_a_seed_outside_what_the_command_line_takes_is_refused(seed):
+    """torch reads −1 as 2⁶⁴ − 1: the API takes the command line's seeds, [0, 2⁶³), and no alias."""
+    check_rejected(small(), lambda m: structinit.init_(m, "mimetic", seed=seed), ValueError,
+                   rf"seed={seed}: expected a whole number in \[0, 2\*\*63\)")
+
+
+@pytest.mark.parametrize("option", ["alpha", "beta", "gamma", "delta"])
+def test_a_negative_mimetic_scale_is_refused(option):
+    check_rejected(small(), lambda m: structinit.init_(m, f"mimetic:{option}=-1", seed=0), ValueError,
+                   rf"{option}=-1: expected a number in \[0, ∞\)")
+
+
+def test_the_api_takes_the_command_lines_spec_and_refuses_an_option_given_twice():
+    torch.manual_seed(0)
+    a = small()
+    torch.manual_seed(0)
+    b = small()
+    structinit.init_(a, "impulse:kernel_size=3,target_mass=0.3", seed=0)
+    structinit.init_(b, "impulse", kernel_size=3, target_mass=0.3, seed=0)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    check_rejected(small(), lambda m: structinit.init_(m, "impulse:kernel_size=3", kernel_size=5), ValueError,
+                   "option 'kernel_size' is given both in the spec and as a keyword")

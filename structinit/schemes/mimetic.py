@@ -15,7 +15,7 @@ from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finis
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
-from structinit.utils import check_choice, check_finite, make_generator
+from structinit.utils import check_choice, check_finite, check_number, make_generator
 
 
 def plan_mimetic(
@@ -58,6 +58,8 @@ def plan_mimetic(
         >>> _ = structinit.mimetic_init_(model, alpha=0.7, beta=0.7, seed=0)
     """
     check_choice("noise", noise, NOISE)
+    for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma), ("delta", delta)):
+        check_number(name, value, low=0)  # a negative scale flips the noise's sign or the identity's: not the init
     reserve = check_choice("reserve", "none" if reserve is None else reserve, RESERVE_MODES)
     chosen = select_layers(find_attention_layers(model), layers)
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the

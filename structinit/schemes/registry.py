@@ -26,6 +26,7 @@ from torch import nn
 from structinit.adapters import adapter_for, is_depthwise, is_ssm, is_token_mixing
 from structinit.adapters.registry import attention_survey
 from structinit.schemes.plan import Plan
+from structinit.schemes.spec import parse_init_spec
 from structinit.utils import OptionError, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
 from structinit.utils.state import ModuleState
@@ -308,8 +309,22 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     (names, not types), and its plan runs it at commit.
     """
     _check_model(model)
+    scheme, options = _with_spec_options(scheme, options)
     entry, options = resolve_scheme(model, scheme, options)
     return _plan(entry, model, (), options, f"scheme {scheme!r}")
+
+
+def _with_spec_options(scheme, options: dict) -> tuple[str, dict]:
+    """``'impulse:kernel_size=3'`` (the command line's spec) → ('impulse', {'kernel_size': 3, …});
+    an option given both in the spec and as a keyword is refused, naming it."""
+    if not isinstance(scheme, str) or ":" not in scheme:
+        return scheme, options
+    name, given = parse_init_spec(scheme)
+    both = sorted(set(given) & set(options))
+    if both:
+        raise ValueError(f"scheme {scheme!r}: option {both[0]!r} is given both in the spec and as a keyword "
+                         f"({both[0]}={options[both[0]]!r}); give it once")
+    return name, {**given, **options}
 
 
 def init_(model: nn.Module, scheme: str, **options) -> nn.Module:

@@ -9,6 +9,7 @@ import torch
 from structinit.utils.checks import is_int, show
 
 _MOD = 2**63 - 1
+SEED_LIMIT = 2**63  # seeds are whole numbers in [0, 2⁶³), in the API and on the command line
 
 
 def check_generator(generator: object, where: str = "generator") -> torch.Generator:
@@ -38,6 +39,8 @@ def make_generator(generator: torch.Generator | None = None, seed: int | None = 
     if seed is not None:
         if not is_int(seed):
             raise TypeError(f"seed={seed!r}: expected an int")
+        if not 0 <= int(seed) < SEED_LIMIT:  # torch reads −1 as 2⁶⁴ − 1: two seeds, one stream
+            raise ValueError(f"seed={int(seed)}: expected a whole number in [0, 2**63), as the command line takes")
         return torch.Generator().manual_seed(int(seed))  # int(): a numpy integer is not one to torch
     if generator is not None:
         return check_generator(generator)
