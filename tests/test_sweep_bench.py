@@ -6,13 +6,13 @@ import json
 import sweep
 import torch
 from attention_styles import StyledViT
-from test_traced_attention import QKNormed
+from test_traced_attention import VNormed
 from torch import nn
 
 
 def _refused():
     model = StyledViT("raw-linear")
-    model.attns[1] = QKNormed(48, 3)
+    model.attns[1] = VNormed(48, 3)
     return model
 
 

@@ -105,6 +105,17 @@ class QKNormed(RawLinearAttention):
         return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
+class VNormed(RawLinearAttention):
+    """Raw-Parameter attention whose values pass a LayerNorm per head: v is more than a projection."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        v = nn.functional.layer_norm(v, v.shape[-1:])
+        probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1) * 0.25).softmax(-1))
+        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
 class PerHeadPacked(RawLinearAttention):
     """q, k, v packed per head ((B, T, heads, 3, r)): q's rows are not one evenly strided block."""
 
@@ -117,7 +128,7 @@ class PerHeadPacked(RawLinearAttention):
 
 
 @pytest.mark.parametrize(("cls", "words"), [
-    (QKNormed, "more than a projection"),
+    (VNormed, "more than a projection"),
     (PerHeadPacked, "evenly strided block"),
 ])
 def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, words):
@@ -136,7 +147,7 @@ def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, 
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
 def test_a_model_whose_attention_the_trace_cannot_read_is_refused_with_why_and_unchanged(scheme):
     model = StyledViT("raw-linear")
-    model.attns[1] = QKNormed(48, 3)
+    model.attns[1] = VNormed(48, 3)
     check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
                    "no adapter understands.*attns.1.*more than a projection")
 
@@ -184,7 +195,7 @@ def _assert_same(model, state):
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
 def test_a_refused_init_leaves_no_trace_of_its_probes_in_buffers_or_cached_attributes(scheme):
     model = CachingViT()
-    model.attns[1] = QKNormed(48, 3)
+    model.attns[1] = VNormed(48, 3)
     state = _state(model)
     with pytest.raises(ValueError, match="no adapter understands"):
         structinit.init_(model, scheme, seed=0)
@@ -221,3 +232,20 @@ def test_mimetic_refuses_a_layer_that_changes_the_width_before_writing():
 class Transpose(nn.Module):
     def forward(self, x):
         return x.transpose(1, 2)
+
+
+def test_q_and_k_normalised_after_their_projections_are_read_by_place_and_set_by_mimetic_alone():
+    """A norm between the projections and the product mixes a head's channels: the trace reads
+    each head's lines of weights in storage order (the same for q and k, so their product is
+    unchanged); mimetic writes and its diagonal shows in the module's own logits; impulse,
+    whose solvers design q kᵀ before any norm, refuses."""
+    torch.manual_seed(0)
+    model = StyledViT("raw-linear")
+    model.attns = nn.ModuleList(QKNormed(48, 3) for _ in range(2))
+    (_, ad), _ = structinit.find_attention_layers(model)
+    assert isinstance(ad, TracedAdapter) and ad.linear_views()["q"][1] is None  # the bias before the norm: unread
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError, "normalised")
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    assert all((diagonal_strength(attn.last_logits) > 0.25).all() for attn in model.attns)

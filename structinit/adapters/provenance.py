@@ -32,6 +32,7 @@ import math
 import torch
 from torch import nn
 
+from structinit.adapters.provenance_lines import lines_in_storage_order
 from structinit.adapters.provenance_record import (
     Operand,
     causal_map,
@@ -110,20 +111,36 @@ def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwa
                          "reads heads of one width")
     heads, group = _heads(q, params)
     views, names = {}, {}
-    per_head = _read_role("q", q, params, _head_leads(q, heads))
+    per_head = _read_role("q", q, params, _head_leads(q, heads), dim)
     views["q"], names["q"] = _assemble("q", per_head, params, originals, heads, r, dim, "in")
     kv_of = None
     for role, operand in (("k", k), ("v", v)):
-        shared, per_kv = _shared_heads(role, operand, params, heads)
+        shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
         views[role], names[role] = _assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
     views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
     adapter = TracedAdapter(owner, views, heads, r, 1.0, maps_layout, names, kv_of)
-    adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
+    try:
+        adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
+    except TraceError:
+        if not (getattr(q, "by_place", False) or getattr(k, "by_place", False)):
+            raise
+        # normalised q and k: no factor to fit on the projections' q kᵀ; the one the module applies
+        adapter.scale = product[1] if sdpa_scale is None else sdpa_scale
     adapter.is_causal = causal_map(rec, q)
+    if getattr(q, "by_place", False) and getattr(k, "by_place", False) and _normalised(q):
+        adapter.qk_transform = ("qk-norm", "q and k are normalised after their projections (the trace found a "
+                                "norm between them and the product)")
     return adapter
+
+
+def _normalised(op: Operand) -> bool:
+    """Whether every token's q of every head has the same length, as after a norm without weights."""
+    moved = op.tensor.detach().movedim((op.token, op.channel), (-2, -1)).double()
+    norms = moved.norm(dim=-1)
+    return bool(norms.std() <= 1e-3 * norms.mean())
 
 
 # -- heads and the input projections --------------------------------------------------------------
@@ -176,7 +193,10 @@ def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[
     an entry fed otherwise."""
     ones = _grads(op.tensor, _lead_cotangent(op, lead, False, token), params)
     labels = _grads(op.tensor, _lead_cotangent(op, lead, True, token), params)
-    return [_decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
+    found = [_decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
+    if not any(found):  # a norm's output sums to a constant: no gradient of the summed channels reaches it
+        raise TraceError("no parameter feeds the attention through a projection alone")
+    return found
 
 
 def _decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
@@ -255,23 +275,41 @@ def _assemble(role: str, per_head: list[list[dict]], params, originals, heads, r
     return (weight, bias), weight_name
 
 
-def _read_role(role: str, op: Operand, params, leads) -> list[list[dict]]:
+def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dict]]:
     """Each lead's labelled entries (:func:`_labelled`); q and k read on every token, else on the
     first alone: rotary positions mix each head's channels in pairs by an angle that is zero at
     position 0."""
     try:
         return [_labelled(op, lead, params) for lead in leads]
-    except TraceError:
+    except TraceError as err:
         if role == "v":
             raise
-        return [_labelled(op, lead, params, token=0) for lead in leads]
+        try:
+            return [_labelled(op, lead, params, token=0) for lead in leads]
+        except TraceError:  # a norm between the projection and the product: the entries by where they are
+            found = [_by_place(op, lead, params, dim) for lead in leads]
+            if not all(any(e) for e in found):
+                raise err from None
+            op.by_place = True
+            return found
+
+
+def _by_place(op: Operand, lead, params, dim: int) -> list[dict[int, torch.Tensor]]:
+    """Each parameter's entries feeding slice ``lead`` of ``op``, as channel → line in storage
+    order where they form whole lines of input weights (:mod:`structinit.adapters.provenance_lines`);
+    the other parameters (the norm's own weight) are not the projection's and stay unread."""
+    # random weights: a norm's output sums to a constant, so an all-ones cotangent has no gradient through it
+    weights = torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = _grads(op.tensor, _lead_cotangent(op, lead, False, 0) * (1 + weights.to(op.tensor)), params)
+    return [lines_in_storage_order(torch.nonzero(g), p.stride(), dim, op.channels) or {}
+            for (_, p), g in zip(params, grads)]
 
 
 def _signature(entries: list[dict]) -> tuple:
     return tuple((i, c, tuple(ix[0].tolist())) for i, e in enumerate(entries) for c, ix in sorted(e.items()))
 
 
-def _shared_heads(role: str, op: Operand, params, heads: int) -> tuple[tuple[int, ...], list[list[dict]]]:
+def _shared_heads(role: str, op: Operand, params, heads: int, dim: int) -> tuple[tuple[int, ...], list[list[dict]]]:
     """(kv_of, each key/value head's labelled entries) of a k or v operand: one per query head,
     or fewer shared by several (grouped-query attention), either as a product over fewer heads
     (``scaled_dot_product_attention(enable_gqa=True)``: head h reads h // (heads / n)) or as
@@ -281,8 +319,8 @@ def _shared_heads(role: str, op: Operand, params, heads: int) -> tuple[tuple[int
         n = leads[-1]
         if heads % n:
             raise TraceError(f"its {heads} query heads do not share {n} key/value heads evenly")
-        return tuple(h // (heads // n) for h in range(heads)), _read_role(role, op, params, _head_leads(op, n))
-    per_lead = _read_role(role, op, params, _head_leads(op, heads))
+        return tuple(h // (heads // n) for h in range(heads)), _read_role(role, op, params, _head_leads(op, n), dim)
+    per_lead = _read_role(role, op, params, _head_leads(op, heads), dim)
     keys = [_signature(e) for e in per_lead]
     order = list(dict.fromkeys(keys))
     return tuple(order.index(key) for key in keys), [per_lead[keys.index(key)] for key in order]

@@ -244,7 +244,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
         if _as(best.probs, ours.shape) is None:
             return Verdict(name, adapter, "refused", LAYOUT,
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
-        code, words = diagnose(adapter, best, ours, x, terms)
+        code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
     if not _value_path(adapter, real, x, adapter.output_tokens(module_output(call)), rel=output_tolerance(dtype)):
         return Verdict(name, adapter, "refused", VALUE_PATH,
