@@ -109,6 +109,27 @@ class SubclassAttention(_Records):
         return self.d((probs @ v).transpose(1, 2).reshape(b, t, d))
 
 
+class WindowAttention(_Records):
+    """Swin-style attention on (B, H, W, D) maps, channels last, cut into ``window``×``window``
+    windows inside the module (no relative bias), then put back in place."""
+
+    def __init__(self, dim, heads, window=4):
+        super().__init__()
+        self.h, self.window = heads, window
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, hh, ww, c = x.shape
+        s = self.window
+        win = x.view(b, hh // s, s, ww // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, s * s, c)
+        n = win.shape[0]
+        q, k, v = self.qkv(win).reshape(n, s * s, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-2, -1) * (c // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        out = self.proj((probs @ v).transpose(1, 2).reshape(n, s * s, c))
+        return out.view(b, hh // s, ww // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c)
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention}
 
@@ -122,21 +143,25 @@ class ChannelNorm(nn.LayerNorm):
 
 class StyledViT(nn.Module):
     """A small pre-norm ViT on 16×16 images (patch 2: an 8×8 grid, a learned PE) whose attention
-    is one of :data:`STYLES`; ``conv-maps`` keeps the tokens as (B, D, H, W) maps throughout."""
+    is one of :data:`STYLES` or ``windows``; ``conv-maps`` keeps the tokens as (B, D, H, W) maps
+    throughout, ``windows`` as (B, H, W, D)."""
 
     def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
         super().__init__()
-        self.maps = style == "conv-maps"
+        self.maps, self.grid = style == "conv-maps", style == "windows"
         self.patch = nn.Conv2d(3, dim, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
-        self.attns = nn.ModuleList(STYLES[style](dim, heads) for _ in range(depth))
+        make = WindowAttention if self.grid else STYLES[style]
+        self.attns = nn.ModuleList(make(dim, heads) for _ in range(depth))
         self.head = nn.Linear(dim, classes)
 
     def forward(self, images):
         x = self.patch(images).flatten(2).transpose(1, 2) + self.pos_embed
         if self.maps:
             x = x.transpose(1, 2).reshape(x.shape[0], -1, 8, 8)
+        if self.grid:
+            x = x.reshape(x.shape[0], 8, 8, -1)
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
-        return self.head(x.flatten(2).mean(-1) if self.maps else x.mean(1))
+        return self.head(x.flatten(2).mean(-1) if self.maps else x.flatten(1, -2).mean(1))

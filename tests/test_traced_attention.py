@@ -249,3 +249,23 @@ def test_q_and_k_normalised_after_their_projections_are_read_by_place_and_set_by
     with torch.no_grad():
         model(_images())
     assert all((diagonal_strength(attn.last_logits) > 0.25).all() for attn in model.attns)
+
+
+def test_windows_cut_inside_the_module_from_channels_last_maps_are_traced_to_their_positions():
+    """The module takes (B, 8, 8, D) maps and cuts 4×4 windows itself: the trace finds which
+    pixel each token of each window's map reads, and mimetic's diagonal shows in every
+    window's own logits."""
+    torch.manual_seed(0)
+    model = StyledViT("windows")
+    (_, ad), _ = structinit.find_attention_layers(model)
+    assert isinstance(ad, TracedAdapter) and ad.token_map.channel_axis == 3
+    expected = torch.arange(64).reshape(2, 4, 2, 4).permute(0, 2, 1, 3).reshape(4, 16)  # window-major, row-major inside
+    assert torch.equal(ad.token_map.windows, expected)
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    for attn in model.attns:
+        assert attn.last_logits.shape == (16, 3, 16, 16) and (diagonal_strength(attn.last_logits) > 0.25).all()
+    # impulse would need each window's own grid: refused, naming the token counts, and nothing written
+    check_rejected(StyledViT("windows"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
+                   ValueError, r"receives 16 tokens, but the model's layout is 0 prefix \+ 64 grid")

@@ -90,17 +90,17 @@ def _detached(value):
     return value
 
 
-def call_copy(value):
-    """An argument of a call as it was when the call began, to call again with: tensors detached,
-    and a stateful object copied (a key/value cache grows with every call; a second call on the
-    object the first one filled would see twice the keys). Modules, and what cannot be copied,
-    are passed as they are."""
+def call_copy(value, detach: bool = True):
+    """An argument of a call as it was when the call began, to call again with: tensors detached
+    (kept as they are with ``detach=False``), and a stateful object copied (a key/value cache
+    grows with every call; a second call on the object the first one filled would see twice the
+    keys). Modules, and what cannot be copied, are passed as they are."""
     if isinstance(value, torch.Tensor):
-        return value.detach()
+        return value.detach() if detach else value
     if isinstance(value, (tuple, list)):
-        return type(value)(call_copy(v) for v in value)
+        return type(value)(call_copy(v, detach) for v in value)
     if isinstance(value, dict):
-        return {k: call_copy(v) for k, v in value.items()}
+        return {k: call_copy(v, detach) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str, nn.Module, torch.dtype, torch.device)):
         return value
     try:

@@ -16,12 +16,18 @@ that applies it (v). Labelled probing then says which entries feed which head an
 - the output side is read the same way, with the context the map produced replaced by labelled
   constants in a second run.
 
-Entries that do not form a strided (heads·r, D) block, a parameter that feeds q non-linearly
-(a norm or rotation between the projection and the product, a position term), or a head layout
-with gaps make no adapter: the layer stays "attention that no adapter understands", with the
-reason. What is found becomes a :class:`TracedAdapter` over strided views of the module's own
-parameters, which the survey (:mod:`structinit.adapters.verify`) then checks against the model's
-own maps like any other adapter.
+The run is on a float64 copy of the module (an exact ratio even where a channel's tokens nearly
+cancel). Rotary positions are read at position 0, where the rotation is the identity; q and k
+behind a norm by where their entries are (:mod:`structinit.adapters.provenance_blocks`); key
+and value heads shared by several query heads as grouped-query attention; which input position
+each token of the map reads, through any reshape or window cut, by the same labelling on the
+module's input (:mod:`structinit.adapters.provenance_tokens`).
+
+Entries that do not form one evenly strided (heads·r, D) block per role, values or outputs that
+pass more than a projection, or tokens that are not one input position each make no adapter:
+the layer stays "attention that no adapter understands", with the reason. What is found becomes
+a :class:`TracedAdapter` over strided views of the module's own parameters, which the survey
+(:mod:`structinit.adapters.verify`) then checks against the model's own maps like any other.
 """
 
 from __future__ import annotations
@@ -32,22 +38,20 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.provenance_lines import lines_in_storage_order
+from structinit.adapters.provenance_blocks import assemble, decode, lines_in_storage_order
 from structinit.adapters.provenance_record import (
     Operand,
+    TraceError,
     causal_map,
     first_tensor,
     map_operands,
     record,
     restored,
 )
+from structinit.adapters.provenance_tokens import TokenError, token_map
 from structinit.adapters.traced import CallTokens, TracedAdapter
 
 MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
-
-
-class TraceError(ValueError):
-    """Why a module's attention could not be followed back to its parameters."""
 
 
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
@@ -62,13 +66,23 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
         try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
-            return _trace(twin, _in_double(args), _in_double(kwargs), twin_params, module, originals, args, kwargs)
-        except TraceError:
+            return _trace(twin, *_with_leaf(_in_double(args), _in_double(kwargs)), twin_params, module, originals,
+                          args, kwargs)
+        except (TraceError, TokenError):
             raise
         except Exception:  # a module that will not run in float64: trace it as it is
             pass
     with restored(module, [p for _, p in params]):
-        return _trace(module, args, kwargs, params, module, originals, args, kwargs)
+        return _trace(module, *_with_leaf(args, kwargs), params, module, originals, args, kwargs)
+
+
+def _with_leaf(args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor]:
+    """``args``/``kwargs`` with the tokens (their first tensor) replaced by a copy that gradients
+    reach, to trace which input position each token of the map reads; and that copy."""
+    x = first_tensor(args, kwargs)
+    leaf = x.detach().clone().requires_grad_(x.is_floating_point())
+    swap = lambda v: leaf if v is x else v
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}, leaf
 
 
 def _double_twin(module: nn.Module, originals: dict) -> nn.Module | None:
@@ -91,10 +105,10 @@ def _in_double(value):
     return value
 
 
-def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwargs) -> TracedAdapter:
-    """Trace ``module`` (``owner`` itself, or its float64 twin) on ``args``/``kwargs``; the views
-    are built on ``owner``'s own parameters (``originals``, by name), its tokens read from
-    ``owner_args``/``owner_kwargs``."""
+def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, owner_kwargs) -> TracedAdapter:
+    """Trace ``module`` (``owner`` itself, or its float64 twin) on ``args``/``kwargs`` (whose
+    tokens are ``leaf``); the views are built on ``owner``'s own parameters (``originals``, by
+    name), its tokens read from ``owner_args``/``owner_kwargs``."""
     rec = record(module, args, kwargs)
     ops = rec.ops
     found = map_operands(rec)
@@ -102,26 +116,26 @@ def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwa
         raise TraceError("the trace cannot follow its softmax map back to a product of q and k and on to "
                          "the product that applies it to v")
     q, k, product, sdpa_scale, v = found
-    x = first_tensor(owner_args, owner_kwargs)
-    maps_layout = x.ndim == 4
-    tokens = x.flatten(2).transpose(1, 2) if maps_layout else (x if x.ndim == 3 else x.unsqueeze(0))
-    dim, r = int(tokens.shape[-1]), q.channels
+    r = q.channels
     if k.channels != r or v.channels != r:
         raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "
                          "reads heads of one width")
     heads, group = _heads(q, params)
+    dim = _input_width(q, params)
+    tokens_of = token_map(q, leaf, dim, heads)
+    tokens = tokens_of.tokens(first_tensor(owner_args, owner_kwargs))
     views, names = {}, {}
     per_head = _read_role("q", q, params, _head_leads(q, heads), dim)
-    views["q"], names["q"] = _assemble("q", per_head, params, originals, heads, r, dim, "in")
+    views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
     kv_of = None
     for role, operand in (("k", k), ("v", v)):
         shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
-        views[role], names[role] = _assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
+        views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
     views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
-    adapter = TracedAdapter(owner, views, heads, r, 1.0, maps_layout, names, kv_of)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of)
     try:
         adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
     except TraceError:
@@ -134,6 +148,18 @@ def _trace(module, args, kwargs, params, owner, originals, owner_args, owner_kwa
         adapter.qk_transform = ("qk-norm", "q and k are normalised after their projections (the trace found a "
                                 "norm between them and the product)")
     return adapter
+
+
+def _input_width(q: Operand, params) -> int:
+    """The width D of the tokens q is projected from: the largest block of entries feeding one
+    head of q is its r lines of D input weights."""
+    lead = (0,) * len(q.lead_shape)
+    weights = 1 + torch.rand(q.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = _grads(q.tensor, _lead_cotangent(q, lead, False, 0) * weights.to(q.tensor), params)
+    largest = max(int((g != 0).sum()) for g in grads)
+    if largest == 0 or largest % q.channels:
+        raise TraceError("no parameter of the module projects its tokens to q")
+    return largest // q.channels
 
 
 def _normalised(op: Operand) -> bool:
@@ -193,86 +219,10 @@ def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[
     an entry fed otherwise."""
     ones = _grads(op.tensor, _lead_cotangent(op, lead, False, token), params)
     labels = _grads(op.tensor, _lead_cotangent(op, lead, True, token), params)
-    found = [_decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
+    found = [decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
     if not any(found):  # a norm's output sums to a constant: no gradient of the summed channels reaches it
         raise TraceError("no parameter feeds the attention through a projection alone")
     return found
-
-
-def _decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
-    where = torch.nonzero(g1)
-    if not len(where):
-        return {}
-    ratio = (gl[tuple(where.T)] / g1[tuple(where.T)]).double()
-    label = ratio.round()
-    if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
-        raise TraceError(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
-                         "rotation or a position term between it and the product)")
-    return {int(c) - 1: where[label == c] for c in label.unique()}
-
-
-def _block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]], heads: int, r: int,
-           width: int, kind: str) -> torch.Tensor:
-    """The strided view of ``param`` holding entries[h][c] for every head h and channel c: a
-    (heads·r, width) block ('in': each row runs along one axis of ``width`` entries), its
-    transpose ('out') or a (heads·r,) vector ('bias'). TraceError when the entries do not form one."""
-    first = entries[0].get(0)
-    line = 1 if kind == "bias" else width
-    if any(len(e) != r or any(len(ix) != line for ix in e.values()) for e in entries):
-        raise TraceError(f"parameter {name!r} does not hold one entry row per head and channel")
-    stride = torch.tensor(param.stride())
-    axis_stride = 0
-    if kind != "bias":
-        moving = [a for a in range(param.ndim) if len(first[:, a].unique()) > 1]
-        if len(moving) != 1 or not all(_along(ix, moving[0], width) for e in entries for ix in e.values()):
-            raise TraceError(f"parameter {name!r} does not hold each head channel along one axis")
-        axis_stride = param.stride(moving[0])
-    def start(h, c):
-        ix = entries[h][c]
-        return int((ix.min(0).values * stride).sum()) if kind != "bias" else int((ix[0] * stride).sum())
-    base = start(0, 0)
-    sc = start(0, 1) - base if r > 1 else 0
-    sh = start(1, 0) - base if heads > 1 else r * sc
-    if r == 1:
-        sc = sh
-    if sh != r * sc or any(start(h, c) != base + h * sh + c * sc for h in range(heads) for c in range(r)):
-        raise TraceError(f"parameter {name!r} does not lay its heads out as one evenly strided block")
-    offset = param.storage_offset() + base
-    if kind == "bias":
-        return param.as_strided((heads * r,), (sc,), offset)
-    if kind == "in":
-        return param.as_strided((heads * r, width), (sc, axis_stride), offset)
-    return param.as_strided((width, heads * r), (axis_stride, sc), offset)
-
-
-def _along(ix: torch.Tensor, axis: int, width: int) -> bool:
-    """Whether entries ``ix`` (N, ndim) run 0 … width − 1 along ``axis`` and stay put on the others."""
-    others = torch.cat([ix[:, :axis], ix[:, axis + 1:]], 1)
-    return sorted(ix[:, axis].tolist()) == list(range(width)) and bool((others == others[:1]).all())
-
-
-def _assemble(role: str, per_head: list[list[dict]], params, originals, heads, r, width, kind):
-    """(weight view, bias view or None) of one role from each head's labelled entries, and the
-    weight's parameter name; the views are of ``originals[name]``."""
-    weight = bias = None
-    for i, (name, _) in enumerate(params):
-        param = originals[name]
-        entries = [head[i] for head in per_head]
-        if not any(entries):
-            continue
-        if not all(entries):
-            raise TraceError(f"parameter {name!r} feeds only some heads of {role}")
-        is_bias = all(len(ix) == 1 for e in entries for ix in e.values()) and width > 1
-        view = _block(name, param, entries, heads, r, width, "bias" if is_bias else kind)
-        if (bias if is_bias else weight) is not None:
-            raise TraceError(f"{role} is the sum of several projections (parameter {name!r} is one more)")
-        if is_bias:
-            bias = view
-        else:
-            weight, weight_name = view, name
-    if weight is None:
-        raise TraceError(f"no parameter of the module projects the tokens to {role}")
-    return (weight, bias), weight_name
 
 
 def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dict]]:
@@ -356,9 +306,9 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, originals, head
                 raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
             bias = originals[name] if bias is None else _raise(f"the output has two biases ({name!r} is the second)")
             continue
-        for c, ix in _decode(name, g1, gl, heads * r).items():
+        for c, ix in decode(name, g1, gl, heads * r).items():
             per_head[c // r][i][c % r] = ix
-    (weight, _), weight_name = _assemble("the output", per_head, params, originals, heads, r, dim, "out")
+    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, dim, "out")
     return (weight, bias), weight_name
 
 

@@ -29,6 +29,10 @@ _CARRY = {F.dropout, torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, 
 _TOKEN_KEYS = ("hidden_states", "x", "query", "input", "inputs", "tokens")
 
 
+class TraceError(ValueError):
+    """Why a module's attention could not be followed back to its parameters."""
+
+
 Op = tuple  # (func, args, kwargs, out)
 
 
@@ -68,7 +72,7 @@ def record(module: nn.Module, args: tuple, kwargs: dict, swap: dict[int, torch.T
     was_training = module.training
     module.eval()
     recorder = _Recorder(swap)
-    args, kwargs = call_copy(args), call_copy(kwargs)  # a fresh cache each call: each run starts alike
+    args, kwargs = call_copy(args, False), call_copy(kwargs, False)  # a fresh cache each call: each run starts alike
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), recorder:
             torch.manual_seed(0)

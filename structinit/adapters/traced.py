@@ -9,20 +9,16 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, Views
 from structinit.adapters.provenance_record import first_tensor
-
-
-def _tokens(x: torch.Tensor, maps_layout: bool) -> torch.Tensor:
-    if maps_layout and x.ndim == 4:
-        return x.flatten(2).transpose(1, 2)
-    return x if x.ndim == 3 else x.unsqueeze(0)
+from structinit.adapters.provenance_tokens import TokenMap
 
 
 class TracedAdapter(AttentionAdapter):
     """An attention module read by provenance: ``views`` holds, for 'q', 'k', 'v' and 'o',
     (weight, bias) strided views of the module's own parameters in ``nn.Linear`` layout.
 
-    ``maps_layout`` is True when the module takes (B, D, H, W) maps rather than (B, T, D) tokens
-    (1×1 convolutions on an image); its tokens are its pixels in row-major order. ``kv_of[h]``
+    ``token_map`` turns a call's input or output into the (slices, T, D) tokens its maps are made
+    of: (B, T, D) tokens as they are, the pixels of (B, D, H, W) or (B, H, W, D) maps, the
+    windows a module cuts from them (:mod:`structinit.adapters.provenance_tokens`). ``kv_of[h]``
     is the key/value head query head h reads: grouped-query attention has fewer key/value heads
     than query heads (``kv_heads``), and the 'k' and 'v' views hold ``kv_heads`` of them.
     """
@@ -30,12 +26,12 @@ class TracedAdapter(AttentionAdapter):
     is_causal = False  # found by the trace: keys after the query are masked
 
     def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
-                 maps_layout: bool = False, param_names: dict[str, str] | None = None,
+                 token_map: TokenMap | None = None, param_names: dict[str, str] | None = None,
                  kv_of: tuple[int, ...] | None = None):
         self.module, self._views = module, views
         self.num_heads, self.head_dim = int(num_heads), int(head_dim)
         self.dim = int(views["q"][0].shape[1])
-        self.scale, self.maps_layout = float(scale), maps_layout
+        self.scale, self.token_map = float(scale), token_map or TokenMap(-1)
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
         self.kv_of = tuple(range(self.num_heads)) if kv_of is None else tuple(kv_of)
         self.kv_heads = max(self.kv_of) + 1
@@ -53,12 +49,10 @@ class TracedAdapter(AttentionAdapter):
         return self.is_causal
 
     def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
-        return _tokens(first_tensor(args, kwargs), self.maps_layout)
+        return self.token_map.tokens(first_tensor(args, kwargs))
 
     def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
-        if out is not None and self.maps_layout and out.ndim == 4:
-            return out.flatten(2).transpose(1, 2)
-        return out
+        return None if out is None else self.token_map.tokens(out)
 
     def _heads_of(self, w, b, heads):
         w = w.detach().reshape(heads, self.head_dim, self.dim).transpose(1, 2).clone()
@@ -99,4 +93,5 @@ class CallTokens:
 
     @staticmethod
     def input_tokens(args: tuple, kwargs: dict) -> torch.Tensor:
-        return _tokens(first_tensor(args, kwargs), True)
+        x = first_tensor(args, kwargs)
+        return x.flatten(2).transpose(1, 2) if x.ndim == 4 else (x if x.ndim == 3 else x.unsqueeze(0))

@@ -1,0 +1,113 @@
+"""How the entries :mod:`structinit.adapters.provenance` finds become views of a module's own
+parameters: each head's labelled entries checked to form one evenly strided (heads·r, D) block,
+or, for q and k that pass through a norm after their projection (q/k-norm, often with rotary
+positions), each head's entries read as whole lines of input weights in storage order.
+
+A norm mixes a head's channels, so a labelled cotangent comes out mixed and only the *set* of
+entries feeding a head is known. Storage order is the channel order of the product when q and
+k lay their heads out alike, and it need be no more than that: a head's logits are q·k summed
+over its channels, so one permutation of the channels applied to both leaves them unchanged.
+The survey and the schemes' checks then judge the layer on its own maps like any other."""
+
+from __future__ import annotations
+
+import torch
+
+from structinit.adapters.provenance_record import TraceError
+
+
+def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
+    where = torch.nonzero(g1)
+    if not len(where):
+        return {}
+    ratio = (gl[tuple(where.T)] / g1[tuple(where.T)]).double()
+    label = ratio.round()
+    if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
+        raise TraceError(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
+                         "rotation or a position term between it and the product)")
+    return {int(c) - 1: where[label == c] for c in label.unique()}
+
+
+def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]], heads: int, r: int,
+           width: int, kind: str) -> torch.Tensor:
+    """The strided view of ``param`` holding entries[h][c] for every head h and channel c: a
+    (heads·r, width) block ('in': each row runs along one axis of ``width`` entries), its
+    transpose ('out') or a (heads·r,) vector ('bias'). TraceError when the entries do not form one."""
+    first = entries[0].get(0)
+    line = 1 if kind == "bias" else width
+    if any(len(e) != r or any(len(ix) != line for ix in e.values()) for e in entries):
+        raise TraceError(f"parameter {name!r} does not hold one entry row per head and channel")
+    stride = torch.tensor(param.stride())
+    axis_stride = 0
+    if kind != "bias":
+        moving = [a for a in range(param.ndim) if len(first[:, a].unique()) > 1]
+        if len(moving) != 1 or not all(along(ix, moving[0], width) for e in entries for ix in e.values()):
+            raise TraceError(f"parameter {name!r} does not hold each head channel along one axis")
+        axis_stride = param.stride(moving[0])
+    def start(h, c):
+        ix = entries[h][c]
+        return int((ix.min(0).values * stride).sum()) if kind != "bias" else int((ix[0] * stride).sum())
+    base = start(0, 0)
+    sc = start(0, 1) - base if r > 1 else 0
+    sh = start(1, 0) - base if heads > 1 else r * sc
+    if r == 1:
+        sc = sh
+    if sh != r * sc or any(start(h, c) != base + h * sh + c * sc for h in range(heads) for c in range(r)):
+        raise TraceError(f"parameter {name!r} does not lay its heads out as one evenly strided block")
+    offset = param.storage_offset() + base
+    if kind == "bias":
+        return param.as_strided((heads * r,), (sc,), offset)
+    if kind == "in":
+        return param.as_strided((heads * r, width), (sc, axis_stride), offset)
+    return param.as_strided((width, heads * r), (axis_stride, sc), offset)
+
+
+def along(ix: torch.Tensor, axis: int, width: int) -> bool:
+    """Whether entries ``ix`` (N, ndim) run 0 … width − 1 along ``axis`` and stay put on the others."""
+    others = torch.cat([ix[:, :axis], ix[:, axis + 1:]], 1)
+    return sorted(ix[:, axis].tolist()) == list(range(width)) and bool((others == others[:1]).all())
+
+
+def assemble(role: str, per_head: list[list[dict]], params, originals, heads, r, width, kind):
+    """(weight view, bias view or None) of one role from each head's labelled entries, and the
+    weight's parameter name; the views are of ``originals[name]``."""
+    weight = bias = None
+    for i, (name, _) in enumerate(params):
+        param = originals[name]
+        entries = [head[i] for head in per_head]
+        if not any(entries):
+            continue
+        if not all(entries):
+            raise TraceError(f"parameter {name!r} feeds only some heads of {role}")
+        is_bias = all(len(ix) == 1 for e in entries for ix in e.values()) and width > 1
+        view = block(name, param, entries, heads, r, width, "bias" if is_bias else kind)
+        if (bias if is_bias else weight) is not None:
+            raise TraceError(f"{role} is the sum of several projections (parameter {name!r} is one more)")
+        if is_bias:
+            bias = view
+        else:
+            weight, weight_name = view, name
+    if weight is None:
+        raise TraceError(f"no parameter of the module projects the tokens to {role}")
+    return (weight, bias), weight_name
+
+
+def lines_in_storage_order(support: torch.Tensor, stride: tuple[int, ...], width: int,
+                           channels: int) -> dict[int, torch.Tensor] | None:
+    """``support`` (N, ndim), the entries of one parameter that feed one head, as
+    channel → its line of ``width`` entries, the lines in storage order; None when the entries
+    are not ``channels`` whole lines along one axis (a norm's weight, a bias, a position term)."""
+    if len(support) != channels * width:
+        return None
+    strides = torch.tensor(stride)
+    for axis in range(support.shape[1]):
+        others = torch.cat([support[:, :axis], support[:, axis + 1:]], 1)
+        keys, group = torch.unique(others, dim=0, return_inverse=True)
+        if len(keys) != channels:
+            continue
+        lines = [support[group == g] for g in range(channels)]
+        if not all(sorted(line[:, axis].tolist()) == list(range(width)) for line in lines):
+            continue
+        lines.sort(key=lambda line: int((line.min(0).values * strides).sum()))
+        return dict(enumerate(lines))
+    return None

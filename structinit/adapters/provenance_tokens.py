@@ -1,0 +1,111 @@
+"""Where each token of an attention map comes from in the module's input, found by provenance:
+the module may take (B, T, D) tokens, (B, D, H, W) or (B, H, W, D) maps, and may cut the maps
+into windows itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its
+gradient on the input say which input position each of that slice's tokens reads, whatever
+reshapes, permutes and rolls the module does on the way. The result, a :class:`TokenMap`,
+turns any call's input (or output) into the (slices, T, D) tokens the map is made of."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from structinit.adapters.provenance_record import Operand
+
+
+class TokenError(ValueError):
+    """Why the tokens of a map could not be traced to the input."""
+
+
+@dataclass(frozen=True)
+class TokenMap:
+    """``channel_axis`` of the module's input holds the width; the other axes after the batch are
+    positions, flattened in order. ``windows`` (nW, T), when the module cuts its input into
+    windows, holds each window's positions in the order its map reads them (per image; the
+    module's slices run image by image); None when the map reads the positions as they are."""
+
+    channel_axis: int
+    windows: torch.Tensor | None = None
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (the call's input, or its output of the same layout) as (slices, T, D) tokens."""
+        if x.ndim == 2:
+            x = x.unsqueeze(0)
+        x = x.movedim(self.channel_axis % x.ndim, -1).flatten(1, -2)  # (B, positions, D)
+        if self.windows is None:
+            return x
+        w = self.windows.to(x.device)
+        return x[:, w].reshape(-1, w.shape[1], x.shape[-1])
+
+
+def _channel_axis(grad: torch.Tensor, dim: int) -> int | None:
+    """The axis of the input whose entries are all fed or all not, position by position: the width."""
+    for axis in [grad.ndim - 1, *range(1, grad.ndim - 1)]:
+        if grad.shape[axis] != dim:
+            continue
+        fed = (grad != 0).movedim(axis, -1)
+        if bool((fed.all(-1) | ~fed.any(-1)).all()) and bool(fed.any()):
+            return axis
+    return None
+
+
+def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
+    """The :class:`TokenMap` of the map whose q is ``q``, computed from ``leaf``, the module's
+    input in the traced call; :class:`TokenError` when a slice's tokens do not each read one
+    input position of one image."""
+    leads = q.lead_shape
+    slices = math.prod(leads[:-1]) if len(leads) >= 2 else leads[0] // heads
+    t = q.moved_shape[-2]
+    positions, channel = [], None
+    channel_weights = 1 + torch.rand(q.channels, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for s in range(slices):
+        lead = (*divmod_all(s, leads[:-1]), 0) if len(leads) >= 2 else (s * heads,)
+        grads = []
+        for weights in (torch.ones(t), torch.arange(1, t + 1)):
+            moved = torch.zeros(q.moved_shape, dtype=q.tensor.dtype, device=q.tensor.device)
+            # random over channels: a norm's output sums to a constant, which no gradient would pass
+            moved[lead] = weights.to(moved)[:, None] * channel_weights.to(moved)
+            grads.append(torch.autograd.grad(q.tensor, leaf, q.unmove(moved), retain_graph=True)[0])
+        channel = _channel_axis(grads[0], dim) if channel is None else channel
+        if channel is None:
+            raise TokenError("its map's tokens do not read whole positions of its input")
+        ones, labels = (g.movedim(channel, -1).flatten(1, -2) for g in grads)  # (B, positions, D)
+        pick = ones.abs().argmax(-1, keepdim=True)
+        read = torch.nonzero(ones.abs().amax(-1) > 0)
+        ratio = (labels.gather(-1, pick) / ones.gather(-1, pick)).squeeze(-1)[tuple(read.T)].double()
+        order = ratio.round().long() - 1
+        exact = bool((ratio - ratio.round()).abs().max() <= 1e-3) if len(read) else False
+        if len(read) != t or not exact or not torch.equal(order.sort().values, torch.arange(t)):
+            raise TokenError("a slice of its map does not read one input position per token")
+        images = read[:, 0].unique()
+        if len(images) != 1:
+            raise TokenError("a slice of its map reads tokens of several images (a packed sequence)")
+        row = torch.empty(t, dtype=torch.long)
+        row[order] = read[:, 1]
+        positions.append((int(images[0]), row))
+    return TokenMap(channel, _windows(positions, leaf.movedim(channel, -1).flatten(1, -2).shape[1]))
+
+
+def divmod_all(index: int, shape) -> tuple[int, ...]:
+    out = []
+    for n in reversed(shape):
+        index, r = divmod(index, n)
+        out.append(r)
+    return tuple(reversed(out))
+
+
+def _windows(positions: list[tuple[int, torch.Tensor]], count: int) -> torch.Tensor | None:
+    """Each image's windows (nW, T) from the slices' (image, positions); None when every slice is
+    a whole image in order. TokenError when the slices are not image by image, alike per image."""
+    images = [b for b, _ in positions]
+    per = images.count(images[0])
+    if images != [b for b in range(len(images) // per) for _ in range(per)]:
+        raise TokenError("its map's slices do not run image by image")
+    windows = torch.stack([row for _, row in positions[:per]])
+    if any(not torch.equal(row, windows[i % per]) for i, (_, row) in enumerate(positions)):
+        raise TokenError("its images are not cut into windows alike")
+    if per == 1 and torch.equal(windows[0], torch.arange(count)):
+        return None
+    return windows
