@@ -130,6 +130,27 @@ class WindowAttention(_Records):
         return out.view(b, hh // s, ww // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c)
 
 
+class PackedAttention(_Records):
+    """Several images' tokens packed into one (1, ΣT, D) sequence, their boundaries in
+    ``cu_seqlens``; the module builds a block-diagonal mask from them and hands it to
+    scaled_dot_product_attention (the vision towers of recent multimodal models)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x, cu_seqlens):
+        _, t, c = x.shape
+        segment = torch.bucketize(torch.arange(t), cu_seqlens[1:], right=True)
+        allowed = segment[:, None] == segment[None, :]
+        q, k, v = self.qkv(x).reshape(1, t, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1) * (c // self.h) ** -0.5).masked_fill(~allowed, float("-inf"))
+        self.keep(logits, logits.softmax(-1))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        return self.proj(out.transpose(1, 2).reshape(1, t, c))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention}
 
@@ -143,16 +164,17 @@ class ChannelNorm(nn.LayerNorm):
 
 class StyledViT(nn.Module):
     """A small pre-norm ViT on 16×16 images (patch 2: an 8×8 grid, a learned PE) whose attention
-    is one of :data:`STYLES` or ``windows``; ``conv-maps`` keeps the tokens as (B, D, H, W) maps
-    throughout, ``windows`` as (B, H, W, D)."""
+    is one of :data:`STYLES`, ``windows`` or ``packed``; ``conv-maps`` keeps the tokens as
+    (B, D, H, W) maps throughout, ``windows`` as (B, H, W, D), ``packed`` as one sequence of
+    every image's tokens."""
 
     def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
         super().__init__()
-        self.maps, self.grid = style == "conv-maps", style == "windows"
+        self.maps, self.grid, self.packed = style == "conv-maps", style == "windows", style == "packed"
         self.patch = nn.Conv2d(3, dim, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
-        make = WindowAttention if self.grid else STYLES[style]
+        make = WindowAttention if self.grid else PackedAttention if self.packed else STYLES[style]
         self.attns = nn.ModuleList(make(dim, heads) for _ in range(depth))
         self.head = nn.Linear(dim, classes)
 
@@ -162,6 +184,12 @@ class StyledViT(nn.Module):
             x = x.transpose(1, 2).reshape(x.shape[0], -1, 8, 8)
         if self.grid:
             x = x.reshape(x.shape[0], 8, 8, -1)
+        if self.packed:  # every image's 64 tokens one after the other in one sequence
+            b = x.shape[0]
+            x, seqlens = x.reshape(1, b * 64, -1), torch.arange(0, (b + 1) * 64, 64)
+            for norm, attn in zip(self.norms, self.attns):
+                x = x + attn(norm(x), cu_seqlens=seqlens)
+            return self.head(x.reshape(b, 64, -1).mean(1))
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
         return self.head(x.flatten(2).mean(-1) if self.maps else x.flatten(1, -2).mean(1))

@@ -269,3 +269,22 @@ def test_windows_cut_inside_the_module_from_channels_last_maps_are_traced_to_the
     # impulse would need each window's own grid: refused, naming the token counts, and nothing written
     check_rejected(StyledViT("windows"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
                    ValueError, r"receives 16 tokens, but the model's layout is 0 prefix \+ 64 grid")
+
+
+def test_a_packed_sequence_with_a_block_diagonal_mask_built_inside_is_traced_with_its_mask():
+    """Every image's tokens in one sequence, the module masking across images itself: the trace
+    keeps the mask it built, the survey finds the layer plain, and mimetic's diagonal shows in
+    the module's own logits, block by block; impulse is refused (the sequence is not one grid)."""
+    torch.manual_seed(0)
+    model = StyledViT("packed")
+    (_, ad), _ = structinit.find_attention_layers(model)
+    assert isinstance(ad, TracedAdapter) and ad.masked is not None and ad.masked.shape[-1] == 128
+    assert {v.kind for v in structinit.adapters.attention_survey(model).verdicts} == {"self"}
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images(2))
+    for attn in model.attns:
+        assert torch.isneginf(attn.last_logits[0, 0, 0, 64:]).all()
+        assert (diagonal_strength(attn.last_logits) > 0.25).all()
+    check_rejected(StyledViT("packed"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
+                   ValueError, "receives 128 tokens")

@@ -45,6 +45,7 @@ from structinit.adapters.provenance_record import (
     causal_map,
     first_tensor,
     map_operands,
+    masked_pairs,
     record,
     restored,
 )
@@ -144,6 +145,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         # normalised q and k: no factor to fit on the projections' q kᵀ; the one the module applies
         adapter.scale = product[1] if sdpa_scale is None else sdpa_scale
     adapter.is_causal = causal_map(rec, q)
+    adapter.masked = masked_pairs(rec, q)
     if getattr(q, "by_place", False) and getattr(k, "by_place", False) and _normalised(q):
         adapter.qk_transform = ("qk-norm", "q and k are normalised after their projections (the trace found a "
                                 "norm between them and the product)")

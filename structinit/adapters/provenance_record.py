@@ -329,3 +329,28 @@ def causal_map(rec: Record, q: Operand) -> bool:
     t = logits.shape[-1]
     above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
     return t > 1 and bool((torch.isneginf(logits) == above).all())
+
+
+def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
+    """The (slices, T, T) pairs the module's map masks whatever the content (−∞ logits alike in
+    every head: a block-diagonal mask over a packed sequence, a padding mask), as the traced call
+    built them inside, or None when it masks none or only the keys after each query."""
+    func, args, kwargs, _ = rec.ops[q.product_index]
+    if func is _SDPA:
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        if mask is None:
+            return None
+        mask = mask.detach()
+        closed = ~mask if mask.dtype == torch.bool else torch.isneginf(mask) | (mask <= torch.finfo(mask.dtype).min)
+    else:
+        closed = torch.isneginf(args[0].detach())
+    t = closed.shape[-1]
+    if not bool(closed.any()):
+        return None
+    # (slices, heads, T, T): the heads are the axis before the pairs, a 3-D map's slices all alike
+    closed = closed.reshape(-1, *closed.shape[-3:]) if closed.ndim > 3 else closed.reshape(1, -1, t, t)
+    if not bool((closed == closed[:, :1]).all()):  # differs between heads: not a mask of positions
+        return None
+    closed = closed[:, 0]
+    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
+    return None if bool((closed == above).all()) else closed

@@ -48,8 +48,21 @@ class TracedAdapter(AttentionAdapter):
     def causal(self) -> bool:
         return self.is_causal
 
+    masked = None  # (slices, T, T): pairs the traced call masked whatever the content (a packed sequence's blocks)
+
     def input_tokens(self, args: tuple, kwargs: dict) -> torch.Tensor:
         return self.token_map.tokens(first_tensor(args, kwargs))
+
+    def call_terms(self, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor | None:
+        """The terms the call hands the module, and the mask the module built inside on the traced
+        call (a block-diagonal mask over a packed sequence), for calls of the same shape."""
+        terms = super().call_terms(args, kwargs, x)
+        closed = self.masked
+        if closed is None or closed.shape[0] not in (1, x.shape[0]) or closed.shape[-1] != x.shape[-2]:
+            return terms
+        inner = torch.zeros(closed.shape, dtype=x.dtype, device=x.device)
+        inner = inner.masked_fill(closed.to(x.device), float("-inf"))[:, None]
+        return inner if terms is None else terms + inner
 
     def output_tokens(self, out: torch.Tensor | None) -> torch.Tensor | None:
         return None if out is None else self.token_map.tokens(out)
