@@ -88,7 +88,11 @@ def _timm_build(timm, name):
 
 _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
            "intermediate_size": 192, "image_size": 64, "patch_size": 8, "head_dim": 32, "num_heads": 3,
-           "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64}
+           "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64,
+           # mixtures of experts: a few small ones (a default count of hundreds fills the memory)
+           "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+           "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 96, "n_shared_experts": 1,
+           "zero_expert_num": 0, "expert_ffn_hidden_size": 96}
 
 
 def shrink(config, width: int = 96) -> None:
@@ -251,6 +255,7 @@ def main(argv=None) -> int:
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--width", type=int, default=96, help="transformers' hidden size")
     parser.add_argument("--only", default="", help="comma-separated model names to run")
+    parser.add_argument("--skip", default="", help="comma-separated model names to leave out (said in the table)")
     parser.add_argument("--out", help="write the rows as JSON here (and resume from it)")
     parser.add_argument("--from", dest="source", help="print the table of a saved sweep")
     args = parser.parse_args(argv)
@@ -266,10 +271,13 @@ def main(argv=None) -> int:
     for package in args.packages.split(","):
         found = timm_entries() if package == "timm" else transformers_entries(args.width)
         entries += [(name, package, build) for name, build in found]
-    only = set(filter(None, args.only.split(",")))
+    only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
     rows = []
     for name, package, build in entries:
         if only and name not in only:
+            continue
+        if name in skip:
+            rows += [Row(name, package, s, "too-large", reason="left out with --skip") for s in schemes]
             continue
         got = done.get((name, package)) or run_one(name, package, build, schemes)
         rows += got

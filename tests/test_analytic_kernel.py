@@ -265,3 +265,10 @@ def test_unsigned_solver_is_the_earlier_kernel_bit_for_bit():
     solved = make_impulse_solver("analytic", signed=False).solve(z, grid, [LayerSpec(offsets, 32, 32**-0.5)], None)
     wq, wk = impulse_qk(z, grid, list(offsets), 32, target_mass=0.5, softmax_scale=32**-0.5)
     assert torch.equal(solved[0].wq, wq) and torch.equal(solved[0].wk, wk)
+
+
+def test_a_grid_too_large_for_the_readout_is_refused_before_it_is_formed():
+    from structinit.functional.impulse_analytic import ridge_readout
+
+    with pytest.raises(ValueError, match=r"20000 tokens: the ridge readout forms a 20000×20000 float64 Gram matrix"):
+        ridge_readout(torch.zeros(20000, 4))

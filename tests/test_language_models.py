@@ -60,10 +60,13 @@ def test_mimetic_on_a_language_model_shows_in_its_own_causal_logits_and_values(n
         assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)
 
 
-@pytest.mark.parametrize(("name", "words"), [("nanogpt-masked", "reads token ids, a 1-D sequence"),
-                                             ("gqa-rope", "share 2 key/value heads")])
-def test_impulse_on_a_language_model_is_refused_with_why_and_writes_nothing(name, words):
-    check_rejected(MODELS[name](), lambda m: structinit.init_(m, "impulse", seed=0), ValueError, words)
+@pytest.mark.parametrize(("name", "options", "words"), [
+    ("nanogpt-masked", {}, "reads token ids, a 1-D sequence"),
+    ("gqa-rope", {}, "reads token ids, a 1-D sequence"),
+    ("gqa-rope", {"grid": (4, 4)}, "share 2 key/value heads"),  # ids said to be a 4×4 image: the groups refuse
+])
+def test_impulse_on_a_language_model_is_refused_with_why_and_writes_nothing(name, options, words):
+    check_rejected(MODELS[name](), lambda m: structinit.init_(m, "impulse", seed=0, **options), ValueError, words)
 
 
 @settings(max_examples=12, deadline=None)

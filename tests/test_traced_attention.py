@@ -288,3 +288,15 @@ def test_a_packed_sequence_with_a_block_diagonal_mask_built_inside_is_traced_wit
         assert (diagonal_strength(attn.last_logits) > 0.25).all()
     check_rejected(StyledViT("packed"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
                    ValueError, "receives 128 tokens")
+
+
+def test_the_token_order_of_a_layer_that_windows_its_own_input_is_unread_not_a_traceback():
+    from structinit.adapters.token_order import token_order
+
+    model = StyledViT("windows")
+
+    class WindowsAsGiven:  # an adapter that hands over the (B, H, W, D) maps as the layer gets them
+        input_module = model.attns[0]
+        input_tokens = staticmethod(lambda args, kwargs: args[0])
+
+    assert token_order(model, WindowsAsGiven(), model.pos_embed, 64, _images(2)) is None

@@ -35,7 +35,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     be read this way (it mixes tokens before the layer, or does not run). ``pos_embed`` is the
     model's own (…, R, D) tensor, its last ``num_patches`` rows the grid's, restored bit for bit."""
     base = _tokens(model, adapter, inputs, seed)
-    if base is None:
+    if base is None or base.ndim != 3:  # (B·windows, h, w, C): a layer that cuts its own windows has no row order
         return None
     rows = pos_embed.reshape(-1, pos_embed.shape[-1])
     offset = rows.shape[0] - num_patches

@@ -90,6 +90,9 @@ def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch
     return torch.tensor(om[keep]), torch.tensor(c)
 
 
+MAX_GRAM_BYTES = 2 * 2**30  # a grid of about 16k tokens: beyond it the readout is refused, not attempted
+
+
 def frequency_budget(head_dim: int, signed: bool, frequencies: int | None = None) -> int:
     """Frequencies per axis that fit ``head_dim`` columns (a sin/cos pair per frequency and
     axis, one column more for the signed kernel's constant), capped at ``frequencies``."""
@@ -100,6 +103,11 @@ def frequency_budget(head_dim: int, signed: bool, frequencies: int | None = None
 def ridge_readout(z: torch.Tensor, ridge: float = 2e-3) -> torch.Tensor:
     """The D×N operator R = Zᵀ (ZZᵀ + λI)⁻¹ with λ = ridge · tr(ZZᵀ)/N, so ``R @ T`` is the
     minimum-norm (ridge) linear readout of per-token features T (N×F) from tokens Z (N×D)."""
+    tokens = z.shape[0]
+    if tokens * tokens * 8 > MAX_GRAM_BYTES:
+        raise ValueError(f"{tokens} tokens: the ridge readout forms a {tokens}×{tokens} float64 Gram matrix "
+                         f"({tokens * tokens * 8 / 2**30:.0f} GiB), more than this solver takes; initialise the "
+                         "model on a smaller grid (grid=), or a smaller image size")
     z = z.double()
     g = z @ z.T
     lam = ridge * g.diagonal().mean()

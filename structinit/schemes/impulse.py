@@ -14,6 +14,7 @@ from torch import nn
 from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.position import NOT_FOUND, find_position_embedding
 from structinit.adapters.position_mlp import PositionMlpBias
+from structinit.adapters.probe import takes_token_ids
 from structinit.adapters.registry import attention_survey, layer_relative_bias
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
@@ -137,6 +138,11 @@ def plan_impulse(
     reserve_given = reserve
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
+    if grid is None and takes_token_ids(model):  # before anything is read: a sequence has no grid to shape
+        raise ValueError(f"impulse cannot set {type(model).__name__}: it reads token ids, a 1-D sequence with no grid "
+                         "of image tokens, and impulse shapes attention as convolutions on a 2-D grid; nothing was "
+                         "written. Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's "
+                         "tokens in row-major order")
     chosen = select_layers(find_attention_layers(model), layers)
     skipped = attention_survey(model).skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
