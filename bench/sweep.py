@@ -89,6 +89,7 @@ def _timm_build(timm, name):
 _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
            "intermediate_size": 192, "image_size": 64, "patch_size": 8, "head_dim": 32, "num_heads": 3,
            "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64,
+           "n_embd": 96, "n_layer": 2, "n_head": 3, "n_positions": 64, "n_inner": 192, "num_layers": 2,
            # mixtures of experts: a few small ones (a default count of hundreds fills the memory)
            "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
            "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 96, "n_shared_experts": 1,
@@ -102,8 +103,8 @@ def shrink(config, width: int = 96) -> None:
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             shrink(value, width)
         elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, width if key in ("hidden_size", "embed_dim") else
-                    2 * width if key == "intermediate_size" else _SHRINK[key])
+            setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd") else
+                    2 * width if key in ("intermediate_size", "n_inner") else _SHRINK[key])
 
 
 def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:
