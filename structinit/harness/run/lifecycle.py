@@ -39,6 +39,7 @@ from structinit.harness.run.checkpoint import (
     check_same_init,
     checkpoint_bytes,
     init_fingerprint,
+    load_weights,
     resume_state,
     save_weights,
     write_json,
@@ -192,13 +193,15 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
             check_same_init(state, fingerprint, ckpt_path)
         if state.get("finished"):
             saved = finished_result(result_path)
-            if saved is not None and (out / WEIGHTS).is_file() and (not cfg.ema_decay or (out / EMA_WEIGHTS).is_file()):
+            if (_is_this_run(saved, state, fingerprint, task.result(state["history"]))
+                    and _holds(out / WEIGHTS, state["model"])
+                    and (not cfg.ema_decay or (out / EMA_WEIGHTS).is_file())):
                 return saved
-            # The checkpoint holds the whole run: what is missing or unreadable is written again from it below,
-            # with no step trained (the result's device and versions are then this machine's).
+            # The checkpoint holds the whole run: what is missing, unreadable or another run's is written again
+            # from it below, with no step trained (the result's device and versions are then this machine's).
             if where.writes:
-                print(f"{out}: the run is finished, but its result.json or exported weights are missing or "
-                      f"unreadable; writing them again from {ckpt_path}", file=sys.stderr, flush=True)
+                print(f"{out}: the run is finished, but its result.json or exported weights are missing, "
+                      f"unreadable or not this run's; writing them again from {ckpt_path}", file=sys.stderr, flush=True)
     model = model.to(device)
     chunks, total, warmup = task.schedule()
     train_step = TrainStep(model, task, where, dtype, total, warmup)
@@ -291,6 +294,27 @@ def _persist(ckpt_path: Path, blob: bytes, log: MetricsLog, row: dict) -> None:
     """Write a chunk's checkpoint (its bytes), then its metrics row."""
     atomic_write_bytes(ckpt_path, lambda f: f.write(blob))
     log.append(row)
+
+
+def _is_this_run(saved: dict | None, state: dict, fingerprint: str, scores: dict) -> bool:
+    """Whether a result.json is the one this checkpoint's run wrote: its history, init, seed and
+    the scores read from that history (``scores``) are the checkpoint's (a file copied from
+    another seed, or edited, is not)."""
+    if saved is None or saved.get("history") != state["history"] or saved.get("init_fingerprint") != fingerprint:
+        return False
+    scores = json.loads(json.dumps(scores))  # as the file holds them: tuples are lists there
+    return saved.get("seed") == state["config"].get("seed") and all(saved.get(k) == v for k, v in scores.items())
+
+
+def _holds(path: Path, model_state: dict[str, torch.Tensor]) -> bool:
+    """Whether the exported weights at ``path`` load and are the checkpoint's final weights (not a
+    truncated file, nor another run's with the same init)."""
+    try:
+        tensors, _ = load_weights(path)
+    except (OSError, ValueError, RunIOError):
+        return False
+    return tensors.keys() == model_state.keys() and all(
+        torch.equal(tensors[k], v.detach().cpu()) for k, v in model_state.items())
 
 
 def finished_result(path: Path) -> dict[str, Any] | None:
