@@ -448,3 +448,20 @@ def test_compare_does_not_count_a_result_copied_from_another_seed(tmp_path, caps
     compare(base, ["impulse"], [0, 1], tmp_path / "cmp", progress=False)
     assert "not this run's; writing them again" in capsys.readouterr().err
     assert json.loads(seed0.read_text())["final"] == own
+
+
+def test_no_run_inside_a_comparison_and_no_comparison_over_a_run(tmp_path):
+    """train --out <a compare folder> would make report show that run alone; compare --out <a
+    run folder> would mix the two: both are refused in one line before anything is written."""
+    base = recipe("digits", epochs=1, train_size=128)
+    compare(base, ["pytorch"], [0], tmp_path / "cmp", progress=False)
+    with pytest.raises(ValueError, match=r"is a comparison's folder \(it holds a comparison's summary.json\)"):
+        train(recipe("digits", epochs=1, train_size=128, out_dir=str(tmp_path / "cmp")), progress=False)
+    assert not (tmp_path / "cmp" / "result.json").exists()
+    (tmp_path / "cmp" / "summary.json").unlink()  # a comparison still running has its runs only
+    with pytest.raises(ValueError, match=r"comparison's runs \(pytorch/seed…\)"):
+        train(recipe("digits", epochs=1, train_size=128, out_dir=str(tmp_path / "cmp")), progress=False)
+    run = digits(tmp_path, epochs=1, train_size=128)
+    train(run, progress=False)
+    with pytest.raises(ValueError, match=r"is a run's folder \(it holds a run's result.json\)"):
+        compare(base, ["pytorch"], [0], run.out_dir, progress=False)

@@ -27,7 +27,7 @@ from structinit.harness.errors import input_parameter, user_input
 from structinit.harness.report import page as report_page
 from structinit.harness.run.checkpoint import atomic_write_bytes, write_json, write_png
 from structinit.harness.run.device import placement
-from structinit.harness.run.folder import check_out_dir
+from structinit.harness.run.folder import check_out_dir, run_in
 from structinit.harness.run.lifecycle import check_run, construct_and_plan
 from structinit.harness.specs import check_init_specs, parse_init_spec, parse_seeds, spec_label
 from structinit.harness.summary import format_summary, summarise
@@ -83,8 +83,12 @@ def compare(base: RunConfig, inits: list[str] | str, seeds: list[int] | int | st
     out = Path(out_dir)
     with user_input("out_dir"):
         check_out_dir(out)
+        if why := run_in(out):  # a comparison over a run's files would read them as neither
+            raise ValueError(f"out_dir={out} is a run's folder ({why}); a comparison written there would be "
+                             "mixed with it; choose another out_dir (--out)")
     inits, seeds = check_init_specs(inits), parse_seeds(seeds)
-    check_run(make_task(dataclasses.replace(base, out_dir=str(out))), placement())
+    # the settings checked on a run folder of this comparison (its root is no run's folder)
+    check_run(make_task(dataclasses.replace(base, out_dir=str(out / "_"))), placement())
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     plan = [(seed, spec) for seed in seeds for spec in inits]  # seed-major: the first seed's table comes first

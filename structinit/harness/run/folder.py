@@ -10,6 +10,7 @@ gets. Without ``fcntl`` (Windows) there is no lock.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,25 @@ def check_out_dir(path: str | Path) -> None:
     if not _writable(parent):
         raise PermissionError(f"out_dir={path} cannot be created: no permission to write in {parent}; "
                               "choose another out_dir (--out)")
+
+
+def comparison_in(path: str | Path) -> str | None:
+    """Why ``path`` is a comparison's folder (``compare --out``), or None: it holds the
+    comparison's summary.json, or an ``<init>/seed<N>`` run folder."""
+    path = Path(path)
+    if (path / "summary.json").is_file():
+        return "it holds a comparison's summary.json"
+    if path.is_dir():
+        for child in sorted(c for c in path.iterdir() if c.is_dir()):
+            if any(g.is_dir() and re.fullmatch(r"seed\d+", g.name) for g in child.iterdir()):
+                return f"it holds a comparison's runs ({child.name}/seed…)"
+    return None
+
+
+def run_in(path: str | Path) -> str | None:
+    """Why ``path`` is one run's folder (``train --out``), or None: it holds a run's result.json or checkpoint."""
+    found = [name for name in ("result.json", "checkpoint.pt") if (Path(path) / name).is_file()]
+    return f"it holds a run's {found[0]}" if found else None
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:

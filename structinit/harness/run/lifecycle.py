@@ -52,7 +52,7 @@ from structinit.harness.run.device import (
     resolve_precision,
     versions,
 )
-from structinit.harness.run.folder import check_out_dir, lock_run
+from structinit.harness.run.folder import check_out_dir, comparison_in, lock_run
 from structinit.harness.run.step import TrainStep
 from structinit.models import create_model
 from structinit.schemes.plan import Plan
@@ -169,6 +169,9 @@ def check_run(task: Task, where: Placement) -> torch.dtype | None:
     cfg = task.cfg
     with user_input("out_dir"):
         check_out_dir(cfg.out_dir)
+        if why := comparison_in(cfg.out_dir):  # report and compare would read the run as one of its runs
+            raise ValueError(f"out_dir={cfg.out_dir} is a comparison's folder ({why}); a run written there would "
+                             "be mixed with the comparison's; choose another out_dir (--out)")
     check_config(cfg)
     with user_input("batch_size"):
         if cfg.batch_size % where.world:
