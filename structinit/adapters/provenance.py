@@ -306,16 +306,14 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, originals, head
         if bool(g0.ne(0).any()):
             if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
                 raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
-            bias = originals[name] if bias is None else _raise(f"the output has two biases ({name!r} is the second)")
+            if bias is not None:
+                raise TraceError(f"the output has two biases ({name!r} is the second)")
+            bias = originals[name]
             continue
         for c, ix in decode(name, g1, gl, heads * r).items():
             per_head[c // r][i][c % r] = ix
     (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, dim, "out")
     return (weight, bias), weight_name
-
-
-def _raise(message: str):
-    raise TraceError(message)
 
 
 def _all_leads(shape) -> list[tuple[int, ...]]:

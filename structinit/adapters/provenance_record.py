@@ -12,11 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from structinit.adapters.observe import call_copy
+from structinit.adapters.observe import _SDPA, _SOFTMAX, call_copy
 from structinit.utils.state import ModuleState
 
-SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
-_SDPA = F.scaled_dot_product_attention
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
 _BADDBMM = {torch.baddbmm, torch.Tensor.baddbmm}
 _PRODUCTS = _MATMUL | _BADDBMM | {torch.einsum}
@@ -250,7 +248,7 @@ def _maps(rec: Record):
             made = q.detach().double() @ keys.transpose(-2, -1)
             yield (Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0),
                    r ** -0.5 if scale is None else float(scale))
-        if func in SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]:
+        if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]:
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is None or dim % out.ndim != out.ndim - 1:
                 continue

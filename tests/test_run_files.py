@@ -1,0 +1,98 @@
+"""A run's files are its own: a finished run's result.json and exported weights are trusted only
+when they are its checkpoint's, and no run is written inside a comparison's folder, nor a
+comparison over a run's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import digits
+
+from structinit.harness.compare import compare
+from structinit.harness.recipes import recipe
+from structinit.harness.tasks import train
+
+
+@pytest.mark.parametrize("damage", ["weights deleted", "ema weights deleted", "result not json", "result a list",
+                                    "result of another seed", "result edited", "weights truncated",
+                                    "weights of another seed"])
+def test_a_finished_run_missing_its_files_writes_them_again_from_its_checkpoint(tmp_path, capsys, damage):
+    """A finished run whose exported weights or result.json are gone, unreadable or another
+    run's (copied from another seed, edited by hand, truncated) is not reported as done:
+    resuming writes them again from the checkpoint, bit-identical, and trains no step."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    cfg = digits(tmp_path, epochs=1, train_size=128, ema_decay=0.9)
+    first = train(cfg, progress=False)
+    run = Path(cfg.out_dir)
+    # copies: load_file maps the file, whose bytes the damage below changes in place
+    weights, ema = ({k: v.clone() for k, v in load_file(run / name).items()}
+                    for name in ("model.safetensors", "model_ema.safetensors"))
+    checkpoint = (run / "checkpoint.pt").stat().st_mtime_ns
+    if damage == "weights deleted":
+        (run / "model.safetensors").unlink()
+    elif damage == "ema weights deleted":
+        (run / "model_ema.safetensors").unlink()
+    elif damage == "weights truncated":
+        data = (run / "model.safetensors").read_bytes()
+        (run / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif damage.endswith("of another seed"):  # the same init, another seed: what a copy between seeds makes
+        other = Path(train(dataclasses.replace(cfg, seed=1, out_dir=str(tmp_path / "seed1")), progress=False)
+                     ["config"]["out_dir"])
+        name = "result.json" if damage.startswith("result") else "model.safetensors"
+        (run / name).write_bytes((other / name).read_bytes())
+    elif damage == "result edited":
+        edited = json.loads((run / "result.json").read_text())
+        edited["final"] = {k: 0.999 for k in edited["final"]}
+        (run / "result.json").write_text(json.dumps(edited))
+    else:
+        (run / "result.json").write_text('{"config": {' if damage == "result not json" else "[]")
+    capsys.readouterr()
+    again = train(cfg, resume=True, progress=False)
+    assert "writing them again from" in capsys.readouterr().err
+    assert again["final"] == first["final"] and again["history"] == first["history"]
+    assert (run / "checkpoint.pt").stat().st_mtime_ns == checkpoint  # nothing trained
+    assert json.loads((run / "result.json").read_text())["final"] == first["final"]
+    for name, saved in (("model.safetensors", weights), ("model_ema.safetensors", ema)):
+        now = load_file(run / name)
+        assert all(torch.equal(now[k], saved[k]) for k in saved)
+    capsys.readouterr()
+    assert train(cfg, resume=True, progress=False)["final"] == first["final"]  # whole again: simply returned
+    assert "writing them again" not in capsys.readouterr().err
+
+
+def test_compare_does_not_count_a_result_copied_from_another_seed(tmp_path, capsys):
+    """The case as a user met it: one seed's result.json copied over another's. compare reads
+    each run from its checkpoint, so both seeds keep their own scores."""
+    base = recipe("digits", epochs=1, train_size=128)
+    compare(base, ["impulse"], [0, 1], tmp_path / "cmp", progress=False)
+    seed0, seed1 = (tmp_path / "cmp" / "impulse" / f"seed{s}" / "result.json" for s in (0, 1))
+    own = json.loads(seed0.read_text())["final"]
+    assert own != json.loads(seed1.read_text())["final"]
+    seed0.write_text(seed1.read_text())
+    capsys.readouterr()
+    compare(base, ["impulse"], [0, 1], tmp_path / "cmp", progress=False)
+    assert "not this run's; writing them again" in capsys.readouterr().err
+    assert json.loads(seed0.read_text())["final"] == own
+
+
+def test_no_run_inside_a_comparison_and_no_comparison_over_a_run(tmp_path):
+    """train --out <a compare folder> would make report show that run alone; compare --out <a
+    run folder> would mix the two: both are refused in one line before anything is written."""
+    base = recipe("digits", epochs=1, train_size=128)
+    compare(base, ["pytorch"], [0], tmp_path / "cmp", progress=False)
+    with pytest.raises(ValueError, match=r"is a comparison's folder \(it holds a comparison's summary.json\)"):
+        train(recipe("digits", epochs=1, train_size=128, out_dir=str(tmp_path / "cmp")), progress=False)
+    assert not (tmp_path / "cmp" / "result.json").exists()
+    (tmp_path / "cmp" / "summary.json").unlink()  # a comparison still running has its runs only
+    with pytest.raises(ValueError, match=r"comparison's runs \(pytorch/seed…\)"):
+        train(recipe("digits", epochs=1, train_size=128, out_dir=str(tmp_path / "cmp")), progress=False)
+    run = digits(tmp_path, epochs=1, train_size=128)
+    train(run, progress=False)
+    with pytest.raises(ValueError, match=r"is a run's folder \(it holds a run's result.json\)"):
+        compare(base, ["pytorch"], [0], run.out_dir, progress=False)
