@@ -109,7 +109,8 @@ def check_cost_row(label: str, name: str, kwargs: dict, scheme: str, repeats: in
     found, so a second init on the same model would skip the probe); and the checks' share."""
     import structinit
     from structinit.adapters.probe import probe_inputs
-    from structinit.adapters.registry import attention_survey, candidate_layers
+    from structinit.adapters.registry import candidate_layers
+    from structinit.adapters.survey import attention_survey
     from structinit.schemes.registry import plan_init
 
     torch.manual_seed(0)

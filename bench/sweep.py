@@ -169,7 +169,7 @@ def own_map(model, scheme: str) -> float:
 
 def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 120) -> list[Row]:
     import structinit
-    from structinit.adapters.registry import attention_survey
+    from structinit.adapters.survey import attention_survey
 
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)

@@ -12,7 +12,7 @@ from broken_attention import ConvPositionViT, PooledViT, ReorderedViT, micro_vit
 import structinit
 from rejection import check_rejected
 from structinit.adapters.observe import observe
-from structinit.adapters.registry import attention_survey
+from structinit.adapters.survey import attention_survey
 from structinit.schemes.checks import diagonal_strength
 
 REFUSED = {  # kind → (impulse's words, mimetic's words or None where mimetic sets the layer)

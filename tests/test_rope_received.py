@@ -16,8 +16,8 @@ import structinit
 from real_images import digit_images
 from rejection import check_rejected
 from structinit.adapters.prenorm import input_norms
-from structinit.adapters.registry import attention_survey
 from structinit.adapters.rotary import Rotary, received_rotary, rotary_from_tables
+from structinit.adapters.survey import attention_survey
 from structinit.analysis.capture import attention_maps
 from structinit.functional.rope import rope_impulse_terms_2d, rope_logits
 from structinit.functional.targets import kernel_offsets, target_index

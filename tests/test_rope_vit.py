@@ -11,7 +11,7 @@ from torch import nn
 import structinit
 from real_images import digit_images
 from rejection import check_rejected
-from structinit.adapters.registry import attention_survey
+from structinit.adapters.survey import attention_survey
 from structinit.analysis.capture import attention_maps
 from structinit.functional.targets import target_index
 from structinit.models.rope import Rotary2d

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import structinit
+from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_discovery, traced_patch_embedding
 from structinit.models.vit import Attention
 
@@ -34,7 +35,7 @@ class Unnamed(nn.Module):
 def test_traced_discovery_in_the_models_dtype(dtype):
     torch.manual_seed(0)
     model = Unnamed().to(dtype)
-    found = traced_discovery(model)
+    found = traced_discovery(ModelSurvey(model))
     assert found is not None, f"nothing traced in {dtype}"
     assert found.pos_embed is model.where
     assert found.num_prefix_tokens == 1
@@ -46,7 +47,7 @@ def test_traced_discovery_in_the_models_dtype(dtype):
 def test_traced_patch_embedding(dtype):
     torch.manual_seed(0)
     model = Unnamed().to(dtype)
-    [(name, weight, bias)] = traced_patch_embedding(model)
+    [(name, weight, bias)] = traced_patch_embedding(ModelSurvey(model))
     assert name == "stem" and weight is model.stem.weight and bias is model.stem.bias
 
 
@@ -76,7 +77,7 @@ def test_traced_patch_embedding_when_the_perturbed_forward_fails():
     torch.manual_seed(0)
     model = Checked()
     before = model.pos_embed.detach().clone()
-    assert traced_patch_embedding(model) is None
+    assert traced_patch_embedding(ModelSurvey(model)) is None
     assert torch.equal(model.pos_embed, before)
     assert model(torch.randn(1, 3, 16, 16)).shape == (1, 17, 16)
 
@@ -99,7 +100,7 @@ class FixedTable(nn.Module):
 def test_a_table_held_in_another_dtype_than_the_model_is_traced_in_the_models():
     torch.manual_seed(0)
     model = FixedTable().to(torch.bfloat16)
-    found = traced_discovery(model)
+    found = traced_discovery(ModelSurvey(model))
     assert found is not None and found.pos_embed is model.table and found.grid == (4, 4)
 
 

@@ -16,7 +16,6 @@ from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout
 from structinit.adapters.position import (
     POSITION_FINDERS,
     Discovery,
-    find_position_embedding,
     register_position_finder,
     unregister_position_finder,
 )
@@ -24,9 +23,6 @@ from structinit.adapters.registry import (
     ATTENTION_ADAPTERS,
     AdapterEntry,
     adapter_for,
-    attention_survey,
-    find_attention_layers,
-    layer_relative_bias,
     register_adapter,
     select_layers,
     unregister_adapter,
@@ -43,14 +39,20 @@ from structinit.adapters.ssm import (
     ssm_adapter_for,
     unregister_ssm_adapter,
 )
+from structinit.adapters.survey import (
+    ModelSurvey,
+    attention_survey,
+    find_attention_layers,
+    find_position_embedding,
+    layer_relative_bias,
+)
 from structinit.adapters.token_mixing import find_token_mixing_layers, is_token_mixing, token_grid
-from structinit.adapters.trace import traced_discovery
 
 __all__ = [
     "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
     "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
-    "SeparateQKVAdapter", "FusedLinearAdapter", "GatedPositionalAdapter", "traced_discovery",
+    "SeparateQKVAdapter", "FusedLinearAdapter", "GatedPositionalAdapter", "ModelSurvey",
     "TokenLayout", "adapter_for", "attention_survey", "find_attention_layers", "grid_pos_embed", "layer_relative_bias",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise", "find_token_mixing_layers",
     "is_token_mixing", "token_grid",

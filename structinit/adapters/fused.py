@@ -21,8 +21,6 @@ understands" error names it.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
@@ -30,8 +28,6 @@ from structinit.adapters.attention import _HEAD_ATTRS, AttentionAdapter, Views, 
 from structinit.utils import is_int
 
 _ATOL = 1e-5  # float32 recomputation of a small attention: differences are ~1e-7
-# module → ((qkv, out), heads, scale, masks_self) of a passed verification; find_attention_layers runs often
-_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def fused_candidate(module: nn.Module) -> tuple[nn.Linear, nn.Linear] | None:
@@ -73,16 +69,11 @@ class FusedLinearAdapter(AttentionAdapter):
         if found is None:
             raise ValueError(f"{type(module).__name__} has no fused q/k/v Linear and output Linear of matching shapes")
         self.module, (self.qkv, self.out) = module, found
-        known = _VERIFIED.get(module)
-        if num_heads is None and known is not None and known[0] == (self.qkv, self.out):
-            self._set_heads(*known[1:])  # verified before: the class's code, not its weights, decides
-            return
         for masks_self in (False, True):
             for heads in [num_heads] if num_heads else _head_counts(module, self.qkv.out_features // 3):
                 for scale in _scales(module):
                     self._set_heads(heads, scale, masks_self)
                     if verify(self):
-                        _VERIFIED[module] = ((self.qkv, self.out), heads, scale, masks_self)
                         return
         raise ValueError(f"{type(module).__name__}'s forward is not softmax(q kᵀ·scale)·v of its fused Linear "
                          "for any head count; register an adapter for it")

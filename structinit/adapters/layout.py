@@ -1,7 +1,7 @@
 """Where the image tokens are: the token grid, the prefix (class/register) tokens, and the
 position embedding rows that belong to the grid. Everything is read from the model through
-:func:`structinit.adapters.position.find_position_embedding`; explicit arguments win but are
-checked against what the model holds."""
+:attr:`structinit.adapters.survey.ModelSurvey.position`; explicit arguments win but are
+checked against what the model holds. Each function takes the model or its survey."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters.position import Discovery, find_position_embedding, square_side
-from structinit.adapters.probe import takes_token_ids
+from structinit.adapters.position import Discovery, square_side
 from structinit.adapters.rotary import find_rotary
+from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.utils import is_int
 
 
@@ -42,7 +42,7 @@ class TokenLayout:
 
 
 def infer_layout(
-    model: nn.Module, grid: tuple[int, int] | None = None, num_prefix_tokens: int | None = None
+    model: nn.Module | ModelSurvey, grid: tuple[int, int] | None = None, num_prefix_tokens: int | None = None
 ) -> TokenLayout:
     """Token layout of ``model``; explicit ``grid`` / ``num_prefix_tokens`` take precedence
     where they agree with the model.
@@ -54,7 +54,8 @@ def infer_layout(
     distillation / register token parameters the model holds (see
     :mod:`structinit.adapters.position`). A position embedding must have N or N + P rows.
     """
-    found = find_position_embedding(model)
+    survey = as_survey(model)
+    model, found = survey.model, survey.position
     declared = found.num_prefix_tokens
     if num_prefix_tokens is not None:
         if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
@@ -78,7 +79,7 @@ def infer_layout(
         sides = [s for n in ((rows,) if no_row else (rows - prefix, rows)) if (s := square_side(n)) is not None]
         grid = (sides[0], sides[0]) if sides else None
     if grid is None:
-        if takes_token_ids(model):
+        if survey.takes_token_ids:
             raise ValueError(
                 f"{type(model).__name__} reads token ids, a 1-D sequence with no grid of image tokens: impulse and the "
                 "other grid schemes shape attention as convolutions on a 2-D grid, which a sequence does not have. "
@@ -123,12 +124,12 @@ def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefi
     )
 
 
-def grid_pos_embed(model: nn.Module, layout: TokenLayout) -> torch.Tensor | None:
+def grid_pos_embed(model: nn.Module | ModelSurvey, layout: TokenLayout) -> torch.Tensor | None:
     """View (N, D) of the rows of the model's position embedding that belong to the grid (its
     last N), or None if it has none. A PE with exactly N rows (timm's ``no_embed_class``) gives
     prefix tokens no row; one with N + k rows, k < P, gives the first k prefix tokens a row
     (Hugging Face's DINOv2 with registers: the class token has one, the registers none)."""
-    found = find_position_embedding(model)
+    found = as_survey(model).position
     pos = found.pos_embed
     if pos is None:
         return None
@@ -140,10 +141,10 @@ def grid_pos_embed(model: nn.Module, layout: TokenLayout) -> torch.Tensor | None
     raise AssertionError("unreachable")
 
 
-def prefix_pos_rows(model: nn.Module, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
+def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
     """(name, view (P, D)) of the position-embedding rows of the prefix tokens, or None when
     they have none."""
-    found = find_position_embedding(model)
+    found = as_survey(model).position
     pos = found.pos_embed
     if pos is None or layout.num_prefix_tokens == 0:
         return None
@@ -154,7 +155,7 @@ def prefix_pos_rows(model: nn.Module, layout: TokenLayout) -> tuple[str, torch.T
     return f"{found.pos_embed_name} (prefix rows)", rows[:with_rows]
 
 
-def position_embedding_name(model: nn.Module) -> str | None:
+def position_embedding_name(model: nn.Module | ModelSurvey) -> str | None:
     """Qualified name of the model's position embedding, or None if none was found."""
-    found = find_position_embedding(model)
+    found = as_survey(model).position
     return None if found.pos_embed is None else found.pos_embed_name

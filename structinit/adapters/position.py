@@ -11,14 +11,12 @@ Built-in finders, tried after any user finder (most recently registered first):
 - ``generic``: exactly one parameter whose name says position embedding (``pos_embed``,
   ``pos_embedding`` as in vit-pytorch, ``position_embeddings``, ``pos_emb`` …), of shape
   (1, P+N, D) or (N, D), with ``cls_token``-style parameters beside it and the grid from a
-  patch convolution (kernel = stride) and an image size, or from a square N. When its rows
-  do not fit that grid and those tokens, the traced finder decides instead;
-- ``traced`` (:mod:`structinit.adapters.trace`): no names at all; a probe image's forward
-  up to the first attention layer shows which tensor adds a row to each token (the PE), which
-  add whole tokens (class, distillation, register) and where the grid is.
+  patch convolution (kernel = stride) and an image size, or from a square N.
 
 A finder is ``finder(model) -> Discovery | None``; teach structinit a new layout with
-:func:`register_position_finder`.
+:func:`register_position_finder`. Names are hints: when no finder knows the model, or the
+generic finder's rows do not fit its grid and tokens, the forward decides
+(:mod:`structinit.adapters.trace`, asked by :class:`structinit.adapters.survey.ModelSurvey`).
 """
 
 from __future__ import annotations
@@ -91,15 +89,16 @@ def unregister_position_finder(name: str) -> None:
     POSITION_FINDERS.remove(name)
 
 
-def find_position_embedding(model: nn.Module) -> Discovery:
-    """The first finder's :class:`Discovery` for ``model``; an empty one (everything unknown)
-    when no finder knows the model."""
+def named_discovery(model: nn.Module) -> Discovery:
+    """The first registered finder's :class:`Discovery` for ``model``, stored channels first or
+    not; an empty one (everything unknown) when no finder knows the model. What the forward
+    shows decides after it (:attr:`structinit.adapters.survey.ModelSurvey.position`)."""
     for name, finder in POSITION_FINDERS.items():
         found = finder(model)
         if found is not None:
             if not isinstance(found, Discovery):
                 raise TypeError(f"position-embedding finder {name!r} returned {type(found).__name__}, not a Discovery")
-            return _prefix_in_layers(model, _channels_last(found))
+            return _channels_last(found)
     return Discovery(source="none")
 
 
@@ -117,17 +116,16 @@ def _channels_last(found: Discovery) -> Discovery:
     return dataclasses.replace(found, pos_embed=pos.flatten(2).transpose(1, 2), grid=(int(h), int(w)))
 
 
-def _prefix_in_layers(model: nn.Module, found: Discovery) -> Discovery:
+def prefix_in_layers(found: Discovery, first_layer_tokens: int | None) -> Discovery:
     """``found`` without prefix tokens when its PE has rows for the grid alone and the first
-    attention layer receives the grid alone: the class token comes in after the first layers
-    (CaiT's class-attention blocks, ConViT's later blocks), so it is no prefix of the first;
-    ``joining_prefix_tokens`` keeps its count for the later ones."""
-    if _TRACED is None or found.pos_embed is None or not found.num_prefix_tokens:
+    attention layer receives the grid alone (``first_layer_tokens``): the class token comes in
+    after the first layers (CaiT's class-attention blocks, ConViT's later blocks), so it is no
+    prefix of the first; ``joining_prefix_tokens`` keeps its count for the later ones."""
+    if found.pos_embed is None or not found.num_prefix_tokens:
         return found
-    _, _, first_layer_tokens = _TRACED
     rows = found.pos_embed.shape[-2]
     n = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else None
-    if rows != n or first_layer_tokens(model) != n:
+    if rows != n or first_layer_tokens != n:
         return found
     return dataclasses.replace(found, num_prefix_tokens=0, prefix_tokens=(),
                                joining_prefix_tokens=found.num_prefix_tokens, joining_tokens=found.prefix_tokens)
@@ -209,25 +207,9 @@ def _generic(model: nn.Module) -> Discovery | None:
     # another name is common in hand-written models (the PE's row count then decides).
     prefix = int(prefix) if is_int(prefix) else (_count(tokens) if tokens else None)
     grid = _patch_conv_grid(model)
-    found = Discovery(pos, name, grid, prefix, tokens, "generic")
-    if _TRACED is None:
-        return found
-    consistent, traced_discovery, _ = _TRACED
-    # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class
-    # token kept elsewhere or under another name), the traced forward decides.
-    return found if consistent(model, found) else traced_discovery(model) or found
-
-
-# (consistent, traced_discovery) of structinit.adapters.trace, which hands them over when it
-# loads (the adapters package loads it): trace builds on this module, so this one must not
-# import it back.
-_TRACED: tuple | None = None
-
-
-def use_traced_discovery(consistent, traced_discovery, first_layer_tokens) -> None:
-    """Let the finders check a name match against a traced forward (called by trace)."""
-    global _TRACED
-    _TRACED = (consistent, traced_discovery, first_layer_tokens)
+    # The name is a hint: when its rows do not fit the grid and the tokens beside it (a class token kept
+    # elsewhere or under another name), the traced forward decides (structinit.adapters.survey).
+    return Discovery(pos, name, grid, prefix, tokens, "generic")
 
 
 def _named_tensors(model: nn.Module):

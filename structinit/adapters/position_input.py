@@ -13,14 +13,15 @@ from torch import nn
 from structinit.adapters.layout import TokenLayout, grid_pos_embed
 from structinit.adapters.observe import ModuleCall, RealMap, observe, real_maps
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.probe import probe_at, probe_inputs
-from structinit.adapters.registry import layer_relative_bias
+from structinit.adapters.probe import probe_at
+from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.adapters.token_order import out_of_order
 from structinit.functional.attention import layer_norm_tokens
 from structinit.utils import check_finite
 
 
-def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.Tensor | None = None) -> torch.Tensor:
+def position_only_input(model: nn.Module | ModelSurvey, layout: TokenLayout,
+                        pos_embed: torch.Tensor | None = None) -> torch.Tensor:
     """The papers' pseudo input X̃ = LayerNorm(PE), (1, N, D) float32, from the grid rows of the
     model's position embedding (or ``pos_embed``); a clear error if there is none."""
     pe = pos_embed if pos_embed is not None else grid_pos_embed(model, layout)
@@ -34,7 +35,7 @@ def position_only_input(model: nn.Module, layout: TokenLayout, pos_embed: torch.
     return layer_norm_tokens(rows[None]).float()
 
 
-def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayout,
+def layer_position_input(model: nn.Module | ModelSurvey, name: str, adapter, layout: TokenLayout,
                          pos_embed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What a layer attends with position alone, as (tokens, call terms): for a relative-bias
     layer, content-free zero tokens (1, P + N, D), so that its map is softmax of the bias (a
@@ -42,7 +43,7 @@ def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayo
     of ones, the same for every position (impulse's q and k read the biases, or one pre-norm
     channel that is 1 for every token); otherwise :func:`position_only_input` (1, N, D) and no
     terms."""
-    rb = layer_relative_bias(model, name, adapter)
+    rb = as_survey(model).relative_bias(name, adapter)
     if rb is None and adapter.rotary is None:
         return position_only_input(model, layout, pos_embed), None
     terms = rb.bias().detach().float()[None] if rb is not None and rb.received else None
@@ -50,14 +51,16 @@ def layer_position_input(model: nn.Module, name: str, adapter, layout: TokenLayo
     return fill(1, layout.num_tokens, adapter.dim), terms
 
 
-def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout, order: torch.Tensor | None,
+def design_token_swap(model: nn.Module | ModelSurvey, name: str, adapter, layout: TokenLayout,
+                      order: torch.Tensor | None,
                       pos_embed: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """``fn(x) -> x'`` that puts a layer's position-only input (:func:`layer_position_input`)
     in place of the tokens it receives: the grid rows replaced by LayerNorm(PE), each token
     getting its own position's row where the model reorders them (``order``, (B, T)), prefix
     tokens kept; everything zero for a layer with a relative position bias, one for a rotary layer."""
-    x_design, _ = layer_position_input(model, name, adapter, layout, pos_embed)
-    relative = layer_relative_bias(model, name, adapter) is not None
+    survey = as_survey(model)
+    x_design, _ = layer_position_input(survey, name, adapter, layout, pos_embed)
+    relative = survey.relative_bias(name, adapter) is not None
     rotary = not relative and adapter.rotary is not None
 
     def swap(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +79,7 @@ def design_token_swap(model: nn.Module, name: str, adapter, layout: TokenLayout,
     return swap
 
 
-def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout],
+def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: list[TokenLayout],
                        pos_embed: torch.Tensor | None = None,
                        ) -> tuple[list[RealMap], dict[nn.Module, ModuleCall], torch.Tensor | None] | None:
     """What each chosen layer (name, adapter) computes on its position-only input, in the
@@ -87,13 +90,15 @@ def position_only_maps(model: nn.Module, chosen: list, layouts: list[TokenLayout
     would be called. Returns (maps, calls, token order, None when the model keeps grid order),
     or None when neither probe runs through the model."""
     # A rotation built at each call is probed on the grid the layouts were designed for.
+    survey = as_survey(model)
+    model = survey.model
     rotary = chosen[0][1].rotary is not None
     inputs = probe_at(model, layouts[0].grid, count=1) if rotary else None
-    inputs = probe_inputs(model, chosen, count=1) if inputs is None else inputs
-    order = None if inputs is None else out_of_order(model, chosen[0], layouts[0].num_patches, inputs)
+    inputs = (None if survey.probe is None else survey.probe[:1]) if inputs is None else inputs
+    order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].num_patches, inputs)
     if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
-    swaps = {ad.module: design_token_swap(model, name, ad, lay, order, pos_embed)
+    swaps = {ad.module: design_token_swap(survey, name, ad, lay, order, pos_embed)
              for (name, ad), lay in zip(chosen, layouts)}
     try:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)

@@ -4,7 +4,7 @@ check that runs a model forward to see what it really computes."""
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -83,19 +83,51 @@ def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
     return [(chans, s * patch[0], s * patch[1]) for s in sides]
 
 
-def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Tensor | None:
-    """``count`` probe images (count, C, H, W) in the model's dtype for a model whose attention
-    layers are ``candidates`` (name, adapter): the first size :func:`probe_sizes` gives (two by
-    default, so that a term that does not depend on content shows as one); for a model that
-    takes no image but token ids (a language model), ``count`` sequences of ids
-    (:func:`text_probe`); None when neither can be told."""
+def probe_choices(model: nn.Module, candidates: list, count: int = 2) -> Iterator[torch.Tensor]:
+    """The probes to try on a model whose attention layers are ``candidates`` (name, adapter),
+    most likely first: ``count`` images (count, C, H, W) in the model's dtype at each size
+    :func:`probe_sizes` gives, then at the common square sizes, then, for a model that reads
+    token ids through an embedding (a language model), ``count`` sequences of ids (count, T),
+    T = 16, 8, 4. The caller keeps the first its forward takes (:func:`first_taken`)."""
     dim = candidates[0][1].dim if candidates else _common_width(model)
-    sizes = _taken_size(model, probe_sizes(model, token_candidates(model, dim) if dim else []))
-    return probe_images(model, count, sizes[0]) if sizes else text_probe(model, count)
+    sizes = probe_sizes(model, token_candidates(model, dim) if dim else [])
+    for size in [*sizes, *((3, s, s) for s in _COMMON_SIDES if (3, s, s) not in sizes)]:
+        yield probe_images(model, count, size)
+    emb = input_embedding(model)
+    if emb is not None:
+        for length in _TEXT_LENGTHS:
+            yield torch.randint(emb.num_embeddings, (count, length),
+                                generator=torch.Generator().manual_seed(0)).to(emb.weight.device)
+
+
+@torch.no_grad()
+def first_taken(model: nn.Module, choices) -> torch.Tensor | None:
+    """The first of ``choices`` (probe tensors) that the model's forward takes, in eval mode
+    with torch's random state forked; None when it takes none (a wrong size, or not an image
+    model). Each one tried costs a forward: a survey tries them in its own forward instead
+    (:func:`structinit.adapters.verify.survey_attention`)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for inputs in choices:
+            try:
+                with torch.random.fork_rng(devices=[]):
+                    model(inputs)
+            except Exception:  # the wrong size or kind: try the next
+                continue
+            return inputs
+    finally:
+        model.train(was_training)
+    return None
+
+
+def probe_inputs(model: nn.Module, candidates: list, count: int = 2) -> torch.Tensor | None:
+    """``count`` probe inputs the model takes (:func:`probe_choices`, :func:`first_taken`), or
+    None when it takes none."""
+    return first_taken(model, probe_choices(model, candidates, count))
 
 
 _TEXT_LENGTHS = (16, 8, 4)  # tokens a sequence probe tries, longest first (a model may hold few positions)
-_TEXT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → the length its forward took, or 0
 
 
 def input_embedding(model: nn.Module) -> nn.Embedding | None:
@@ -109,40 +141,6 @@ def input_embedding(model: nn.Module) -> nn.Embedding | None:
     if isinstance(named, nn.Embedding):
         return named
     return next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-
-
-@torch.no_grad()
-def text_probe(model: nn.Module, count: int = 2) -> torch.Tensor | None:
-    """``count`` sequences of seeded random token ids (count, T) for a model whose forward reads
-    token ids through its input embedding (:func:`input_embedding`): T the first of 16, 8, 4 its
-    forward takes; None when it has no embedding or takes none of them."""
-    emb = input_embedding(model)
-    if emb is None:
-        return None
-    make = lambda n, t: torch.randint(emb.num_embeddings, (n, t), generator=torch.Generator().manual_seed(0)).to(
-        emb.weight.device)
-    if model not in _TEXT:
-        _TEXT[model] = 0
-        was_training = model.training
-        model.eval()
-        try:
-            for length in _TEXT_LENGTHS:
-                try:
-                    with torch.random.fork_rng(devices=[]):
-                        model(make(1, length))
-                except Exception:  # too long for its positions, or not a language model at all
-                    continue
-                _TEXT[model] = length
-                break
-        finally:
-            model.train(was_training)
-    return make(count, _TEXT[model]) if _TEXT[model] else None
-
-
-def takes_token_ids(model: nn.Module) -> bool:
-    """Whether the model is probed with token ids (a 1-D sequence) rather than images."""
-    probe = probe_inputs(model, [], count=1)
-    return probe is not None and not probe.is_floating_point()
 
 
 def probe_images(model: nn.Module, count: int, size: tuple[int, int, int]) -> torch.Tensor:
@@ -161,34 +159,6 @@ def _device(model: nn.Module) -> torch.device:
 
 
 _COMMON_SIDES = (32, 224, 64, 16, 28, 96, 128, 256, 384)  # tried in this order by a model that states no size
-_TAKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → {sizes asked: [(C, H, W)] or []}
-
-
-@torch.no_grad()
-def _taken_size(model: nn.Module, sizes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """The first of ``sizes``, then of common square 3-channel sizes, that the model's forward
-    takes (a model may state no size, or have no patch convolution to read one from: vit-pytorch
-    cuts patches with a reshape); [] when none does. Kept per model and sizes asked."""
-    key = tuple(sizes)
-    known = _TAKEN.get(model, {})
-    if key in known:
-        return known[key]
-    found: list[tuple[int, int, int]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        for size in [*sizes, *((3, s, s) for s in _COMMON_SIDES if (3, s, s) not in sizes)]:
-            try:
-                with torch.random.fork_rng(devices=[]):
-                    model(torch.zeros(1, *size, dtype=model_dtype(model), device=_device(model)))
-            except Exception:  # the wrong size (or not an image model): try the next
-                continue
-            found = [size]
-            break
-    finally:
-        model.train(was_training)
-    _TAKEN.setdefault(model, {})[key] = found
-    return found
 
 
 def _common_width(model: nn.Module) -> int | None:

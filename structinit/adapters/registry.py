@@ -1,9 +1,8 @@
-"""Which adapter understands which attention module, finding every attention layer of a
-model, and the relative position bias each one uses."""
+"""Which adapter understands which attention module, and the modules they claim in a model
+(the survey then judges them: :mod:`structinit.adapters.survey`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -12,11 +11,7 @@ from torch import nn
 from structinit.adapters.attention import AttentionAdapter, FusedQKVAdapter, MultiheadAttentionAdapter
 from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
-from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
-from structinit.adapters.probe import probe_inputs
-from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.separate import SeparateQKVAdapter, sibling_output
-from structinit.adapters.verify import AttentionSurvey, survey_attention
 from structinit.utils import Registry, is_int
 
 
@@ -117,56 +112,6 @@ def candidate_layers(model: nn.Module) -> tuple[list[tuple[str, AttentionAdapter
     return found, unknown
 
 
-def attention_survey(model: nn.Module) -> AttentionSurvey:
-    """Every claimed attention layer judged against the model's own forward on a probe
-    (:mod:`structinit.adapters.verify`): self-attention, pooling heads, layers whose
-    computation differs from their adapter's, and attention no adapter claims."""
-    candidates, named_unknown = candidate_layers(model)
-    survey = survey_attention(model, candidates, probe_inputs(model, candidates))
-    # Without a probe the class names are all there is to go by; with one, the dataflow decides.
-    extra = [] if survey.probed else [(n, t if ":" in t else f"{t}: its class name says attention")
-                                      for n, t in named_unknown]
-    if extra:
-        survey = AttentionSurvey(survey.verdicts, [*survey.unknown, *extra], survey.pooling, survey.probed)
-    return survey
-
-
-def find_attention_layers(model: nn.Module, *, pooling: bool = False) -> list[tuple[str, AttentionAdapter]]:
-    """The attention layers of ``model`` in definition order, as (name, adapter).
-
-    Layers are found by their adapters (names first, then structure) and checked against one
-    probe through the model's own forward (:func:`attention_survey`). Attention-pooling and
-    class-attention heads (fewer queries than keys) are left out unless ``pooling=True``.
-    Layers whose forward differs from their adapter's view are kept: each scheme decides
-    whether it can set them. Raises ValueError if there is no attention layer, or if the model
-    has attention that no adapter understands (found by its softmax map, or by a class name
-    that says attention).
-    """
-    survey = attention_survey(model)
-    if unknown := survey.unknown:
-        raise ValueError(
-            "found attention that no adapter understands: "
-            + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
-            + ". Supported: fused `qkv` + `proj` Linear with `num_heads`; separate q/k/v Linear "
-            "projections with an output Linear and a head count; nn.MultiheadAttention; ConViT's gated "
-            "positional attention (qk, v, proj, pos_proj, gating_param); any module "
-            "whose forward is softmax(q kᵀ·scale)·v of one fused q/k/v Linear, then an output Linear. "
-            "Register your class with structinit.register_adapter(YourAttention, factory)."
-        )
-    found = [(v.name, v.adapter) for v in survey.verdicts if v.kind != "pooling" or pooling]
-    if not found:
-        types = sorted({type(m).__name__ for m in model.modules()})
-        skipped = survey.skipped()
-        also = (f" (only attention-pooling heads: {', '.join(n for n, _ in skipped)}; pass pooling=True to "
-                "include those an adapter understands)") if skipped else ""
-        raise ValueError(
-            f"no attention layer found in {type(model).__name__}{also} (module types: {', '.join(types)}). "
-            "structinit initialises self-attention; register an adapter with "
-            "structinit.register_adapter(YourAttention, factory) if your model has one."
-        )
-    return found
-
-
 def _looks_like_attention(m: nn.Module) -> bool:
     name = type(m).__name__.lower()
     return ("attention" in name or name.endswith("attn")) and (
@@ -186,33 +131,3 @@ def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "
                 f"(valid indices 0 … {len(found) - 1}, or negative from the end)"
             )
     return [found[i] for i in layers]
-
-
-def layer_relative_bias(model: nn.Module, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
-    """The relative position bias attention layer ``name`` of ``model`` uses: its own
-    (``adapter.relative``), else one its block holds beside it and hands it with each call
-    (Hugging Face's BEiT), else the only one the model holds outside its attention layers
-    (timm's BEiT with ``use_shared_rel_pos_bias``, timm's relpos ViTs with ``shared_rel_pos``,
-    whose bias an MLP generates); None if there is none."""
-    if adapter.relative is not None:
-        return adapter.relative
-    parent = model.get_submodule(name.rpartition(".")[0]) if name else None
-    siblings = [] if parent is None else [c for c in parent.children() if c is not adapter.module]
-    for child in siblings:
-        if (found := _received(child)) is not None:
-            return found
-    # a cheap test first: the bias itself is read only for the one holder outside the attention layers
-    outside = [m for m in model.modules() if (holds_relative_bias(m) or held_position_mlp(m) is not None)
-               and not _inside_attention(model, m)]
-    return _received(outside[0]) if len(outside) == 1 else None
-
-
-def _inside_attention(model: nn.Module, holder: nn.Module) -> bool:
-    return any(holder in list(m.modules()) for m in model.modules() if adapter_for(m) is not None)
-
-
-def _received(holder: nn.Module) -> RelativeBias | PositionMlpBias | None:
-    """The bias ``holder`` itself holds, marked as handed to the layer with its call; None if none."""
-    if not holds_relative_bias(holder):
-        return held_position_mlp(holder)
-    return dataclasses.replace(find_relative_bias(holder), received=True)

@@ -15,7 +15,8 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
 from structinit.adapters.layout import TokenLayout, prefix_pos_rows
-from structinit.adapters.position import Token, find_position_embedding
+from structinit.adapters.position import Token
+from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
 
 PATCH_EMBED_PATHS = ("patch_embed.proj", "conv_proj", "embeddings.patch_embeddings.projection")
@@ -59,14 +60,15 @@ def patch_embedding(model: nn.Module) -> Write:
     raise ValueError(f"{type(model).__name__} has no patch embedding structinit knows")
 
 
-def patch_writes(model: nn.Module) -> list[Write]:
+def patch_writes(survey: ModelSurvey) -> list[Write]:
     """The writes of the patch embedding: the known ones of :func:`patch_embedding`, else the
     ones a traced forward finds (:func:`structinit.adapters.trace.traced_patch_embedding`: the
     Linear or Conv2d, and the bias of a LayerNorm that follows it); ValueError if neither."""
+    model = survey.model
     try:
         return [patch_embedding(model)]
     except ValueError:
-        traced = traced_patch_embedding(model)
+        traced = traced_patch_embedding(survey)
     if traced:
         return traced
     raise ValueError(
@@ -140,16 +142,16 @@ def _next_block_mlp(model: nn.Module, block_path: str, adapter: AttentionAdapter
     return (path, found) if found is not None else (block_path, None)
 
 
-def prefix_tokens(model: nn.Module, layout: TokenLayout) -> list[Token]:
+def prefix_tokens(survey: ModelSurvey, layout: TokenLayout) -> list[Token]:
     """The learned vectors that make up the prefix tokens: class / distillation / register
     token parameters and the prefix rows of the position embedding (when it has them), as
     (name, view (…, D)), and the class tokens that join in front of the grid after the first
     layers (ConViT, CaiT). Empty without any."""
-    found = find_position_embedding(model)
+    found = survey.position
     if layout.num_prefix_tokens == 0:
         return list(found.joining_tokens)
     out: list[Token] = [*found.prefix_tokens, *found.joining_tokens]
-    rows = prefix_pos_rows(model, layout)
+    rows = prefix_pos_rows(survey, layout)
     if rows is not None:
         out.append(rows)
     return out

@@ -18,63 +18,37 @@ or else the side √N × patch size tried for every square N a candidate's row c
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 from torch import nn
 
-from structinit.adapters.position import (
-    POSITION_FINDERS,
-    Discovery,
-    _grid_from,
-    find_position_embedding,
-    square_side,
-    use_traced_discovery,
-)
-from structinit.adapters.probe import (
-    _patch,
-    _rows,
-    _taken_size,
-    probe_images,
-    probe_inputs,
-    probe_sizes,
-    token_candidates,
-)
-from structinit.adapters.registry import find_attention_layers
-from structinit.utils.memo import kept
-
-_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → (tensors, Discovery)
+from structinit.adapters.position import Discovery, _grid_from, square_side
+from structinit.adapters.probe import _patch, _rows, probe_images, probe_sizes, token_candidates
 
 
 class _Stop(Exception):
     """Raised by the probe's hook: the forward has reached the first attention layer."""
 
 
-def first_layer(model: nn.Module):
-    """(name, adapter) of the model's first attention layer, or None when it has none."""
-    try:
-        return find_attention_layers(model)[0]
-    except ValueError:
-        return None
-
-
-@torch.no_grad()
-def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0) -> torch.Tensor | None:
+def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0,
+              keep_graph: bool = False) -> torch.Tensor | None:
     """The (B, T, D) tokens ``adapter.input_module`` receives when ``images`` run through
     ``model``, where a hook stops the forward; None when the forward fails before that (a probe
     the model does not take). Eval mode (restored after), torch's random state forked and
-    seeded with ``seed``, as in every probe (:mod:`structinit.adapters.observe`)."""
+    seeded with ``seed``, as in every probe (:mod:`structinit.adapters.observe`). Without
+    gradients, unless ``keep_graph`` (then the tokens keep theirs, for a backward)."""
     seen = {}
 
     def stop(module, args, kwargs):
-        seen["x"] = adapter.input_tokens(args, kwargs).detach().clone()
+        x = adapter.input_tokens(args, kwargs)
+        seen["x"] = x if keep_graph else x.detach().clone()
         raise _Stop
 
     handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
             torch.manual_seed(seed)
             model(images)
     except _Stop:
@@ -103,20 +77,17 @@ def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Te
     return torch.nonzero(diff > 1e-5 * (1 + float(base[0].abs().amax()))).flatten().tolist()
 
 
-def traced_discovery(model: nn.Module) -> Discovery | None:
-    """The position embedding, prefix tokens and grid of ``model`` found by tracing (module doc);
-    None when the model cannot be probed or shows no 1:1 position embedding before its grid."""
-    first = first_layer(model)
+def traced_discovery(survey) -> Discovery | None:
+    """The position embedding, prefix tokens and grid of the model ``survey`` (a
+    :class:`~structinit.adapters.survey.ModelSurvey`, which asks this module) surveys, found by
+    tracing (module doc); None when the model cannot be probed or shows no 1:1 position embedding
+    before its grid."""
+    first = survey.first_layer
     if first is None:
         return None
     adapter = first[1]
-    candidates = token_candidates(model, adapter.dim)
-    if not candidates:
-        return None
-    # The answer depends on the model's code and tensors, not on their values: reuse it while
-    # the same tensors are there (an init asks several times).
-    key = tuple((n, id(t), tuple(t.shape)) for n, t in candidates)
-    return kept(_TRACED, model, key, lambda: _trace(model, adapter, candidates))
+    candidates = token_candidates(survey.model, adapter.dim)
+    return _trace(survey.model, adapter, candidates) if candidates else None
 
 
 def _trace(model, adapter, candidates) -> Discovery | None:
@@ -169,11 +140,11 @@ def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int
     return Discovery(pe, found.pos_embed_name, grid, found.num_prefix_tokens, found.prefix_tokens, "traced")
 
 
-def consistent(model: nn.Module, found: Discovery) -> bool:
+def consistent(found: Discovery, first_layer_tokens: int | None) -> bool:
     """Whether a name-based :class:`Discovery`'s PE rows fit its grid and prefix tokens (when the
     grid is unknown, whether the rows left after the prefix tokens form a square), and the
-    first attention layer of a probe receives as many tokens as they add up to (a wrapper may
-    append tokens the name-based finder cannot see)."""
+    first attention layer receives as many tokens (``first_layer_tokens``, None when unknown)
+    as they add up to (a wrapper may append tokens the name-based finder cannot see)."""
     if found.pos_embed is None:
         return False
     rows, prefix = _rows(found.pos_embed), found.num_prefix_tokens or 0
@@ -182,30 +153,12 @@ def consistent(model: nn.Module, found: Discovery) -> bool:
     else:
         n = math.prod(found.grid)
         fits = rows in (n, n + prefix) and (found.num_prefix_tokens is not None or rows == n)
-    count = _first_layer_tokens(model)
+    count = first_layer_tokens
     return fits and (count is None or count in (rows, rows + prefix))
 
 
-_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → tokens at its first layer
-
-
-def _first_layer_tokens(model: nn.Module) -> int | None:
-    """How many tokens the model's first attention layer receives on a probe, or None when it
-    cannot be told."""
-    def count() -> int | None:
-        first = first_layer(model)
-        if first is None:
-            return None
-        images = probe_inputs(model, [first], count=1)  # stated sizes, else the common sides it takes
-        if images is None:
-            return None
-        x = tokens_at(model, first[1], torch.zeros_like(images))
-        return None if x is None else int(x.shape[-2])
-    return kept(_COUNTS, model, tuple(id(m) for m in model.modules()), count)
-
-
 @torch.no_grad()
-def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor | None]] | None:
+def traced_patch_embedding(survey) -> list[tuple[str, torch.Tensor, torch.Tensor | None]] | None:
     """The layers that write patch content into the tokens, found by tracing: the last Linear or
     Conv2d to the model width that runs before the first attention layer, as (name, weight,
     bias), then the bias of each width-D LayerNorm between it and the position embedding
@@ -213,16 +166,16 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
     outputs do not depend on the PE, which tells them from the norms the tokens pass after it.
     ValueError when such a LayerNorm has a non-constant weight (it would mix position back in);
     None when nothing is found."""
-    first, found = first_layer(model), find_position_embedding(model).pos_embed
-    if first is None or found is None:
+    model, first, found = survey.model, survey.first_layer, survey.position.pos_embed
+    if first is None or found is None or survey.probe is None:
         return None
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
     inside = {id(m) for m in adapter.module.modules()}
-    for size in _taken_size(model, probe_sizes(model, [("pe", found)])):  # stated, else a common size
-        images = probe_images(model, 1, size)
+    with torch.no_grad():
+        images = survey.probe[:1]
         calls = _calls(model, adapter, images, inside)
         if calls is None:
-            continue
+            return None
         width = lambda m: m.out_features if isinstance(m, nn.Linear) else getattr(m, "out_channels", None)
         patch = [i for i, (m, _) in enumerate(calls)
                  if isinstance(m, (nn.Linear, nn.Conv2d)) and width(m) == adapter.dim]
@@ -247,7 +200,6 @@ def traced_patch_embedding(model: nn.Module) -> list[tuple[str, torch.Tensor, to
             if isinstance(norm, nn.LayerNorm) and norm.normalized_shape == (adapter.dim,):
                 writes += _norm_writes(names[id(norm)], norm)
         return writes
-    return None
 
 
 def _norm_writes(name: str, norm: nn.LayerNorm) -> list[tuple[str, torch.Tensor, None]]:
@@ -272,8 +224,3 @@ def _calls(model, adapter, images, inside) -> list[tuple[nn.Module, torch.Tensor
             h.remove()
     return calls if ok else None
 
-
-POSITION_FINDERS.register("traced", traced_discovery)
-
-
-use_traced_discovery(consistent, traced_discovery, _first_layer_tokens)

@@ -25,7 +25,7 @@ is judged by names and shapes only; :attr:`AttentionSurvey.probed` says which ha
 from __future__ import annotations
 
 import dataclasses
-import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +35,6 @@ from structinit.adapters.attention import AttentionAdapter, head_mixers, self_ma
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.traced import CallTokens
-from structinit.utils.memo import kept
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
 # one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
@@ -71,6 +70,7 @@ class AttentionSurvey:
     unknown: list[tuple[str, str]] = field(default_factory=list)  # (module name, what it computes)
     pooling: list[tuple[str, str]] = field(default_factory=list)  # unclaimed pooling heads (name, why)
     probed: bool = False
+    probe: torch.Tensor | None = None  # the inputs the model took, (B, C, H, W) images or (B, T) token ids
 
     def of(self, kind: str) -> list[Verdict]:
         return [v for v in self.verdicts if v.kind == kind]
@@ -257,31 +257,22 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     return Verdict(name, adapter, "self")
 
 
-_SURVEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],
-                     inputs: torch.Tensor | None, *, fresh: bool = False) -> AttentionSurvey:
-    """Judge every candidate (name, adapter) by one probe of ``inputs`` through ``model``, and
-    list the attention no candidate covers (module doc). ``inputs=None``, or a probe the model
-    does not take: every candidate is 'self', unchecked, and ``probed`` is False. The answer
-    is kept while the model holds the same modules (it depends on their code, not weights);
-    ``fresh=True`` probes again, for what a call hands a layer that depends on the weights (a
-    learned RoPE's angles)."""
-    if fresh:
-        return _survey(model, candidates, inputs)
-    key = (tuple((n, id(ad.module)) for n, ad in candidates), None if inputs is None else tuple(inputs.shape))
-    return kept(_SURVEYS, model, key, lambda: _survey(model, candidates, inputs))
+                     probes: Iterable[torch.Tensor]) -> AttentionSurvey:
+    """Judge every candidate (name, adapter) by one probe through ``model``, the first of
+    ``probes`` its forward takes (:func:`structinit.adapters.probe.probe_choices`), and list
+    the attention no candidate covers (module doc). When it takes none, every candidate is
+    'self', unchecked, and ``probed`` is False."""
+    for inputs in probes:
+        try:
+            calls, by_module = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in candidates])
+        except Exception:  # a probe the model does not take: the next size, or text
+            continue
+        return _judged(model, candidates, inputs, calls, by_module)
+    return AttentionSurvey([Verdict(n, ad, "self", checked=False) for n, ad in candidates])
 
 
-def _survey(model, candidates, inputs) -> AttentionSurvey:
-    unchecked = AttentionSurvey([Verdict(n, ad, "self", checked=False) for n, ad in candidates])
-    if inputs is None:
-        return unchecked
-    try:
-        calls, by_module = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in candidates])
-    except Exception:  # a probe the model does not take: judged by names and shapes alone
-        return unchecked
+def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=_token_count(calls[ad.module]))
                 for n, ad in candidates]
@@ -302,7 +293,7 @@ def _survey(model, candidates, inputs) -> AttentionSurvey:
     traced, unknown = traced_verdicts(model, inputs, unclaimed, dtype)
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
-    return AttentionSurvey(verdicts, unknown, pooling, probed=True)
+    return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)
 
 
 def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[str, str]],

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import TokenLayout, find_attention_layers, infer_layout, is_token_mixing, select_layers
+from structinit.adapters import TokenLayout, infer_layout, is_token_mixing, select_layers
 from structinit.adapters.observe import RealMap, real_maps
 from structinit.adapters.position_input import layer_position_input, position_only_maps
-from structinit.adapters.probe import probe_inputs
-from structinit.adapters.registry import layer_relative_bias
 from structinit.adapters.relative import reachable
+from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.adapters.token_order import canonical, out_of_order
 from structinit.functional.targets import Offset, enumerated_offsets, target_index
 from structinit.models import create_model
@@ -44,7 +43,7 @@ def _layer_offsets(chosen, offsets) -> list[list[Offset]]:
     return out
 
 
-def recorded_layout(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> TokenLayout:
+def recorded_layout(model: nn.Module | ModelSurvey, chosen, grid=None, num_prefix_tokens=None) -> TokenLayout:
     """The token layout the impulse init recorded on the ``chosen`` layers; explicit ``grid`` /
     ``num_prefix_tokens`` must agree with it. Without a record it is inferred from the model
     (:func:`structinit.infer_layout`)."""
@@ -70,12 +69,13 @@ def _check_agrees(layout: TokenLayout, grid, num_prefix_tokens, source: str) -> 
                              f"omit {arg}= to use it")
 
 
-def _attention_layers(model: nn.Module) -> list:
+def _attention_layers(model: nn.Module | ModelSurvey) -> list:
     """The model's attention layers; a model that mixes its tokens with MLPs instead (an
     MLP-Mixer) is pointed to the measure made for it."""
     try:
-        return find_attention_layers(model)
+        return as_survey(model).layers()
     except ValueError as err:
+        model = as_survey(model).model
         if not any(is_token_mixing(m) for m in model.modules()) or not str(err).startswith("no attention layer found"):
             raise
         raise ValueError(f"{type(model).__name__} has no attention layer: it mixes its tokens with MLPs (an "
@@ -83,12 +83,13 @@ def _attention_layers(model: nn.Module) -> list:
                          "structinit.analysis.token_mixing.token_mixing_fidelity(model, images)") from None
 
 
-def layer_layouts(model: nn.Module, chosen, grid=None, num_prefix_tokens=None) -> list[TokenLayout]:
+def layer_layouts(model: nn.Module | ModelSurvey, chosen, grid=None, num_prefix_tokens=None) -> list[TokenLayout]:
     """The token layout of each chosen layer: its window for a layer with a relative position
     bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the layout the
     impulse init recorded on it when every such layer has a record, else the model's layout
     (:func:`recorded_layout`)."""
-    biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
+    model = as_survey(model)
+    biases = [model.relative_bias(name, ad) for name, ad in chosen]
     plain = [layer for layer, b in zip(chosen, biases) if b is None]
     records = [get_record(ad.module, "impulse") for _, ad in plain]
     if plain and all(r is not None for r in records):  # each layer's own: a class token may join later (ConViT)
@@ -121,7 +122,8 @@ def attention_layouts(model: nn.Module, layers: Sequence[int] | int | None = Non
         >>> attention_layouts(model, layers=[0])
         [TokenLayout(grid=(8, 8), num_prefix_tokens=0)]
     """
-    return layer_layouts(model, select_layers(_attention_layers(model), layers), grid, num_prefix_tokens)
+    survey = as_survey(model)
+    return layer_layouts(survey, select_layers(_attention_layers(survey), layers), grid, num_prefix_tokens)
 
 
 def add_scores(sums: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, open_pairs: torch.Tensor | None,
@@ -188,6 +190,7 @@ def impulse_fidelity(
     a record and must agree with one. Every layer's token count is checked against prefix +
     grid: a mismatch is an error that names both numbers, never a silently wrong score.
     """
+    model = as_survey(model)  # read once: the layers, layouts and probe of every step below
     chosen = select_layers(_attention_layers(model), layers)
     layouts = layer_layouts(model, chosen, grid, num_prefix_tokens)
     offs = _layer_offsets(chosen, offsets)
@@ -210,7 +213,7 @@ def impulse_fidelity(
     return {"mass": mass, "hit": hit}
 
 
-def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> list[tuple]:
+def position_only_layers(model: nn.Module | ModelSurvey, chosen, layouts, pos_embed=None) -> list[tuple]:
     """(real map, token order) per chosen layer (name, adapter) on its position-only input, in
     the model's own forward (:func:`~structinit.adapters.position_input.position_only_maps`),
     with the maps put back in grid order where the model reorders its tokens. A model that
@@ -218,7 +221,8 @@ def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> l
     recomputation of the same input, with a warning that says so."""
     found = position_only_maps(model, chosen, layouts, pos_embed)
     if found is None:
-        warnings.warn(f"cannot run {type(model).__name__}'s own forward on a probe image (its input size cannot be "
+        name = type(as_survey(model).model).__name__
+        warnings.warn(f"cannot run {name}'s own forward on a probe image (its input size cannot be "
                       "told from the model), so its position-only maps are the adapters' recomputation of each "
                       "layer, not maps the model computed; pass images to read the model's own", stacklevel=3)
         out = []
@@ -231,16 +235,17 @@ def position_only_layers(model: nn.Module, chosen, layouts, pos_embed=None) -> l
     return [(dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order) for real in maps]
 
 
-def grid_order_maps(model: nn.Module, images: torch.Tensor, chosen, layouts, batch_size: int):
+def grid_order_maps(model: nn.Module | ModelSurvey, images: torch.Tensor, chosen, layouts, batch_size: int):
     """Yield (layer index, images in the batch, real map) per chosen layer and batch of
     ``images``: the maps of the model's own forward (:func:`~structinit.adapters.observe.real_maps`),
     each layer's token count checked against its layout, put back in grid order where the model
     reorders its tokens (the same seed, the same order)."""
-    reorders = reorders_tokens(model, chosen, layouts)
+    survey = as_survey(model)
+    reorders = reorders_tokens(survey, chosen, layouts)
     for start in range(0, images.shape[0], batch_size):
         batch = images[start : start + batch_size]
-        order = out_of_order(model, chosen[0], layouts[0].num_patches, batch) if reorders else None
-        for i, real in enumerate(real_maps(model, batch, chosen)):
+        order = out_of_order(survey, chosen[0], layouts[0].num_patches, batch) if reorders else None
+        for i, real in enumerate(real_maps(survey.model, batch, chosen)):
             layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
             yield i, len(batch), dataclasses.replace(real, probs=_in_grid_order(real.probs, order))
 
@@ -253,12 +258,13 @@ def _in_grid_order(probs: torch.Tensor, order: torch.Tensor | None) -> torch.Ten
     return probs
 
 
-def reorders_tokens(model: nn.Module, chosen, layouts) -> bool:
+def reorders_tokens(model: nn.Module | ModelSurvey, chosen, layouts) -> bool:
     """Whether the model puts its tokens out of grid order before the first chosen layer, read on
     the probe with two seeds (a random order shows in one of them at least)."""
-    inputs = probe_inputs(model, chosen, count=1)
+    survey = as_survey(model)
+    inputs = None if survey.probe is None else survey.probe[:1]
     return inputs is not None and any(
-        out_of_order(model, chosen[0], layouts[0].num_patches, inputs, seed) is not None for seed in (0, 1))
+        out_of_order(survey, chosen[0], layouts[0].num_patches, inputs, seed) is not None for seed in (0, 1))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from structinit.adapters import adapter_for, find_position_embedding
+from structinit.adapters.position import named_discovery
 from structinit.adapters.relative import TABLE
+from structinit.adapters.survey import ModelSurvey
 from structinit.schemes.plan import Plan
+from structinit.schemes.records import get_record
 from structinit.schemes.registry import register_planner
 from structinit.utils import check_choice, check_number, make_generator
 
@@ -58,18 +60,12 @@ def lecun_normal(shape, g) -> torch.Tensor:
     return nn.init.trunc_normal_(_empty(shape), std=std, a=-2 * std, b=2 * std, generator=g)
 
 
-def _fused_blocks(model: nn.Module) -> dict[int, int]:
+def _fused_blocks(survey: ModelSurvey) -> dict[int, int]:
     """id(weight) → number of stacked blocks for fused q/k/v weights: every attention whose
     adapter's q, k and v views slice one weight (timm's qkv, ``nn.MultiheadAttention``'s
-    in_proj, vit-pytorch's to_qkv, …)."""
+    in_proj, vit-pytorch's to_qkv, …). By the adapters' names and shapes: no forward."""
     out = {}
-    for m in model.modules():
-        try:
-            adapter = adapter_for(m)
-        except ValueError:  # e.g. cross-attention nn.MultiheadAttention: its q/k/v are separate weights
-            continue
-        if adapter is None:
-            continue
+    for _, adapter in survey.candidates:
         views = [adapter.linear_views()[c][0] for c in "qkv"]
         bases = {id(w._base) for w in views if w._base is not None}
         if len(bases) == 1 and all(w._base is not None for w in views):
@@ -78,7 +74,7 @@ def _fused_blocks(model: nn.Module) -> dict[int, int]:
 
 
 def _plan_weights(
-    model: nn.Module, gen: torch.Generator, weight: WeightFn, bias: Callable[[str, int], torch.Tensor],
+    survey: ModelSurvey, gen: torch.Generator, weight: WeightFn, bias: Callable[[str, int], torch.Tensor],
     conv: WeightFn | None = None, per_block: bool = False, pos_embed_std: float = 0.02,
     prefix: Callable[[tuple[int, ...]], torch.Tensor] | None = None,
 ) -> Plan:
@@ -86,7 +82,7 @@ def _plan_weights(
     (``bias(name, size)``), conv weights (``conv`` or PyTorch's default), norms (1, 0),
     learned position embedding (trunc-normal ``pos_embed_std``) and prefix tokens; the plan
     also clears the attention layers' impulse records (:func:`_finish`)."""
-    plan, fused = Plan(), _fused_blocks(model)
+    model, plan, fused = survey.model, Plan(), _fused_blocks(survey)
 
     def linear_like(name, w, b):
         blocks = fused.get(id(w), 1) if per_block else 1
@@ -143,8 +139,8 @@ def _plan_relative_tables(model: nn.Module, plan: Plan, gen: torch.Generator) ->
 def _position_and_prefix(model: nn.Module) -> tuple[nn.Parameter | None, list[nn.Parameter]]:
     """The learned position embedding (None if fixed or absent) and the learned prefix-token
     parameters (class, distillation, register), wherever the model keeps them
-    (:func:`structinit.find_position_embedding`: timm, Hugging Face, generic names)."""
-    found = find_position_embedding(model)
+    (the finders' names: timm, Hugging Face, generic; a whole-model scheme runs no forward)."""
+    found = named_discovery(model)
     pos = found.pos_embed if isinstance(found.pos_embed, nn.Parameter) and found.pos_embed.requires_grad else None
     return pos, [t for _, t in found.prefix_tokens if isinstance(t, nn.Parameter)]
 
@@ -158,7 +154,7 @@ def _post_order(module: nn.Module):
 def _finish(model: nn.Module, plan: Plan) -> Plan:
     """``plan``, also clearing the impulse records of the attention layers it rewrites."""
     for m in model.modules():
-        if adapter_for(m) is not None:
+        if get_record(m, "impulse") is not None:
             plan.records.append((m, "impulse", None))
     return plan
 
@@ -178,11 +174,12 @@ def _zero_bias(name, size):
     return torch.zeros(size)
 
 
-def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+def plan_pytorch(survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's own defaults: every module's ``reset_parameters`` (Linear/Conv Kaiming-uniform
     a = √5 with U(±1/√fan_in) bias, LayerNorm 1/0, MultiheadAttention Xavier + zero bias),
     run on a forked RNG seeded from ``generator``/``seed``; learned ``pos_embed`` ← N(0, 0.02²)
     and prefix tokens ← 0, as timm builds them before its own init (timm's ``weight_init='skip'``)."""
+    model = survey.model
     gen = make_generator(generator, seed)
     seed_value = int(torch.randint(2**62, (1,), generator=gen))
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
@@ -209,11 +206,11 @@ def plan_pytorch(model: nn.Module, *, generator: torch.Generator | None = None, 
 pytorch_init_ = register_planner("pytorch", plan_pytorch)
 
 
-def plan_timm(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+def plan_timm(survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """timm's ViT default: every Linear trunc-normal(std 0.02, cut at ±2) with zero bias;
     patch-embedding conv at PyTorch's default; learned ``pos_embed`` trunc-normal 0.02;
     ``cls_token`` N(0, 1e-6²)."""
-    return _plan_weights(model, make_generator(generator, seed), _trunc(0.02), _zero_bias)
+    return _plan_weights(survey, make_generator(generator, seed), _trunc(0.02), _zero_bias)
 
 
 timm_init_ = register_planner("timm", plan_timm)
@@ -235,7 +232,7 @@ def _trunc(std: float, a: float = -2.0, b: float = 2.0) -> WeightFn:
     return draw
 
 
-def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+def plan_jax(survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """The original JAX ViT init (timm's ``weight_init='jax'``): Linear Xavier-uniform (the fused
     qkv as one matrix), zero bias except N(0, 1e-6²) in MLPs; zero ``head``; LeCun-normal
     patch-embedding conv with zero bias; ``pos_embed`` trunc-normal 0.02."""
@@ -249,34 +246,34 @@ def plan_jax(model: nn.Module, *, generator: torch.Generator | None = None, seed
             return nn.init.normal_(_empty((size,)), std=1e-6, generator=gen)
         return torch.zeros(size)
 
-    return _plan_weights(model, gen, weight, bias, conv=lambda n, s, g: lecun_normal(s, g))
+    return _plan_weights(survey, gen, weight, bias, conv=lambda n, s, g: lecun_normal(s, g))
 
 
 jax_init_ = register_planner("jax", plan_jax)
 
 
 def plan_xavier_fused(
-    model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None
+    survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None
 ) -> Plan:
     """Xavier-uniform on every Linear, the fused qkv (3D×D) treated as one matrix, so each of q,
     k, v gets std √(2/(D+3D)) — smaller than a separate D×D projection would. Zero biases."""
-    return _plan_weights(model, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias)
+    return _plan_weights(survey, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias)
 
 
 xavier_fused_init_ = register_planner("xavier_fused", plan_xavier_fused)
 
 
-def plan_xavier(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+def plan_xavier(survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Xavier-uniform on every Linear, with fused q/k/v weights initialised block by block so that
     each projection gets std √(2/(D+D)), as if it were its own Linear. Zero biases."""
-    return _plan_weights(model, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias,
+    return _plan_weights(survey, make_generator(generator, seed), lambda n, s, g: xavier_uniform(s, g), _zero_bias,
                          per_block=True)
 
 
 xavier_init_ = register_planner("xavier", plan_xavier)
 
 
-def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
+def plan_trunc_normal(survey: ModelSurvey, *, std: float = 0.02, a: float = -2.0, b: float = 2.0,
                        generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every Linear weight from N(0, std²) truncated to [a, b] (absolute bounds, as in
     ``nn.init.trunc_normal_``); zero biases; other modules as in :func:`timm_init_`."""
@@ -284,13 +281,13 @@ def plan_trunc_normal(model: nn.Module, *, std: float = 0.02, a: float = -2.0, b
     a, b = check_number("a", a), check_number("b", b)
     if not a < b:
         raise ValueError(f"a={a}, b={b}: the truncation bounds need a < b")
-    return _plan_weights(model, make_generator(generator, seed), _trunc(std, a, b), _zero_bias)
+    return _plan_weights(survey, make_generator(generator, seed), _trunc(std, a, b), _zero_bias)
 
 
 trunc_normal_init_ = register_planner("trunc_normal", plan_trunc_normal)
 
 
-def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str = "fan_in",
+def plan_kaiming_uniform(survey: ModelSurvey, *, a: float = math.sqrt(5), mode: str = "fan_in",
                           nonlinearity: str = "leaky_relu", generator: torch.Generator | None = None,
                           seed: int | None = None) -> Plan:
     """Every Linear weight Kaiming-uniform with the given ``a``/``mode``/``nonlinearity``
@@ -305,13 +302,13 @@ def plan_kaiming_uniform(model: nn.Module, *, a: float = math.sqrt(5), mode: str
     def weight(name, shape, g):
         return nn.init.kaiming_uniform_(_empty(shape), a=a, mode=mode, nonlinearity=nonlinearity, generator=g)
 
-    return _plan_weights(model, make_generator(generator, seed), weight, _zero_bias)
+    return _plan_weights(survey, make_generator(generator, seed), weight, _zero_bias)
 
 
 kaiming_uniform_init_ = register_planner("kaiming_uniform", plan_kaiming_uniform)
 
 
-def plan_default(model: nn.Module, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
+def plan_default(survey: ModelSurvey, *, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Writes nothing: the model keeps the init its own constructor drew. In the harness that is
     the constructor run under ``torch.manual_seed(init_seed)``, so the weights are those of the
     model's published init as its code implements it (e.g. mambapy's Mamba: A_log = log(1…N),

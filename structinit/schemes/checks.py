@@ -1,6 +1,6 @@
 """What an attention scheme checks against the model's own forward: before it writes, that every
 chosen layer is attention it can set (:func:`check_settable`, from the probe of
-:func:`structinit.adapters.registry.attention_survey`); after, as :meth:`structinit.Plan.commit`
+:class:`structinit.adapters.survey.ModelSurvey`); after, as :meth:`structinit.Plan.commit`
 runs the plan's checks and undoes the write when one fails, that the written layers make the maps
 designed (:func:`impulse_check`, :func:`mimetic_check`).
 """
@@ -10,14 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers
 from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
-from structinit.adapters.probe import probe_inputs
-from structinit.adapters.registry import attention_survey
+from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
 from structinit.functional.targets import target_index
 
@@ -39,11 +37,10 @@ MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ �
 GROUPED = "grouped"  # a scheme that accepts it sets grouped-query layers (shared key/value heads)
 
 
-def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str] = frozenset()) -> list[Verdict]:
+def check_settable(survey: ModelSurvey, chosen, scheme: str, accept: frozenset[str] = frozenset()) -> list[Verdict]:
     """The probe's verdict on every chosen (name, adapter); ValueError naming the first layer
     whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do."""
-    survey = attention_survey(model)
-    verdicts = [survey.verdict(name) for name, _ in chosen]
+    verdicts = [survey.attention.verdict(name) for name, _ in chosen]
     for name, ad in chosen:
         if getattr(ad, "grouped", False) and GROUPED not in accept:
             raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
@@ -57,15 +54,14 @@ def check_settable(model: nn.Module, chosen, scheme: str, accept: frozenset[str]
     return [v for v in verdicts if v is not None]
 
 
-def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
+def plain_heads(plan, survey: ModelSurvey, chosen) -> list[str]:
     """Plan the identity into the talking-heads mixers of every chosen layer that the probe
     found plain self-attention once they are (:class:`~structinit.adapters.verify.Verdict`'s
     ``mixers``): each head then keeps its own map, the one the scheme designs. Returns their
     full names, which :func:`finish_plan` records and the caller is warned of."""
-    survey = attention_survey(model)
     names, layers, mixers = [], 0, []
     for name, ad in chosen:
-        verdict = survey.verdict(name)
+        verdict = survey.attention.verdict(name)
         if verdict is None or not verdict.mixers:
             continue
         layers += 1
@@ -82,19 +78,19 @@ def plain_heads(plan, model: nn.Module, chosen) -> list[str]:
     return names
 
 
-def finish_plan(plan, model: nn.Module, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
+def finish_plan(plan, survey: ModelSurvey, scheme: str, chosen, skipped: list[tuple[str, str]]) -> None:
     """What every attention plan ends with: the talking-heads mixers of the chosen layers set
     to the identity (:func:`plain_heads`), and the record on the model of the layers ``scheme``
     wrote, those it left alone and why, and the mixers it set
     (``structinit.get_record(model, 'init')``); the caller warns of the skipped ones and the
     mixers."""
     plan.skipped = list(skipped)
-    mixers = plain_heads(plan, model, chosen)
-    plan.records.append((model, "init", {"scheme": scheme, "layers": [n for n, _ in chosen],
+    mixers = plain_heads(plan, survey, chosen)
+    plan.records.append((survey.model, "init", {"scheme": scheme, "layers": [n for n, _ in chosen],
                                          "skipped": list(skipped), "head_mixers": mixers}))
 
 
-def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]],
+def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
                   layouts: list[TokenLayout]) -> Callable[[], None] | None:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
@@ -103,11 +99,11 @@ def impulse_check(model: nn.Module, chosen, offsets: list[list[tuple[int, int]]]
     map must put its argmax on its target as often as the written q/k say it does (within
     :data:`HIT_SLACK`). None when the model cannot be probed (nothing was checked before the
     write either)."""
-    if probe_inputs(model, chosen, count=1) is None or not attention_survey(model).probed:
+    if not survey.attention.probed:
         return None
 
     def check() -> None:
-        maps, calls, _ = position_only_maps(model, chosen, layouts)
+        maps, calls, _ = position_only_maps(survey, chosen, layouts)
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs)
     return check
@@ -180,15 +176,15 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
     return score.sum(dim=(0, -1)) / used
 
 
-def mimetic_check(model: nn.Module, chosen) -> Callable[[], None] | None:
+def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None] | None:
     """The check after a mimetic write: on a probe through the model, every chosen layer's real
     logits (its own softmax's input, else the log of its map) show at least
     :data:`MIN_DIAGONAL_SHARE` of the diagonal strength the adapter's q kᵀ has on the same
     tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`; None without a
     probe."""
-    inputs = probe_inputs(model, chosen, count=1)
-    if inputs is None or not attention_survey(model).probed:
+    if not survey.attention.probed:
         return None
+    model, inputs = survey.model, survey.probe[:1]
 
     def check() -> None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from structinit.adapters import find_depthwise_convs, is_depthwise
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional import conv_filters as cf
 from structinit.schemes import impulse as _attention_impulse  # noqa: F401  registers attention 'impulse' first
 from structinit.schemes.plan import Plan
@@ -71,7 +72,7 @@ def _size(conv: nn.Conv2d) -> tuple[int, int]:
     return conv.out_channels, conv.kernel_size[0]
 
 
-def plan_conv_impulse(model: nn.Module, *, num_filters: int | None = None, norm: str = "sum", frozen: bool = False,
+def plan_conv_impulse(survey: ModelSurvey, *, num_filters: int | None = None, norm: str = "sum", frozen: bool = False,
                       generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Each depthwise filter one tap at a random position: 1 (``norm='sum'``) or 1/√3
     (``norm='variance'``, PyTorch's default total variance). ``num_filters`` = n shares n
@@ -81,36 +82,40 @@ def plan_conv_impulse(model: nn.Module, *, num_filters: int | None = None, norm:
         >>> m = structinit.create_model("convmixer_256_8", dim=8, depth=2)
         >>> _ = structinit.init_(m, "impulse", seed=0)  # depthwise convs, no attention: this scheme
     """
+    model = survey.model
     return _plan(model, lambda i, d, c, g: cf.impulse_filters(*_size(c), num_filters=num_filters, norm=norm,
                                                            generator=g), frozen, make_generator(generator, seed))
 
 
-def plan_box(model: nn.Module, *, taps: int = 3, num_filters: int | None = None, norm: str = "sum",
+def plan_box(survey: ModelSurvey, *, taps: int = 3, num_filters: int | None = None, norm: str = "sum",
              frozen: bool = False, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Each depthwise filter ``taps`` = N random distinct taps of 1/N (``norm='sum'``) or
     1/√(3N) (``norm='variance'``), the rest 0 (:func:`~structinit.functional.box_filters`)."""
+    model = survey.model
     return _plan(model, lambda i, d, c, g: cf.box_filters(*_size(c), taps=taps, num_filters=num_filters, norm=norm,
                                                        generator=g), frozen, make_generator(generator, seed))
 
 
-def plan_gaussian(model: nn.Module, *, sigma: float = 1.0, num_filters: int | None = None, norm: str = "sum",
+def plan_gaussian(survey: ModelSurvey, *, sigma: float = 1.0, num_filters: int | None = None, norm: str = "sum",
                   frozen: bool = False, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Each depthwise filter an isotropic Gaussian blob of width ``sigma`` (taps) centred on a
     random tap (:func:`~structinit.functional.gaussian_filters`)."""
+    model = survey.model
     return _plan(model, lambda i, d, c, g: cf.gaussian_filters(*_size(c), sigma=sigma, num_filters=num_filters,
                                                             norm=norm, generator=g), frozen,
                  make_generator(generator, seed))
 
 
-def plan_random(model: nn.Module, *, num_filters: int | None = None, frozen: bool = False,
+def plan_random(survey: ModelSurvey, *, num_filters: int | None = None, frozen: bool = False,
                 generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """PyTorch's default depthwise init U(±1/k) drawn from ``generator``/``seed``, with optional
     sharing (``num_filters``) and freezing: the baseline of the frozen-filter experiments."""
+    model = survey.model
     return _plan(model, lambda i, d, c, g: cf.random_filters(*_size(c), num_filters=num_filters, generator=g),
                  frozen, make_generator(generator, seed))
 
 
-def plan_softmax(model: nn.Module, *, std: float = 1.0, frozen: bool = False,
+def plan_softmax(survey: ModelSurvey, *, std: float = 1.0, frozen: bool = False,
                  generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Depthwise filters parametrised as w = softmax(logits) over each filter's k² taps, applied
     in every forward pass (``torch.nn.utils.parametrize``: the trained tensor is
@@ -118,6 +123,7 @@ def plan_softmax(model: nn.Module, *, std: float = 1.0, frozen: bool = False,
     N(0, ``std``²). Each filter is positive and sums to 1. This reconstructs the 2024 code's
     softmax filters from their description; the logit init is our choice. Another conv scheme
     applied later removes the parametrisation first."""
+    model = survey.model
     check_number("std", std, low=0)
     gen = make_generator(generator, seed)
 
@@ -128,7 +134,7 @@ def plan_softmax(model: nn.Module, *, std: float = 1.0, frozen: bool = False,
     return _plan(model, make, frozen, gen, softmax=True)
 
 
-def plan_covariance(model: nn.Module, *, sigma0: float = 0.52, v_sigma: float = 0.32, trace: float = 1 / 3,
+def plan_covariance(survey: ModelSurvey, *, sigma0: float = 0.52, v_sigma: float = 0.32, trace: float = 1 / 3,
                     frozen: bool = False, generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Learning-free covariance init: layer l of D draws its filters i.i.d. from N(0, Σ_l),
     Σ_l = c · G_σ ⊗ G_σ with σ_l = ``sigma0`` + ``v_sigma`` · l/(D − 1) and tr Σ_l = ``trace``
@@ -145,6 +151,7 @@ def plan_covariance(model: nn.Module, *, sigma0: float = 0.52, v_sigma: float = 
     fitted values are in ``docs/results/convmixer.md``; reproduce them with
     ``bench/convmixer_claims.py --calibrate runs/cm/pytorch``.
     """
+    model = survey.model
     check_number("sigma0", sigma0, low=0, low_open=True)
     check_number("v_sigma", v_sigma)
     check_number("trace", trace, low=0, low_open=True)
@@ -187,7 +194,7 @@ def source_covariances(source: SourceType) -> list[torch.Tensor]:
     return [cf.estimate_covariance(w) for w, p in zip(weights, pairs) if p == common]
 
 
-def plan_covariance_transfer(model: nn.Module, *, source: SourceType | None = None, trace: float | None = None,
+def plan_covariance_transfer(survey: ModelSurvey, *, source: SourceType | None = None, trace: float | None = None,
                              resize: bool = True, frozen: bool = False, generator: torch.Generator | None = None,
                              seed: int | None = None) -> Plan:
     """Covariance transfer: estimate Σ̂_s = FᵀF/h for every depthwise layer of a trained
@@ -195,6 +202,7 @@ def plan_covariance_transfer(model: nn.Module, *, source: SourceType | None = No
     round(l (D_s − 1)/(D_t − 1)) (:func:`~structinit.functional.relative_depth_map`), resize Σ̂
     to the target kernel if it differs (``resize``; :func:`~structinit.functional.resize_covariance`),
     rescale to tr Σ = ``trace`` unless None (keep the source's scale), and draw N(0, Σ) filters."""
+    model = survey.model
     if source is None:
         raise ValueError("source=None: covariance_transfer needs source=<trained model, state dict or .safetensors "
                          "path>")

@@ -9,13 +9,11 @@ import inspect
 from collections.abc import Iterable, Sequence
 
 import torch
-from torch import nn
 
-from structinit.adapters import TokenLayout, find_attention_layers, grid_pos_embed, infer_layout, select_layers
-from structinit.adapters.position import NOT_FOUND, find_position_embedding
+from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.position_mlp import PositionMlpBias
-from structinit.adapters.probe import takes_token_ids
-from structinit.adapters.registry import attention_survey, layer_relative_bias
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import (
@@ -38,7 +36,7 @@ VALUE_INITS = ("keep", "mimetic")
 
 
 def plan_impulse(
-    model: nn.Module,
+    survey: ModelSurvey,
     solver: str = "analytic",
     *,
     kernel_size: int = 3,
@@ -129,7 +127,7 @@ def plan_impulse(
     """
     # Options are checked before anything else; an unknown one lists the solver's options and ours.
     own = [p.name for p in inspect.signature(plan_impulse).parameters.values()
-           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "model"]
+           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "survey"]
     check_options(IMPULSE_SOLVERS.get(solver), solver_options, f"impulse solver {solver!r}",
                   hint=f"; every impulse init also takes {', '.join(own)}")
     solver_obj = make_impulse_solver(solver, **solver_options)
@@ -138,26 +136,26 @@ def plan_impulse(
     reserve_given = reserve
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
-    if grid is None and takes_token_ids(model):  # before anything is read: a sequence has no grid to shape
-        raise ValueError(f"impulse cannot set {type(model).__name__}: it reads token ids, a 1-D sequence with no grid "
-                         "of image tokens, and impulse shapes attention as convolutions on a 2-D grid; nothing was "
-                         "written. Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's "
-                         "tokens in row-major order")
-    chosen = select_layers(find_attention_layers(model), layers)
-    skipped = attention_survey(model).skipped() if layers is None else []
+    if grid is None and survey.takes_token_ids:  # before anything is read: a sequence has no grid to shape
+        raise ValueError(f"impulse cannot set {type(survey.model).__name__}: it reads token ids, a 1-D sequence with "
+                         "no grid of image tokens, and impulse shapes attention as convolutions on a 2-D grid; "
+                         "nothing was written. Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are "
+                         "an image's tokens in row-major order")
+    chosen = select_layers(survey.layers(), layers)
+    skipped = survey.attention.skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
         _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
-    check_settable(model, chosen, "impulse")
+    check_settable(survey, chosen, "impulse")
     for name, ad in chosen:
-        if ad.qk_normalised and layer_relative_bias(model, name, ad) is None:
+        if ad.qk_normalised and survey.relative_bias(name, ad) is None:
             raise ValueError(
                 f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): q and k are "
                 "normalised after their projections (q_norm/k_norm), and the impulse solvers design q kᵀ before "
                 "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
                 "the model without the q/k norm for the init")
-    biases = [layer_relative_bias(model, name, ad) for name, ad in chosen]
+    biases = [survey.relative_bias(name, ad) for name, ad in chosen]
     relative = [b is not None for b in biases]
     plan, reservation = Plan(), None
     if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
@@ -188,20 +186,20 @@ def plan_impulse(
             "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
             carrier="the rotation of q and k (RoPE), which impulse sets through content-free q and k")
         if grid is not None or any(ad.rotary_received for _, ad in chosen):
-            # A rotation the model hands its layers is read again now, on the grid asked for (the probe
-            # that found the layers is kept per model, and a learned RoPE's angles move in training).
-            chosen = rotary_at_grid(model, chosen, tuple(grid) if grid is not None else chosen[0][1].rotary.grid)
+            # A rotation the model hands its layers is read again now, on the grid asked for (a learned
+            # RoPE's angles move in training, and the survey's probe may be of another size).
+            chosen = rotary_at_grid(survey, chosen, tuple(grid) if grid is not None else chosen[0][1].rotary.grid)
         layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
         for lay in layouts:
             check_kernel_size(kernel_size, lay.grid)
         gen = make_generator(generator, seed)
         per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
                                      per_layer_offsets, gen)
-        plan_rope_impulse(model, plan, chosen, per_layer, solver_obj.target_mass)
+        plan_rope_impulse(survey, plan, chosen, per_layer, solver_obj.target_mass)
     else:
-        layout = infer_layout(model, grid, num_prefix_tokens)
+        layout = infer_layout(survey, grid, num_prefix_tokens)
         check_kernel_size(kernel_size, layout.grid)
-        layouts = _layer_layouts(model, chosen, layout)
+        layouts = _layer_layouts(survey, chosen, layout)
         dims = sorted({ad.dim for _, ad in chosen})
         if len(dims) > 1:
             raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately "
@@ -210,12 +208,12 @@ def plan_impulse(
         gen = make_generator(generator, seed)
         offsets = _resolve_offsets(chosen, solver_obj.default_offsets if offsets is None else offsets, kernel_size,
                                    per_layer_offsets, gen)
-        pe = _position_embedding(model, layout, dim, pos_embed, solver_obj, plan)
+        pe = _position_embedding(survey, layout, dim, pos_embed, solver_obj, plan)
         if reserve != "none":
             # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
-            pe_dst = grid_pos_embed(model, layout) if pos_embed is None else None
+            pe_dst = grid_pos_embed(survey, layout) if pos_embed is None else None
             stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
-            reservation = resolve_reservation(model, chosen, stored, reserve, "impulse", layout)
+            reservation = resolve_reservation(survey, chosen, stored, reserve, "impulse", layout)
         x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
         specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, offsets)]
         per_layer = []  # the offsets the solver placed
@@ -231,23 +229,22 @@ def plan_impulse(
             plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
         reservation.plan(plan)
-    check = impulse_check(model, chosen, per_layer, layouts)
+    check = impulse_check(survey, chosen, per_layer, layouts)
     if check is not None:
         plan.checks.append(check)
-    finish_plan(plan, model, "impulse", chosen, skipped)
+    finish_plan(plan, survey, "impulse", chosen, skipped)
     return plan
 
 
-def _layer_layouts(model: nn.Module, chosen, layout: TokenLayout) -> list[TokenLayout]:
+def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[TokenLayout]:
     """Per chosen layer, ``layout`` with the prefix tokens the layer really receives (the
     probe's count): a class token that joins in front of the grid after the first layers
     (ConViT) is a prefix of the later ones. A layer that receives any other count is refused
     before anything is written."""
-    joining = find_position_embedding(model).joining_prefix_tokens
-    survey = attention_survey(model)
+    joining = survey.position.joining_prefix_tokens
     out, odd = [], []
     for name, ad in chosen:
-        verdict = survey.verdict(name)
+        verdict = survey.attention.verdict(name)
         tokens = None if verdict is None else verdict.tokens
         if tokens is None or tokens == layout.num_tokens:
             out.append(layout)
@@ -258,7 +255,7 @@ def _layer_layouts(model: nn.Module, chosen, layout: TokenLayout) -> list[TokenL
             odd.append((name, ad, tokens))
     if odd:
         name, ad, tokens = odd[0]
-        index = {n: i for i, (n, _) in enumerate(find_attention_layers(model))}
+        index = {n: i for i, (n, _) in enumerate(survey.layers())}
         fit = [index[n] for (n, _), lay in zip(chosen, out) if lay is not None and n in index]
         raise ValueError(
             f"impulse: attention layer {name!r} ({type(ad.module).__name__}) receives {tokens} tokens, but the "
@@ -274,13 +271,13 @@ def _layer_layouts(model: nn.Module, chosen, layout: TokenLayout) -> list[TokenL
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")
 
 
-def _position_embedding(model, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:
+def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:
     """The (N, D) float64 PE the solver works from; plans the solver's PE rewrite, if any.
 
     The model's PE is checked finite only where the solver reads it: a solver that overwrites
     it must not be blocked by NaNs it never reads.
     """
-    pe_dst = grid_pos_embed(model, layout)
+    pe_dst = grid_pos_embed(survey, layout)
     pe = pos_embed if pos_embed is not None else pe_dst
     if pe is not None:
         if tuple(pe.shape[-2:]) != (layout.num_patches, dim):

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
 
-from structinit.adapters import find_attention_layers, grid_pos_embed, infer_layout, select_layers
-from structinit.adapters.registry import attention_survey
+from structinit.adapters import grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
 from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check
 from structinit.schemes.plan import Plan
@@ -19,7 +18,7 @@ from structinit.utils import check_choice, check_finite, check_number, make_gene
 
 
 def plan_mimetic(
-    model: nn.Module,
+    survey: ModelSurvey,
     *,
     alpha: float = 0.7,
     beta: float = 0.7,
@@ -61,10 +60,10 @@ def plan_mimetic(
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma), ("delta", delta)):
         check_number(name, value, low=0)  # a negative scale flips the noise's sign or the identity's: not the init
     reserve = check_choice("reserve", "none" if reserve is None else reserve, RESERVE_MODES)
-    chosen = select_layers(find_attention_layers(model), layers)
+    chosen = select_layers(survey.layers(), layers)
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
-    check_settable(model, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
+    check_settable(survey, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
     for name, ad in chosen:
         out = tuple(ad.linear_views()["o"][0].shape)
         if out != (ad.dim, ad.num_heads * ad.head_dim):
@@ -78,12 +77,12 @@ def plan_mimetic(
                 raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
     reservation = None
     if reserve != "none":
-        layout = infer_layout(model)
-        pe = grid_pos_embed(model, layout)
+        layout = infer_layout(survey)
+        pe = grid_pos_embed(survey, layout)
         if pe is not None:
             check_finite("pos_embed", pe)
             pe = pe.detach().reshape(pe.shape[-2], -1).double().cpu()
-        reservation = resolve_reservation(model, chosen, pe, reserve, "mimetic", layout)
+        reservation = resolve_reservation(survey, chosen, pe, reserve, "mimetic", layout)
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
@@ -98,10 +97,10 @@ def plan_mimetic(
         plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
         reservation.plan(plan)
-    check = mimetic_check(model, chosen)
+    check = mimetic_check(survey, chosen)
     if check is not None:
         plan.checks.append(check)
-    finish_plan(plan, model, "mimetic", chosen, attention_survey(model).skipped() if layers is None else [])
+    finish_plan(plan, survey, "mimetic", chosen, survey.attention.skipped() if layers is None else [])
     return plan
 
 

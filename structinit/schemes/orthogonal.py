@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional import orthogonal as fo
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
@@ -36,7 +37,7 @@ def find_full_convs(model: nn.Module) -> list[tuple[str, nn.Conv2d]]:
             if isinstance(m, nn.Conv2d) and m.groups == 1 and m.kernel_size[0] == m.kernel_size[1]]
 
 
-def plan_orthogonal(model: nn.Module, *, variant: str = "delta", gain: float = 1.0, std: float = 0.1,
+def plan_orthogonal(survey: ModelSurvey, *, variant: str = "delta", gain: float = 1.0, std: float = 0.1,
                     n: int | None = None, frozen: bool = False, generator: torch.Generator | None = None,
                     seed: int | None = None) -> Plan:
     """Orthogonal kernels for every ``nn.Conv2d`` with ``groups == 1`` (see the module
@@ -52,6 +53,7 @@ def plan_orthogonal(model: nn.Module, *, variant: str = "delta", gain: float = 1
         >>> torch.allclose(m.T @ m, torch.eye(8), atol=1e-6)
         True
     """
+    model = survey.model
     check_choice("variant", variant, VARIANTS)
     check_bool("frozen", frozen)
     check_number("gain", gain, low=0, low_open=True)

@@ -1,9 +1,12 @@
 """The scheme table: every initialisation is selectable by a string name.
 
-A scheme is a *planner*, ``plan_x(model, *, …) -> Plan``, that checks what depends on the model
-and computes every value without writing. :data:`SCHEMES` maps ``(target, name)`` to it, the
-target saying which layers it initialises (:data:`TARGETS`): ``impulse`` is one scheme for
-attention, one for depthwise convs and one for MLP-Mixer token mixing.
+A scheme is a *planner*, ``plan_x(survey, *, …) -> Plan``, that checks what depends on the model
+and computes every value without writing. It reads the model through its
+:class:`~structinit.adapters.survey.ModelSurvey`, built once per init: every fact a probe
+of the model's forward finds is found once, and a scheme that asks for none runs no forward.
+:data:`SCHEMES` maps ``(target, name)`` to it, the target saying which layers it initialises
+(:data:`TARGETS`): ``impulse`` is one scheme for attention, one for depthwise convs and one for
+MLP-Mixer token mixing.
 
 :func:`plan_init` is the one way in: it finds the name (:func:`lookup`), picks the target whose
 layers the model has, checks the options against the planner's signature and annotations (a
@@ -23,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from structinit.adapters import adapter_for, is_depthwise, is_ssm, is_token_mixing
-from structinit.adapters.registry import attention_survey
+from structinit.adapters import is_depthwise, is_ssm, is_token_mixing
+from structinit.adapters.survey import ModelSurvey
 from structinit.schemes.plan import Plan
 from structinit.schemes.spec import parse_init_spec
 from structinit.utils import OptionError, check_choice, check_int, check_options
@@ -41,7 +44,7 @@ class Scheme:
 
     name: str
     target: str
-    plan: Callable[..., Plan]           # plan(model, **options) -> Plan; writes nothing
+    plan: Callable[..., Plan]           # plan(survey, **options) -> Plan; writes nothing
     init: Callable[..., nn.Module]      # the in-place function: init(model, **options) -> model
     typed: bool = True                  # options checked against plan's annotations (False: by name only)
 
@@ -73,7 +76,10 @@ def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "
         return model
 
     init.__name__ = init.__qualname__ = what
-    init.__signature__ = inspect.signature(planner).replace(return_annotation=nn.Module)
+    sig = inspect.signature(planner)
+    model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module)
+    init.__signature__ = sig.replace(parameters=[model, *list(sig.parameters.values())[1:]],
+                                     return_annotation=nn.Module)
     return _register(Scheme(name, target, planner, init)).init
 
 
@@ -86,7 +92,8 @@ def register_scheme(name: str, fn: Callable[..., nn.Module] | None = None, *, ta
 
     def deco(f):
         @functools.wraps(f)
-        def plan(model: nn.Module, *args, **options) -> Plan:
+        def plan(survey: ModelSurvey, *args, **options) -> Plan:
+            model = survey.model
             return Plan(actions=[lambda: f(model, *args, **options)], touched=[*model.parameters(), *model.buffers()])
 
         _register(Scheme(name, target, plan, f, typed=False))
@@ -188,8 +195,10 @@ def _check_model(model: object) -> None:
                          "and an attention or conv scheme after it reads them")
 
 
-def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str) -> Plan:
-    """``scheme.plan(model, *args, **options)`` on a checked model (:func:`_check_model`), its
+def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str,
+          survey: ModelSurvey | None = None) -> Plan:
+    """``scheme.plan(survey, *args, **options)`` on a checked model, surveyed once (``survey``,
+    or a new one) (:func:`_check_model`), its
     options checked first and its plan after:
     every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
@@ -197,7 +206,7 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     _check_options(scheme, args, options, what)
     state = ModuleState(model)  # the probes run the model: what their forwards cache is put back
     try:
-        plan = scheme.plan(model, *args, **options)
+        plan = scheme.plan(ModelSurvey(model) if survey is None else survey, *args, **options)
     except _NUMERIC_FAILURES as err:
         given = _numbers(options) or _numbers(options, tensors=True)
         if not given:
@@ -248,15 +257,16 @@ def commit_and_report(plan: Plan, what: str) -> None:
                       "lists them)", UserWarning, stacklevel=3)
 
 
-_PRESENT: dict[str, Callable[[nn.Module], bool]] = {
-    "attention": lambda model: any(adapter_for(m) is not None for m in model.modules()),
-    "conv": lambda model: any(is_depthwise(m) for m in model.modules()),
-    "ssm": lambda model: any(is_ssm(m) for m in model.modules()),
-    "token_mixing": lambda model: any(is_token_mixing(m) for m in model.modules()),
+_PRESENT: dict[str, Callable[[ModelSurvey], bool]] = {
+    "attention": lambda survey: bool(survey.candidates),
+    "conv": lambda survey: any(is_depthwise(m) for m in survey.model.modules()),
+    "ssm": lambda survey: any(is_ssm(m) for m in survey.model.modules()),
+    "token_mixing": lambda survey: any(is_token_mixing(m) for m in survey.model.modules()),
 }
 
 
-def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, dict]:
+def resolve_scheme(model: nn.Module, name: str, options: dict,
+                   survey: ModelSurvey | None = None) -> tuple[Scheme, dict]:
     """The registration of ``name`` that fits ``model``, and the options without ``target``.
 
     A name registered once is that entry (``target`` is then an unknown option, as before).
@@ -274,12 +284,13 @@ def resolve_scheme(model: nn.Module, name: str, options: dict) -> tuple[Scheme, 
     if target is not None:
         check_choice("target", target, targets)
         return next(e for e in entries if e.target == target), options
-    present = [e for e in entries if _PRESENT.get(e.target, lambda m: False)(model)]
+    survey = ModelSurvey(model) if survey is None else survey
+    present = [e for e in entries if _PRESENT.get(e.target, lambda s: False)(survey)]
     kinds = [e.target for e in present]
     if "attention" in targets and "attention" not in kinds and kinds:
         # Attention no adapter claims, beside layers of another kind: the plain call must not quietly
         # initialise the other kind instead. find_attention_layers names the attention it cannot read.
-        unknown = attention_survey(model).unknown
+        unknown = survey.attention.unknown
         if unknown:
             raise ValueError(
                 f"scheme {name!r} initialises attention, and {type(model).__name__} has attention that no adapter "
@@ -310,8 +321,9 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     """
     _check_model(model)
     scheme, options = _with_spec_options(scheme, options)
-    entry, options = resolve_scheme(model, scheme, options)
-    return _plan(entry, model, (), options, f"scheme {scheme!r}")
+    survey = ModelSurvey(model)  # one per init: the planner reads the model through it
+    entry, options = resolve_scheme(model, scheme, options, survey)
+    return _plan(entry, model, (), options, f"scheme {scheme!r}", survey)
 
 
 def _with_spec_options(scheme, options: dict) -> tuple[str, dict]:

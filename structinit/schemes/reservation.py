@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from structinit.adapters import AttentionAdapter, TokenLayout
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.residual import Token, Write, patch_writes, prefix_tokens, residual_writes
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
 from structinit.utils import check_choice, warn_caller
@@ -43,7 +43,7 @@ class Reservation:
             plan.add([(t, project_out_tokens(t if current is None else current, self.basis))])
 
 
-def resolve_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
+def resolve_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
                         mode: str, scheme: str, layout: TokenLayout) -> Reservation | None:
     """The reservation ``mode`` asks for, or None. ``'auto'`` is ``'residual'`` where the model
     allows it; where it does not (no position embedding, no patch embedding or MLP output
@@ -53,9 +53,9 @@ def resolve_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
     if mode == "none":
         return None
     if mode != "auto":
-        return prepare_reservation(model, layers, pe, mode, layout)
+        return prepare_reservation(survey, layers, pe, mode, layout)
     try:
-        return prepare_reservation(model, layers, pe, "residual", layout)
+        return prepare_reservation(survey, layers, pe, "residual", layout)
     except ValueError as err:
         warn_caller(f"{scheme} with reserve='auto' reserves nothing here: {err}. The init is applied without "
                     "the reservation, so image content can move the attention off its structure; pass "
@@ -63,7 +63,7 @@ def resolve_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
         return None
 
 
-def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
+def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
                         mode: str, layout: TokenLayout) -> Reservation:
     """Check a reservation of the row space of LayerNorm(``pe``) (the (N, D) grid rows of the
     position embedding the init leaves in the model) and find what it rewrites, before any
@@ -79,14 +79,14 @@ def prepare_reservation(model: nn.Module, layers: list[tuple[str, AttentionAdapt
             f"reserve={mode!r}: the position embedding spans {r} of the {d - 1} directions LayerNorm leaves "
             f"at width {d}, so nothing would be left for content; use reserve='none', a wider model or a smaller grid"
         )
-    writes = patch_writes(model)
+    writes = patch_writes(survey)
     if mode == "residual":
-        writes += residual_writes(model, layers)
+        writes += residual_writes(survey.model, layers)
     for name, weight, bias in writes:
         for t in (weight, bias):
             if t is not None and t.shape[0] != d:
                 raise ValueError(f"{name} writes {t.shape[0]} channels, but the position embedding has width {d}")
-    tokens = prefix_tokens(model, layout)
+    tokens = prefix_tokens(survey, layout)
     for name, t in tokens:
         if t.shape[-1] != d:
             raise ValueError(f"{name} has {t.shape[-1]} channels, but the position embedding has width {d}")

@@ -32,9 +32,10 @@ import torch
 from torch import nn
 
 from structinit.adapters.prenorm import InputNorm, input_norms
-from structinit.adapters.probe import probe_at, probe_inputs
+from structinit.adapters.probe import probe_at
 from structinit.adapters.registry import candidate_layers
 from structinit.adapters.rotary import Rotary
+from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import survey_attention
 from structinit.functional.rope import rope_impulse_terms, rope_impulse_terms_2d
 from structinit.functional.targets import Offset
@@ -75,15 +76,15 @@ def _learned(t: torch.Tensor | None, module: nn.Module) -> bool:
     return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
 
 
-def _carriers(model: nn.Module, chosen) -> list[InputNorm | None]:
+def _carriers(survey: ModelSurvey, chosen) -> list[InputNorm | None]:
     """Per layer: None where its q/k biases carry the constants, else its pre-norm; a
     ValueError naming the first layer that has neither."""
     views = [ad.linear_views() for _, ad in chosen]
     by_bias = [_learned(v["q"][1], ad.module) and _learned(v["k"][1], ad.module) for v, (_, ad) in zip(views, chosen)]
     if all(by_bias):
         return [None] * len(chosen)
-    inputs = probe_inputs(model, chosen)
-    norms = [None] * len(chosen) if inputs is None else input_norms(model, chosen, inputs)
+    inputs = survey.probe
+    norms = [None] * len(chosen) if inputs is None else input_norms(survey.model, chosen, inputs)
     for (name, ad), biased, norm in zip(chosen, by_bias, norms):
         if not biased and (norm is None or norm.readers or norm.module.weight.shape[0] != ad.dim):
             why = (f"its pre-norm {norm.name!r} is also read by {', '.join(norm.readers)}" if norm and norm.readers
@@ -97,22 +98,23 @@ def _carriers(model: nn.Module, chosen) -> list[InputNorm | None]:
     return [None if biased else norm for biased, norm in zip(by_bias, norms)]
 
 
-def rotary_at_grid(model: nn.Module, chosen, grid: tuple[int, int]) -> list:
+def rotary_at_grid(survey: ModelSurvey, chosen, grid: tuple[int, int]) -> list:
     """``chosen`` (name, adapter) with each layer's rotation as the model computes it now, on
     images whose patches make ``grid``: a model that builds its RoPE at each call (vit-pytorch's
     RvT, DINOv3) turns by other angles on another grid, one that states no image size was
     probed at a guessed one, and learned angles (mixed RoPE) move in training. A ValueError
     when the model cannot be probed so."""
+    model = survey.model
     inputs = probe_at(model, grid)
     if inputs is None:
         raise ValueError(f"grid={grid}: the model's rotation depends on its input, and structinit cannot tell its "
                          "patch size to build images of that grid (no patch_size, no patch convolution)")
     names = [n for n, _ in chosen]
     found = [(n, ad) for n, ad in candidate_layers(model)[0] if n in names]
-    survey = survey_attention(model, found, inputs, fresh=True)
+    again = survey_attention(model, found, [inputs])  # a new forward: the angles of now, on this grid
     out = []
     for name, _ in chosen:
-        verdict = survey.verdict(name)
+        verdict = again.verdict(name)
         rotary = None if verdict is None else verdict.adapter.rotary
         if rotary is None or tuple(rotary.grid) != tuple(grid):
             got = "no rotation" if rotary is None else f"a rotation for a {rotary.grid[0]}×{rotary.grid[1]} grid"
@@ -122,11 +124,12 @@ def rotary_at_grid(model: nn.Module, chosen, grid: tuple[int, int]) -> list:
     return out
 
 
-def plan_rope_impulse(model: nn.Module, plan: Plan, chosen, per_layer: list[list[Offset]], target_mass: float) -> None:
+def plan_rope_impulse(survey: ModelSurvey, plan: Plan, chosen, per_layer: list[list[Offset]],
+                      target_mass: float) -> None:
     """Add to ``plan`` the writes of every chosen layer: the content-free q and k of head h at
     offset ``per_layer[i][h]``, through the q/k biases or a pre-norm channel (module doc), with
     the layer's record (``solver='rotary'`` or ``'rotary-norm'``)."""
-    carriers = _carriers(model, chosen)
+    carriers = _carriers(survey, chosen)
     memo: dict = {}  # layers share rotations and offsets: each (head's rotation, offset) is solved once
 
     def solved(rotary: Rotary, h: int, offset: Offset, head_dim: int, scale: float):

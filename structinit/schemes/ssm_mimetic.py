@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import nn
 
 from structinit.adapters.registry import select_layers
 from structinit.adapters.ssm import find_ssm_layers
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mimetic import NOISE
 from structinit.functional.ssm import mimetic_bc, softplus_inverse
 from structinit.schemes import mimetic as _attention_mimetic  # noqa: F401  registers attention 'mimetic' first
@@ -28,7 +28,7 @@ A_LOG_RANGE = (-87.0, 88.0)
 
 
 def plan_ssm_mimetic(
-    model: nn.Module,
+    survey: ModelSurvey,
     *,
     a_log: float | None = -8.0,
     delta: float | None = 1.0,
@@ -74,6 +74,7 @@ def plan_ssm_mimetic(
         >>> model = Mamba(MambaConfig(d_model=16, n_layers=2))
         >>> _ = structinit.init_(model, "mimetic", seed=0)   # SSM layers, no attention: this scheme
     """
+    model = survey.model
     if a_log is not None:
         a_log = check_number("a_log", a_log, low=A_LOG_RANGE[0], high=A_LOG_RANGE[1])
     if delta is not None:

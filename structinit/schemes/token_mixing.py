@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import find_token_mixing_layers, token_grid
+from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mixer import token_mixing_impulse, token_mixing_linear
 from structinit.functional.targets import check_kernel_size, enumerated_offsets, random_offsets
 from structinit.schemes import impulse as _attention_impulse  # noqa: F401  registers attention 'impulse' first
@@ -35,7 +36,7 @@ __all__ = ["plan_token_mixing_impulse", "plan_token_mixing_mimetic", "token_mixi
            "token_mixing_mimetic_init_"]
 
 
-def plan_token_mixing_impulse(model: nn.Module, *, kernel_size: int = 3, offsets: str = "random",
+def plan_token_mixing_impulse(survey: ModelSurvey, *, kernel_size: int = 3, offsets: str = "random",
                               margin: float = 8.0, generator: torch.Generator | None = None,
                               seed: int | None = None) -> Plan:
     """Every token-mixing MLP of ``model`` written as the shift of one k×k tap (a record
@@ -45,6 +46,7 @@ def plan_token_mixing_impulse(model: nn.Module, *, kernel_size: int = 3, offsets
         >>> m = structinit.create_model("mixer_cpu_patch4_32")
         >>> _ = structinit.init_(m, "impulse", seed=0)  # token-mixing MLPs, no attention: this scheme
     """
+    model = survey.model
     check_choice("offsets", offsets, ("random", "enumerated"))
     check_number("margin", margin, low=0, low_open=True)
     layers = find_token_mixing_layers(model)
@@ -70,7 +72,7 @@ def _plan_weights(plan: Plan, name: str, mlp: nn.Module, weights: tuple[torch.Te
     plan.add([(b, v) for b, v in ((mlp.fc1.bias, b1), (mlp.fc2.bias, b2)) if b is not None])
 
 
-def plan_token_mixing_mimetic(model: nn.Module, *, alpha: float = 0.7, beta: float = 0.7, margin: float = 8.0,
+def plan_token_mixing_mimetic(survey: ModelSurvey, *, alpha: float = 0.7, beta: float = 0.7, margin: float = 8.0,
                               generator: torch.Generator | None = None, seed: int | None = None) -> Plan:
     """Every token-mixing MLP of ``model`` written as the token map A = αZ + βI (module doc).
     Clears any impulse record the MLPs held.
@@ -79,6 +81,7 @@ def plan_token_mixing_mimetic(model: nn.Module, *, alpha: float = 0.7, beta: flo
         >>> m = structinit.create_model("mixer_cpu_patch4_32")
         >>> _ = structinit.init_(m, "mimetic", seed=0)  # token-mixing MLPs, no attention: this scheme
     """
+    model = survey.model
     check_number("alpha", alpha)
     check_number("beta", beta)
     check_number("margin", margin, low=0, low_open=True)

@@ -73,12 +73,14 @@ def test_attention_maps_equal_the_modules_own_softmax(name):
     entry = zoo.BY_NAME[name]
     model = zoo.build(entry)
     structinit.init_(model, "impulse", seed=0)
+    images, _ = zoo.real_images(4, entry.image_size)
+    maps = structinit.attention_maps(model, images)  # the library's capture (its survey probes the model too)
     real, handles = [], []
     for _, ad in structinit.find_attention_layers(model):
         handles.append(ad.module.attend.register_forward_hook(lambda m, a, out: real.append(out.detach())))
-    images, _ = zoo.real_images(4, entry.image_size)
     try:
-        maps = structinit.attention_maps(model, images)
+        with torch.no_grad():
+            model.eval()(images)  # then one plain forward: each module's own softmax
     finally:
         for h in handles:
             h.remove()

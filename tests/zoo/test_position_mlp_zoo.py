@@ -13,7 +13,7 @@ import zoo
 
 import structinit
 from rejection import check_rejected
-from structinit.adapters.registry import attention_survey, layer_relative_bias
+from structinit.adapters.survey import attention_survey, layer_relative_bias
 
 MODELS = ("timm_swinv2_tiny_window8_64px", "timm_vit_relpos_small_32px", "timm_vit_srelpos_small_32px",
           "hf_Swinv2ForImageClassification", "tv_swin_v2_t_64px")

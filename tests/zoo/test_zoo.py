@@ -13,7 +13,7 @@ import zoo
 import structinit
 from rejection import check_rejected
 from structinit.adapters.observe import module_output, observe, real_maps
-from structinit.adapters.registry import layer_relative_bias
+from structinit.adapters.survey import layer_relative_bias
 from structinit.schemes.checks import diagonal_strength
 
 N_IMAGES = 8  # enough rows for a hit rate: 8 images × every grid row × every head

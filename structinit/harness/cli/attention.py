@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from structinit.adapters import (
+    ModelSurvey,
     TokenLayout,
     adapter_for,
     find_attention_layers,
@@ -105,12 +106,13 @@ def _maps(model, layers, images):
         maps = token_mixing_maps(model, None if images is None else images[:1], layers)
         layout = TokenLayout(token_grid(model, maps[0].shape[-1]))
         return [m.abs()[None] for m in maps], [layout] * len(maps), True, MIXING_LABEL
+    survey = ModelSurvey(model)
     with user_input("layers"):
-        chosen = select_layers(find_attention_layers(model), layers)
-        layouts = layer_layouts(model, chosen)
+        chosen = select_layers(survey.layers(), layers)
+        layouts = layer_layouts(survey, chosen)
     if images is None:  # the model's own maps, each chosen layer fed its position-only input
         with user_input("dataset"):
-            full = [real.probs for real, _ in position_only_layers(model, chosen, layouts)]
+            full = [real.probs for real, _ in position_only_layers(survey, chosen, layouts)]
     else:
         full = attention_maps(model, images[:1], layers=layers)
     return [m[0] for m in full], layouts, all(m.shape[0] == 1 for m in full), COLORBAR_LABEL

@@ -1,0 +1,184 @@
+"""The survey of one model: what structinit reads from it, each fact found once, when first
+asked, and asked as often as needed after that.
+
+An init builds one :class:`ModelSurvey` and hands it to its planner and checks; nothing is
+kept on the model or in a module-level cache, so a model changed between two inits is read
+afresh by the second. The facts:
+
+- :attr:`ModelSurvey.attention`: every attention layer, judged on one probe through the
+  model's own forward (:mod:`structinit.adapters.verify`); the probe is the first input the
+  model takes (:func:`structinit.adapters.probe.probe_choices`), tried in that same forward;
+- :attr:`ModelSurvey.position`: the position embedding, its prefix tokens and grid, by name
+  (:mod:`structinit.adapters.position`), checked against and else read from the forward
+  (:mod:`structinit.adapters.trace`);
+- :meth:`ModelSurvey.relative_bias`: the relative position bias each layer uses.
+
+A scheme that reads none of them (a conv or whole-model scheme) runs no forward at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+
+import torch
+from torch import nn
+
+from structinit.adapters.position import Discovery, named_discovery, prefix_in_layers
+from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
+from structinit.adapters.probe import probe_choices
+from structinit.adapters.registry import candidate_layers
+from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
+from structinit.adapters.trace import consistent, traced_discovery
+from structinit.adapters.verify import AttentionSurvey, survey_attention
+
+
+class ModelSurvey:
+    """What structinit reads from ``model`` (module doc). Properties compute on first use."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    @cached_property
+    def _candidates(self):
+        return candidate_layers(self.model)
+
+    @property
+    def candidates(self) -> list[tuple[str, object]]:
+        """(name, adapter) of every module an attention adapter claims, by names and shapes
+        alone (no forward; :func:`structinit.adapters.registry.candidate_layers`)."""
+        return self._candidates[0]
+
+    @cached_property
+    def attention(self) -> AttentionSurvey:
+        """Every claimed attention layer judged against the model's own forward on a probe:
+        self-attention, pooling heads, layers whose computation differs from their adapter's,
+        and attention no adapter claims."""
+        candidates, named_unknown = self._candidates
+        survey = survey_attention(self.model, candidates, probe_choices(self.model, candidates))
+        # Without a probe the class names are all there is to go by; with one, the dataflow decides.
+        extra = [] if survey.probed else [(n, t if ":" in t else f"{t}: its class name says attention")
+                                          for n, t in named_unknown]
+        return dataclasses.replace(survey, unknown=[*survey.unknown, *extra]) if extra else survey
+
+    @property
+    def probe(self) -> torch.Tensor | None:
+        """The probe the model took: (2, C, H, W) images or (2, T) token ids; None if none."""
+        return self.attention.probe
+
+    @property
+    def takes_token_ids(self) -> bool:
+        """Whether the model is probed with token ids (a 1-D sequence) rather than images."""
+        return self.probe is not None and not self.probe.is_floating_point()
+
+    def layers(self, *, pooling: bool = False) -> list[tuple[str, object]]:
+        """The attention layers in definition order, as (name, adapter); see
+        :func:`find_attention_layers`."""
+        survey = self.attention
+        if unknown := survey.unknown:
+            raise ValueError(
+                "found attention that no adapter understands: "
+                + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
+                + ". Supported: any module whose forward is softmax(q kᵀ·scale + bias)·v of its own projections "
+                "(read from what it computes), nn.MultiheadAttention, ConViT's gated positional attention. "
+                "Register your class with structinit.register_adapter(YourAttention, factory)."
+            )
+        found = [(v.name, v.adapter) for v in survey.verdicts if v.kind != "pooling" or pooling]
+        if not found:
+            types = sorted({type(m).__name__ for m in self.model.modules()})
+            skipped = survey.skipped()
+            also = (f" (only attention-pooling heads: {', '.join(n for n, _ in skipped)}; pass pooling=True to "
+                    "include those an adapter understands)") if skipped else ""
+            raise ValueError(
+                f"no attention layer found in {type(self.model).__name__}{also} (module types: {', '.join(types)}). "
+                "structinit initialises self-attention; register an adapter with "
+                "structinit.register_adapter(YourAttention, factory) if your model has one."
+            )
+        return found
+
+    @cached_property
+    def first_layer(self) -> tuple[str, object] | None:
+        """(name, adapter) of the first attention layer, or None when there is none to read."""
+        try:
+            return self.layers()[0]
+        except ValueError:
+            return None
+
+    @cached_property
+    def first_layer_tokens(self) -> int | None:
+        """How many tokens the first attention layer received in the probe, or None."""
+        first = self.first_layer
+        verdict = None if first is None else self.attention.verdict(first[0])
+        return None if verdict is None else verdict.tokens
+
+    @cached_property
+    def position(self) -> Discovery:
+        """The position embedding, prefix tokens and grid: the first finder's, unless the forward
+        shows otherwise (module doc); an empty :class:`Discovery` when nothing is found."""
+        found = named_discovery(self.model)
+        if found.source == "none" or (found.source == "generic" and not consistent(found, self.first_layer_tokens)):
+            found = traced_discovery(self) or found
+        return prefix_in_layers(found, self.first_layer_tokens)
+
+    def relative_bias(self, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
+        """The relative position bias attention layer ``name`` uses: its own
+        (``adapter.relative``), else one its block holds beside it and hands it with each call
+        (Hugging Face's BEiT), else the only one the model holds outside its attention layers
+        (timm's BEiT with ``use_shared_rel_pos_bias``, timm's relpos ViTs with ``shared_rel_pos``,
+        whose bias an MLP generates); None if there is none."""
+        if adapter.relative is not None:
+            return adapter.relative
+        parent = self.model.get_submodule(name.rpartition(".")[0]) if name else None
+        siblings = [] if parent is None else [c for c in parent.children() if c is not adapter.module]
+        for child in siblings:
+            if (found := _received(child)) is not None:
+                return found
+        return self._shared_bias
+
+    @cached_property
+    def _shared_bias(self) -> RelativeBias | PositionMlpBias | None:
+        inside = {id(m) for _, ad in self.candidates for m in ad.module.modules()}
+        outside = [m for m in self.model.modules() if id(m) not in inside
+                   and (holds_relative_bias(m) or held_position_mlp(m) is not None)]
+        return _received(outside[0]) if len(outside) == 1 else None
+
+
+def as_survey(model: nn.Module | ModelSurvey) -> ModelSurvey:
+    """``model``'s survey: itself when it is one, else a new one."""
+    return model if isinstance(model, ModelSurvey) else ModelSurvey(model)
+
+
+def _received(holder: nn.Module) -> RelativeBias | PositionMlpBias | None:
+    """The bias ``holder`` itself holds, marked as handed to the layer with its call; None if none."""
+    if not holds_relative_bias(holder):
+        return held_position_mlp(holder)
+    return dataclasses.replace(find_relative_bias(holder), received=True)
+
+
+def attention_survey(model: nn.Module | ModelSurvey) -> AttentionSurvey:
+    """The model's attention as one probe through its own forward shows it
+    (:attr:`ModelSurvey.attention`)."""
+    return as_survey(model).attention
+
+
+def find_attention_layers(model: nn.Module | ModelSurvey, *, pooling: bool = False) -> list[tuple[str, object]]:
+    """The attention layers of ``model`` in definition order, as (name, adapter).
+
+    Layers are found by their adapters, and by what the model computes for attention no adapter
+    claims (:mod:`structinit.adapters.provenance`), and checked against one probe through the
+    model's own forward. Attention-pooling and class-attention heads (fewer queries than keys)
+    are left out unless ``pooling=True``. Layers whose forward differs from their adapter's
+    view are kept: each scheme decides whether it can set them. Raises ValueError if there is
+    no attention layer, or if the model has attention that cannot be read.
+    """
+    return as_survey(model).layers(pooling=pooling)
+
+
+def find_position_embedding(model: nn.Module | ModelSurvey) -> Discovery:
+    """The model's position embedding, prefix tokens and grid (:attr:`ModelSurvey.position`)."""
+    return as_survey(model).position
+
+
+def layer_relative_bias(model: nn.Module | ModelSurvey, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
+    """The relative position bias attention layer ``name`` uses (:meth:`ModelSurvey.relative_bias`)."""
+    return as_survey(model).relative_bias(name, adapter)

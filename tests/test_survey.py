@@ -1,0 +1,102 @@
+"""One survey per init: what an init reads from the model is found once, by as few forwards as
+the facts need, and nothing of it outlives the init."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from broken_attention import ReorderedViT
+
+import structinit
+from structinit.adapters import registry as adapter_registry
+from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.token_order import token_order
+
+
+def _count_forwards(model: torch.nn.Module) -> list[int]:
+    calls = [0]
+
+    def hook(module, args):
+        calls[0] += 1
+
+    model.register_forward_pre_hook(hook)
+    return calls
+
+
+@pytest.mark.parametrize("name,scheme,most", [
+    ("vit_cpu_patch4_32", "impulse", 3),       # the survey's probe, the token order, the check after the write
+    ("vit_cpu_patch4_32", "mimetic", 2),       # the survey's probe, the check after the write
+    ("vit_cpu_patch4_32", "timm", 0),          # a whole-model scheme asks the survey nothing
+    ("convit_cpu_patch4_32", "impulse", 3),
+    ("convmixer_cpu_128_6", "conv_impulse", 0),
+])
+def test_an_init_runs_the_model_forward_no_more_than_its_facts_need(name, scheme, most):
+    model = structinit.create_model(name)
+    calls = _count_forwards(model)
+    if scheme == "conv_impulse":
+        structinit.conv_impulse_init_(model, seed=0)
+    else:
+        structinit.init_(model, scheme, seed=0)
+    assert calls[0] <= most, calls[0]
+
+
+def test_each_module_is_looked_up_once_per_init(monkeypatch):
+    seen = collections.Counter()
+    original = adapter_registry.adapter_for
+
+    def counting(module):
+        seen[id(module)] += 1
+        return original(module)
+
+    monkeypatch.setattr(adapter_registry, "adapter_for", counting)
+    model = structinit.create_model("vit_cpu_patch4_32")
+    structinit.init_(model, "impulse", seed=0)
+    assert seen and max(seen.values()) == 1, max(seen.values())
+    assert all(id(block.attn) in seen for block in model.blocks)  # a claimed module's children need no look
+
+
+def test_a_survey_finds_each_fact_once_and_keeps_nothing_on_the_model():
+    model = structinit.create_model("vit_cpu_patch4_32")
+    calls = _count_forwards(model)
+    survey = ModelSurvey(model)
+    assert calls[0] == 0  # built lazily: nothing read yet
+    first = (survey.layers(), survey.position, survey.probe, survey.first_layer_tokens)
+    after_first = calls[0]
+    again = (survey.layers(), survey.position, survey.probe, survey.first_layer_tokens)
+    assert calls[0] == after_first == 1
+    assert first[0] == again[0] and all(a is b for a, b in zip(first[1:], again[1:]))
+    # A new survey reads the model afresh: a layer replaced since is seen (no cache keyed by the model).
+    model.blocks[0].attn = torch.nn.Identity()
+    assert len(ModelSurvey(model).layers()) == len(first[0]) - 1
+
+
+@pytest.mark.parametrize("registers", [0, 3])
+def test_the_token_order_takes_one_forward_whatever_the_grid(registers):
+    model = ReorderedViT(True, registers)
+    name, ad = structinit.find_attention_layers(model)[0]
+    calls = _count_forwards(model)
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    order = token_order(model, ad, model.vit.pos_embed, 64, images)
+    assert calls[0] == 1
+    assert order is not None and order.shape == (2, 64 + registers)
+    for sample in order:
+        assert sorted(sample[sample >= 0].tolist()) == list(range(64)) and int((sample < 0).sum()) == registers
+    assert not model.vit.pos_embed.requires_grad or model.vit.pos_embed.grad is None
+
+
+def test_the_token_order_of_tokens_mixed_before_the_layer_is_unread():
+    """A token that mixes rows of the position embedding (a conv stem after the PE) has no one
+    grid position: the order is None, not a guess."""
+    model = ReorderedViT(False, 0)
+    name, ad = structinit.find_attention_layers(model)[0]
+    pe = model.vit.pos_embed
+    with torch.no_grad():
+        mixed = torch.nn.Conv1d(64, 64, 1)  # every token becomes a sum of every row
+    handle = ad.input_module.register_forward_pre_hook(lambda m, args: (mixed(args[0]),) + tuple(args[1:]))
+    try:
+        order = token_order(model, ad, pe, 64, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)))
+    finally:
+        handle.remove()
+    assert order is None
