@@ -1,7 +1,7 @@
 """Whole-model init time of every attention scheme, with the model's own init as the reference
 (docs/results/speed.md): on timm's ViT-Ti/16, ViT-B/16 and ViT-L/16 (built from code, no
-weights) each scheme is timed in place beside timm's own ``init_weights()``, median of
-``--repeats`` calls on 2 threads; models without the ``timm/`` prefix are structinit's own.
+weights) each scheme is timed beside timm's own ``init_weights()``, each call on a fresh copy of
+the model (a user's first init), median of ``--repeats`` calls on 2 threads; models without the ``timm/`` prefix are structinit's own.
 ``--checks`` instead times what checking every write against the model's forward costs
 (docs/results/zoo.md): ``init_`` against its probe before the write, its check after it and
 one plain forward. ``--routes`` times the routes to the mimetic init's per-head products (the
@@ -62,12 +62,26 @@ def measure(models: list[str], schemes: list[str], repeats: int) -> dict[str, di
         model = build(name)
         row = out.setdefault(name, {})
         if name.startswith("timm/"):
-            row[REFERENCE] = median_seconds(model.init_weights, repeats)
+            row[REFERENCE] = fresh_seconds(model, lambda m: m.init_weights(), repeats)
         for spec in schemes:
             scheme, options = parse_init_spec(spec)
-            row[spec] = median_seconds(lambda m=model, s=scheme, o=options: si.init_(m, s, seed=0, **o), repeats)
+            row[spec] = fresh_seconds(model, lambda m, s=scheme, o=options: si.init_(m, s, seed=0, **o), repeats)
         print(f"[{name}] " + ", ".join(f"{k} {v:.3f}s" for k, v in row.items()), file=sys.stderr, flush=True)
     return out
+
+
+def fresh_seconds(model: torch.nn.Module, init, repeats: int) -> float:
+    """Median seconds of ``init(copy)`` on a fresh copy of ``model`` each time (the copy is not
+    timed), after one untimed call: the cost of a user's first init of a model, which nothing
+    learned from an earlier call on the same model can shorten."""
+    init(copy.deepcopy(model))
+    times = []
+    for _ in range(repeats):
+        fresh = copy.deepcopy(model)
+        start = time.perf_counter()
+        init(fresh)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_in(tree: str | None, args) -> dict[str, dict[str, float]]:
