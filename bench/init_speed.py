@@ -1,7 +1,8 @@
 """Whole-model init time of every attention scheme, with the model's own init as the reference
 (docs/results/speed.md): on timm's ViT-Ti/16, ViT-B/16 and ViT-L/16 (built from code, no
 weights) each scheme is timed beside timm's own ``init_weights()``, each call on a fresh copy of
-the model (a user's first init), median of ``--repeats`` calls on 2 threads; models without the ``timm/`` prefix are structinit's own.
+the model (a user's first init), median of ``--repeats`` calls on 2 threads; models without
+the ``timm/`` prefix are structinit's own.
 ``--checks`` instead times what checking every write against the model's forward costs
 (docs/results/zoo.md): ``init_`` against its probe before the write, its check after it and
 one plain forward. ``--routes`` times the routes to the mimetic init's per-head products (the

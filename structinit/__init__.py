@@ -16,7 +16,6 @@ import importlib
 from structinit.adapters import (
     AttentionAdapter,
     Discovery,
-    FusedLinearAdapter,
     FusedQKVAdapter,
     MultiheadAttentionAdapter,
     SeparateQKVAdapter,
@@ -159,7 +158,7 @@ __all__ = [
     # orthogonal (1-Lipschitz) layers
     "CayleyConv2d", "CayleyLinear", "GroupSort", "LipschitzAvgPool", "SpaceToDepth", "KWLarge",
     # adapters and layout
-    "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter", "FusedLinearAdapter",
+    "AttentionAdapter", "FusedQKVAdapter", "SeparateQKVAdapter", "MultiheadAttentionAdapter",
     "register_adapter", "unregister_adapter", "find_attention_layers", "find_depthwise_convs", "find_ssm_layers",
     "TokenLayout",
     "infer_layout",

@@ -11,8 +11,9 @@ from broken_attention import LateClassViT, PublishedGPSA, SelfMaskedAttention, m
 
 import structinit
 from rejection import check_rejected
-from structinit.adapters import FusedLinearAdapter, GatedPositionalAdapter
+from structinit.adapters import GatedPositionalAdapter
 from structinit.adapters.observe import observe, real_maps
+from structinit.adapters.traced import TracedAdapter
 from structinit.schemes.checks import diagonal_strength
 
 
@@ -81,7 +82,7 @@ def test_mimetic_on_gpsa_leaves_the_positional_half_and_shows_in_the_content_log
 def test_lsa_is_read_with_its_temperature_and_mask_and_mimetic_sets_it():
     model = micro_vit_with_module(SelfMaskedAttention)
     layers = structinit.find_attention_layers(model)
-    assert all(isinstance(ad, FusedLinearAdapter) and ad.masks_self for _, ad in layers)
+    assert all(isinstance(ad, TracedAdapter) and ad.masks_self for _, ad in layers)
     assert layers[0][1].scale == pytest.approx(float(model.blocks[0].attn.temperature.detach().exp()))
     structinit.init_(model, "mimetic", seed=0)
     calls, _ = observe(model, _images(), [(ad.module, ad.input_module, ad) for _, ad in layers])

@@ -75,7 +75,7 @@ def test_a_survey_finds_each_fact_once_and_keeps_nothing_on_the_model():
 @pytest.mark.parametrize("registers", [0, 3])
 def test_the_token_order_takes_one_forward_whatever_the_grid(registers):
     model = ReorderedViT(True, registers)
-    name, ad = structinit.find_attention_layers(model)[0]
+    _, ad = structinit.find_attention_layers(model)[0]
     calls = _count_forwards(model)
     images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     order = token_order(model, ad, model.vit.pos_embed, 64, images)
@@ -90,11 +90,11 @@ def test_the_token_order_of_tokens_mixed_before_the_layer_is_unread():
     """A token that mixes rows of the position embedding (a conv stem after the PE) has no one
     grid position: the order is None, not a guess."""
     model = ReorderedViT(False, 0)
-    name, ad = structinit.find_attention_layers(model)[0]
+    _, ad = structinit.find_attention_layers(model)[0]
     pe = model.vit.pos_embed
     with torch.no_grad():
         mixed = torch.nn.Conv1d(64, 64, 1)  # every token becomes a sum of every row
-    handle = ad.input_module.register_forward_pre_hook(lambda m, args: (mixed(args[0]),) + tuple(args[1:]))
+    handle = ad.input_module.register_forward_pre_hook(lambda m, args: (mixed(args[0]), *args[1:]))
     try:
         order = token_order(model, ad, pe, 64, torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)))
     finally:

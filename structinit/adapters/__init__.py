@@ -10,7 +10,6 @@ from structinit.adapters.attention import (
     is_self_attention,
 )
 from structinit.adapters.conv import find_depthwise_convs, is_depthwise
-from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
 from structinit.adapters.layout import TokenLayout, grid_pos_embed, infer_layout, position_embedding_name
 from structinit.adapters.position import (
@@ -52,7 +51,7 @@ __all__ = [
     "POSITION_FINDERS", "Discovery", "find_position_embedding", "position_embedding_name",
     "register_position_finder", "unregister_position_finder",
     "ATTENTION_ADAPTERS", "AdapterEntry", "AttentionAdapter", "FusedQKVAdapter", "MultiheadAttentionAdapter",
-    "SeparateQKVAdapter", "FusedLinearAdapter", "GatedPositionalAdapter", "ModelSurvey",
+    "SeparateQKVAdapter", "GatedPositionalAdapter", "ModelSurvey",
     "TokenLayout", "adapter_for", "attention_survey", "find_attention_layers", "grid_pos_embed", "layer_relative_bias",
     "infer_layout", "is_self_attention", "find_depthwise_convs", "is_depthwise", "find_token_mixing_layers",
     "is_token_mixing", "token_grid",

@@ -32,6 +32,7 @@ a :class:`TracedAdapter` over strided views of the module's own parameters, whic
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -58,7 +59,23 @@ MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before 
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
     """A :class:`TracedAdapter` for ``module`` from one call on ``args``/``kwargs`` (module doc);
     the module, its parameters, buffers and cached attributes are restored bit for bit after.
+    A module that normalises its input inside (vit-pytorch's pre-norm) is read from the
+    normalised tokens: the trace starts where its projections read them (:func:`inner_tokens`).
     :class:`TraceError` with the reason when its attention is not read so."""
+    try:
+        return _trace_from(module, args, kwargs, ())
+    except TraceError as err:
+        for readers in inner_tokens(module, args, kwargs):
+            try:
+                return _trace_from(module, args, kwargs, readers)
+            except (TraceError, TokenError):
+                continue
+        raise err
+
+
+def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str, ...]) -> TracedAdapter:
+    """:func:`trace_attention` with the tokens taken at the first input of the submodules named
+    ``readers`` (all of the module's input when empty)."""
     params = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
     if not params:
         raise TraceError("it holds no floating-point parameters: its q, k and v come from elsewhere")
@@ -67,14 +84,98 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
         try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
-            return _trace(twin, *_with_leaf(_in_double(args), _in_double(kwargs)), twin_params, module, originals,
-                          args, kwargs)
+            with _leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
+                return _trace(twin, a, k, leaf, twin_params, module, originals, args, kwargs, readers)
         except (TraceError, TokenError):
             raise
         except Exception:  # a module that will not run in float64: trace it as it is
             pass
-    with restored(module, [p for _, p in params]):
-        return _trace(module, *_with_leaf(args, kwargs), params, module, originals, args, kwargs)
+    with restored(module, [p for _, p in params]), _leaf_at(module, readers, *_with_leaf(args, kwargs)) as found:
+        return _trace(module, *found, params, module, originals, args, kwargs, readers)
+
+
+@contextlib.contextmanager
+def _leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: dict, leaf: torch.Tensor):
+    """(args, kwargs, leaf) as given when ``readers`` is empty; else the leaf is a copy of the
+    tokens the ``readers`` submodules receive, handed to each of them in every run inside."""
+    if not readers:
+        yield args, kwargs, leaf
+        return
+    box: dict = {}
+
+    def swap(m, a, kw):
+        x = first_tensor(a, kw)
+        if "leaf" not in box:
+            box["leaf"] = x.detach().clone().requires_grad_(x.is_floating_point())
+        if x.shape != box["leaf"].shape:
+            return None
+        return tuple(box["leaf"] if t is x else t for t in a), kw
+
+    handles = [module.get_submodule(n).register_forward_pre_hook(swap, with_kwargs=True) for n in readers]
+    was = module.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module.eval()(*args, **kwargs)  # the tokens, once: the same leaf in every run after
+        module.train(was)
+        yield args, kwargs, box["leaf"]
+    finally:
+        module.train(was)
+        for h in handles:
+            h.remove()
+
+
+def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, ...]]:
+    """Where a module that transforms its input inside (a pre-norm) reads its tokens: for each
+    tensor of the input's shape that a submodule makes, in call order, the names of the
+    submodules that take it as their first argument (the q/k/v projections after the norm)."""
+    x = first_tensor(args, kwargs)
+    names = {m: n for n, m in module.named_modules() if m is not module}
+    made, read = [], []
+    hooks = [m.register_forward_hook(lambda m, a, out: made.append(out)) for m in names]
+    hooks += [m.register_forward_pre_hook(lambda m, a, kw: read.append((m, first_tensor(a, kw)
+              if any(isinstance(t, torch.Tensor) for t in (*a, *kw.values())) else None)), with_kwargs=True)
+              for m in names]
+    was = module.training
+    try:
+        with restored(module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module.eval()(*args, **kwargs)
+    except Exception:  # the trace's own error says more
+        return []
+    finally:
+        module.train(was)
+        for h in hooks:
+            h.remove()
+    out = []
+    for t in made:
+        if isinstance(t, torch.Tensor) and t is not x and t.shape == x.shape and t.is_floating_point():
+            readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
+            if readers and readers not in out:
+                out.append(readers)
+    return out
+
+
+def tokens_of_call(adapter: TracedAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The tokens a call of the adapter's module hands its maps: read from the call's own
+    arguments, or, for a module read after an inner norm, from its submodule's in one more run
+    of the module (restored after)."""
+    if adapter.input_module is adapter.module:
+        return adapter.input_tokens(args, kwargs)
+    seen, was = {}, adapter.module.training
+
+    def grab(m, a, kw) -> None:
+        seen.setdefault("x", adapter.input_tokens(a, kw).detach())
+
+    handle = adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with restored(adapter.module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            adapter.module.eval()(*args, **kwargs)
+    finally:
+        adapter.module.train(was)
+        handle.remove()
+    return seen["x"]
 
 
 def _with_leaf(args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor]:
@@ -106,10 +207,12 @@ def _in_double(value):
     return value
 
 
-def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, owner_kwargs) -> TracedAdapter:
+def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, owner_kwargs,
+           readers: tuple[str, ...] = ()) -> TracedAdapter:
     """Trace ``module`` (``owner`` itself, or its float64 twin) on ``args``/``kwargs`` (whose
     tokens are ``leaf``); the views are built on ``owner``'s own parameters (``originals``, by
-    name), its tokens read from ``owner_args``/``owner_kwargs``."""
+    name), its tokens read from ``owner_args``/``owner_kwargs`` (at the ``readers``' input, when
+    named)."""
     rec = record(module, args, kwargs)
     ops = rec.ops
     found = map_operands(rec)
@@ -124,7 +227,9 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     heads, group = _heads(q, params)
     dim = _input_width(q, params)
     tokens_of = token_map(q, leaf, dim, heads)
-    tokens = tokens_of.tokens(first_tensor(owner_args, owner_kwargs))
+    inputs = tuple(owner.get_submodule(n) for n in readers)
+    adapter = TracedAdapter(owner, {}, heads, r, 1.0, tokens_of, inputs=inputs)
+    tokens = tokens_of_call(adapter, owner_args, owner_kwargs)
     views, names = {}, {}
     per_head = _read_role("q", q, params, _head_leads(q, heads), dim)
     views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
@@ -136,7 +241,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         kv_of = shared
         views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
     views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
-    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs)
     try:
         adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
     except TraceError:
@@ -146,10 +251,18 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         adapter.scale = product[1] if sdpa_scale is None else sdpa_scale
     adapter.is_causal = causal_map(rec, q)
     adapter.masked = masked_pairs(rec, q)
+    if adapter.masked is not None and _only_the_diagonal(adapter.masked):  # LSA: a token never attends to itself
+        adapter.masks_self, adapter.masked = True, None
     if getattr(q, "by_place", False) and getattr(k, "by_place", False) and _normalised(q):
         adapter.qk_transform = ("qk-norm", "q and k are normalised after their projections (the trace found a "
                                 "norm between them and the product)")
     return adapter
+
+
+def _only_the_diagonal(closed: torch.Tensor) -> bool:
+    """Whether the pairs a call closed, (slices, T, T), are each token with itself and no other."""
+    eye = torch.eye(closed.shape[-1], dtype=torch.bool, device=closed.device)
+    return bool((closed == eye).all())
 
 
 def _input_width(q: Operand, params) -> int:

@@ -326,7 +326,13 @@ def causal_map(rec: Record, q: Operand) -> bool:
     logits = args[0].detach()
     t = logits.shape[-1]
     above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
-    return t > 1 and bool((torch.isneginf(logits) == above).all())
+    return t > 1 and bool((_closed(logits) == above).all())
+
+
+def _closed(logits: torch.Tensor) -> torch.Tensor:
+    """The logits a mask closed: −∞, or the most negative float of the dtype (``masked_fill``
+    with ``-torch.finfo(dtype).max``, as LSA does), which softmax turns into 0 alike."""
+    return torch.isneginf(logits) | (logits <= torch.finfo(logits.dtype).min / 2)
 
 
 def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
@@ -341,7 +347,7 @@ def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
         mask = mask.detach()
         closed = ~mask if mask.dtype == torch.bool else torch.isneginf(mask) | (mask <= torch.finfo(mask.dtype).min)
     else:
-        closed = torch.isneginf(args[0].detach())
+        closed = _closed(args[0].detach())
     t = closed.shape[-1]
     if not bool(closed.any()):
         return None

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, FusedQKVAdapter, MultiheadAttentionAdapter
-from structinit.adapters.fused import FusedLinearAdapter
 from structinit.adapters.gated import GatedPositionalAdapter
 from structinit.adapters.separate import SeparateQKVAdapter, sibling_output
 from structinit.utils import Registry, is_int
@@ -25,9 +24,8 @@ class AdapterEntry:
 
 ATTENTION_ADAPTERS: Registry[AdapterEntry] = Registry("attention adapter")
 # Built-ins, in the order they are tried after any user adapter.
-# Names are the fast path; FusedLinearAdapter recognises the rest by shapes and a traced forward.
-for _cls in (MultiheadAttentionAdapter, GatedPositionalAdapter, FusedQKVAdapter, SeparateQKVAdapter,
-             FusedLinearAdapter):
+# Names are the fast path; attention no adapter claims is read from what it computes (provenance.py).
+for _cls in (MultiheadAttentionAdapter, GatedPositionalAdapter, FusedQKVAdapter, SeparateQKVAdapter):
     ATTENTION_ADAPTERS.register(f"structinit.{_cls.__name__}", AdapterEntry(_cls.matches, _cls))
 
 

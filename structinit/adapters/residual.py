@@ -88,7 +88,7 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     for name, adapter in layers:
         weight, bias = adapter.linear_views()["o"]
         out.append((f"{name} (output projection)", weight, bias))
-        if not any(weight is p for p in adapter.module.parameters()):
+        if not _holds(adapter.module, weight):
             name = name.rpartition(".")[0]  # the output projection is a sibling: the wrapper of both is the attention
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
@@ -107,6 +107,12 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     return out
 
 
+def _holds(module: nn.Module, t: torch.Tensor) -> bool:
+    """Whether ``t`` is, or views, a parameter of ``module`` (an adapter's views may slice one)."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
+
+
 def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tuple[str, nn.Linear] | None:
     """(path in ``block``, Linear) of the MLP output: a known name, or else (with ``search``;
     never at a model's root, where the classifier head could match) the block's last Linear to
@@ -122,7 +128,7 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
     inside = {id(m) for m in adapter.module.modules()}
     last = [(n, m) for n, m in block.named_modules()
             if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside
-            and m.weight is not o_weight]
+            and not _holds(m, o_weight)]
     return last[-1] if last else None
 
 

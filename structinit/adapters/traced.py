@@ -27,10 +27,11 @@ class TracedAdapter(AttentionAdapter):
 
     def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
                  token_map: TokenMap | None = None, param_names: dict[str, str] | None = None,
-                 kv_of: tuple[int, ...] | None = None):
+                 kv_of: tuple[int, ...] | None = None, inputs: tuple[nn.Module, ...] = ()):
         self.module, self._views = module, views
+        self._inputs = tuple(inputs)  # the submodules that read the tokens, when the module normalises them inside
         self.num_heads, self.head_dim = int(num_heads), int(head_dim)
-        self.dim = int(views["q"][0].shape[1])
+        self.dim = int(views["q"][0].shape[1]) if views else 0
         self.scale, self.token_map = float(scale), token_map or TokenMap(-1)
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
         self.kv_of = tuple(range(self.num_heads)) if kv_of is None else tuple(kv_of)
@@ -43,6 +44,14 @@ class TracedAdapter(AttentionAdapter):
 
     def linear_views(self) -> Views:
         return dict(self._views)
+
+    @property
+    def input_module(self) -> nn.Module:
+        return self._inputs[0] if self._inputs else self.module
+
+    @property
+    def sibling_inputs(self) -> tuple[nn.Module, ...]:
+        return self._inputs[1:]
 
     @property
     def causal(self) -> bool:

@@ -33,7 +33,7 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
-from structinit.adapters.provenance import TraceError, trace_attention
+from structinit.adapters.provenance import TraceError, tokens_of_call, trace_attention
 from structinit.adapters.traced import CallTokens
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -319,7 +319,7 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
         if adapter is None:
             unknown.append((name, what))
             continue
-        call.x = adapter.input_tokens(call.args, call.kwargs).detach()
+        call.x = tokens_of_call(adapter, call.args, call.kwargs).detach()
         verdicts.append(dataclasses.replace(judge(name, adapter, call, dtype), tokens=_token_count(call)))
     return verdicts, unknown
 

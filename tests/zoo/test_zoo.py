@@ -116,7 +116,8 @@ def test_mimetic_structure_is_in_the_models_own_attention_or_refused_clearly(bui
         v = torch.nn.functional.linear(x.float(), wv.float(), None if bv is None else bv.float())
         v = v.unflatten(-1, (real.probs.shape[1], -1)).transpose(1, 2)
         expected = (real.probs @ v).transpose(1, 2).flatten(2)  # the per-head context …
-        if any(wo is p for p in ad.module.parameters()):  # … through the output projection, when the module has it
+        if any(wo.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() for p in ad.module.parameters()):
+            # … through the output projection, when the module has it
             expected = torch.nn.functional.linear(expected, wo.float(), None if bo is None else bo.float())
         torch.testing.assert_close(out.float(), expected, atol=1e-4, rtol=1e-3)  # the model's own value path
         product = wv.detach().double().T @ wo.detach().double().T  # W_v W_o (D×D), the path just checked
