@@ -1,36 +1,31 @@
 """Impulse (structured) attention initialisation: every head starts as a one-hot k×k
 convolution on the token grid. The maths and the solvers live in
-:mod:`structinit.functional`; this module finds the layers, resolves offsets and the
-position embedding, and plans the writes."""
+:mod:`structinit.functional`; this module checks the request and the layers, then hands them
+to the planner of the way the layers carry position (:data:`IMPULSE_CARRIERS`: an absolute
+embedding, a relative bias, a rotation), and finishes every plan alike (the value path, the
+reservation, the check after the write)."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout, select_layers
-from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.position_mlp import PositionMlpBias
+from structinit.adapters import select_layers
 from structinit.adapters.survey import ModelSurvey
-from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, LayerSpec, make_impulse_solver
+from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
-from structinit.functional.targets import (
-    Offset,
-    check_kernel_size,
-    check_offsets,
-    enumerated_offsets,
-    random_offsets,
-)
+from structinit.functional.targets import Offset, check_kernel_size
 from structinit.schemes.checks import check_settable, finish_plan, impulse_check
+from structinit.schemes.embedding_impulse import plan_on_embedding
+from structinit.schemes.impulse_request import ImpulseRequest, Placed, resolve_offsets
 from structinit.schemes.plan import Plan
-from structinit.schemes.position_mlp_impulse import POSITION_MLP_TARGET_MASS, plan_position_mlp_impulse
 from structinit.schemes.registry import register_planner
-from structinit.schemes.relative_impulse import check_relative_options, plan_relative_impulse
-from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
-from structinit.schemes.rope_impulse import plan_rope_impulse, rotary_at_grid
-from structinit.utils import check_choice, check_finite, check_options, make_generator
+from structinit.schemes.relative_impulse import plan_on_relative
+from structinit.schemes.reservation import RESERVE_MODES
+from structinit.schemes.rope_impulse import plan_on_rotary
+from structinit.utils import check_choice, check_options
 
 VALUE_INITS = ("keep", "mimetic")
 
@@ -144,7 +139,7 @@ def plan_impulse(
     chosen = select_layers(survey.layers(), layers)
     skipped = survey.attention.skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
-        _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
+        resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
     check_settable(survey, chosen, "impulse")
@@ -156,176 +151,47 @@ def plan_impulse(
                 "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
                 "the model without the q/k norm for the init")
     biases = [survey.relative_bias(name, ad) for name, ad in chosen]
-    relative = [b is not None for b in biases]
-    plan, reservation = Plan(), None
-    if any(relative):  # Swin, BEiT: position lives in a relative bias table, written directly
-        if not all(relative):
-            raise ValueError("some chosen attention layers have a relative position bias and others do not; "
-                             "initialise them separately (layers=)")
-        mlp = [isinstance(b, PositionMlpBias) for b in biases]  # Swin-V2, relpos-MLP ViTs: an MLP makes the table
-        if any(mlp) and not all(mlp):
-            raise ValueError("some chosen attention layers store their relative position bias table and others "
-                             "generate it with an MLP; initialise them separately (layers=)")
-        check_relative_options(chosen, solver, solver_options, {
-            "grid": grid, "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
-            **({"carrier": "a relative position bias an MLP generates, whose layers impulse fits"} if any(mlp) else {}))
-        layouts = [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases]
-        gen = make_generator(generator, seed)
-        per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
-                                     per_layer_offsets, gen)
-        if any(mlp):
-            plan_position_mlp_impulse(plan, chosen, biases, per_layer,
-                                      solver_options.get("target_mass", POSITION_MLP_TARGET_MASS), gen)
-        else:
-            plan_relative_impulse(plan, chosen, biases, per_layer, solver_obj.target_mass)
-    elif any(ad.rotary is not None for _, ad in chosen):  # RoPE: position lives in the rotation of q and k
-        if not all(ad.rotary is not None for _, ad in chosen):
-            raise ValueError("some chosen attention layers rotate q and k by position (RoPE) and others do not; "
-                             "initialise them separately (layers=)")
-        check_relative_options(chosen, solver, solver_options, {
-            "num_prefix_tokens": num_prefix_tokens, "pos_embed": pos_embed, "reserve": reserve_given},
-            carrier="the rotation of q and k (RoPE), which impulse sets through content-free q and k")
-        if grid is not None or any(ad.rotary_received for _, ad in chosen):
-            # A rotation the model hands its layers is read again now, on the grid asked for (a learned
-            # RoPE's angles move in training, and the survey's probe may be of another size).
-            chosen = rotary_at_grid(survey, chosen, tuple(grid) if grid is not None else chosen[0][1].rotary.grid)
-        layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
-        for lay in layouts:
-            check_kernel_size(kernel_size, lay.grid)
-        gen = make_generator(generator, seed)
-        per_layer = _resolve_offsets(chosen, "random" if offsets is None else offsets, kernel_size,
-                                     per_layer_offsets, gen)
-        plan_rope_impulse(survey, plan, chosen, per_layer, solver_obj.target_mass)
-    else:
-        layout = infer_layout(survey, grid, num_prefix_tokens)
-        check_kernel_size(kernel_size, layout.grid)
-        layouts = _layer_layouts(survey, chosen, layout)
-        dims = sorted({ad.dim for _, ad in chosen})
-        if len(dims) > 1:
-            raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately "
-                             "(layers=)")
-        dim = dims[0]
-        gen = make_generator(generator, seed)
-        offsets = _resolve_offsets(chosen, solver_obj.default_offsets if offsets is None else offsets, kernel_size,
-                                   per_layer_offsets, gen)
-        pe = _position_embedding(survey, layout, dim, pos_embed, solver_obj, plan)
-        if reserve != "none":
-            # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
-            pe_dst = grid_pos_embed(survey, layout) if pos_embed is None else None
-            stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
-            reservation = resolve_reservation(survey, chosen, stored, reserve, "impulse", layout)
-        x = solver_obj.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
-        specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, offsets)]
-        per_layer = []  # the offsets the solver placed
-        for (_, ad), lay, solved in zip(chosen, layouts, solver_obj.solve(x, layout.grid, specs, gen)):
-            record = {"offsets": list(solved.offsets), "grid": lay.grid,
-                      "num_prefix_tokens": lay.num_prefix_tokens, "solver": solver}
-            plan.add_qk(ad, solved.wq, solved.wk, record=record)
-            plan.add(ad.positional_writes(list(solved.offsets), layout.grid))  # a map's position-only part, if any
-            per_layer.append(list(solved.offsets))
+    request = ImpulseRequest(survey, chosen, biases, solver, solver_obj, solver_options, kernel_size, offsets,
+                             per_layer_offsets, grid, num_prefix_tokens, pos_embed, generator, seed, reserve,
+                             reserve_given)
+    plan = Plan()
+    placed = IMPULSE_CARRIERS[position_carrier(chosen, biases)](request, plan)
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
-        for _, ad in chosen:
-            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta, generator=gen)
+        for _, ad in placed.chosen:
+            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta,
+                                   generator=placed.gen)
             plan.add(ad.vo_writes(wv, wo))
-    if reservation is not None:
-        reservation.plan(plan)
-    check = impulse_check(survey, chosen, per_layer, layouts)
+    if placed.reservation is not None:
+        placed.reservation.plan(plan)
+    check = impulse_check(survey, placed.chosen, placed.offsets, placed.layouts)
     if check is not None:
         plan.checks.append(check)
-    finish_plan(plan, survey, "impulse", chosen, skipped)
+    finish_plan(plan, survey, "impulse", placed.chosen, skipped)
     return plan
 
 
-def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[TokenLayout]:
-    """Per chosen layer, ``layout`` with the prefix tokens the layer really receives (the
-    probe's count): a class token that joins in front of the grid after the first layers
-    (ConViT) is a prefix of the later ones. A layer that receives any other count is refused
-    before anything is written."""
-    joining = survey.position.joining_prefix_tokens
-    out, odd = [], []
-    for name, ad in chosen:
-        verdict = survey.attention.verdict(name)
-        tokens = None if verdict is None else verdict.tokens
-        if tokens is None or tokens == layout.num_tokens:
-            out.append(layout)
-        elif joining and tokens == layout.num_tokens + joining:
-            out.append(TokenLayout(layout.grid, layout.num_prefix_tokens + joining))
-        else:
-            out.append(None)
-            odd.append((name, ad, tokens))
-    if odd:
-        name, ad, tokens = odd[0]
-        index = {n: i for i, (n, _) in enumerate(survey.layers())}
-        fit = [index[n] for (n, _), lay in zip(chosen, out) if lay is not None and n in index]
-        raise ValueError(
-            f"impulse: attention layer {name!r} ({type(ad.module).__name__}) receives {tokens} tokens, but the "
-            f"model's layout is {layout.num_prefix_tokens} prefix + {layout.num_patches} grid "
-            f"({layout.grid[0]}×{layout.grid[1]}) tokens, and no class token of the model joins later to make up "
-            f"the difference ({len(odd)} layer(s) so: a later stage on another grid, or tokens the model adds); "
-            "nothing was written. "
-            + (f"Initialise the layers that take the grid as laid out, layers={fit}, or pass" if fit else "Pass")
-            + " the grid=/num_prefix_tokens= the layers really use")
-    return out
+# Where a layer carries position → the planner that puts each head's impulse there.
+IMPULSE_CARRIERS: dict[str, Callable[[ImpulseRequest, Plan], Placed]] = {
+    "relative": plan_on_relative,    # a relative bias table, or the MLP that makes it (Swin, BEiT, Swin-V2)
+    "rotary": plan_on_rotary,        # the rotation of q and k (RoPE ViTs)
+    "embedding": plan_on_embedding,  # an absolute embedding added to the tokens (ViT, DeiT, ConViT)
+}
+
+
+def position_carrier(chosen, biases) -> str:
+    """The :data:`IMPULSE_CARRIERS` key of the chosen layers (name, adapter), given each one's
+    relative bias (or None); a ValueError when they carry position in different ways."""
+    if any(b is not None for b in biases):
+        if not all(b is not None for b in biases):
+            raise ValueError("some chosen attention layers have a relative position bias and others do not; "
+                             "initialise them separately (layers=)")
+        return "relative"
+    if any(ad.rotary is not None for _, ad in chosen):
+        if not all(ad.rotary is not None for _, ad in chosen):
+            raise ValueError("some chosen attention layers rotate q and k by position (RoPE) and others do not; "
+                             "initialise them separately (layers=)")
+        return "rotary"
+    return "embedding"
 
 
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")
-
-
-def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:
-    """The (N, D) float64 PE the solver works from; plans the solver's PE rewrite, if any.
-
-    The model's PE is checked finite only where the solver reads it: a solver that overwrites
-    it must not be blocked by NaNs it never reads.
-    """
-    pe_dst = grid_pos_embed(survey, layout)
-    pe = pos_embed if pos_embed is not None else pe_dst
-    if pe is not None:
-        if tuple(pe.shape[-2:]) != (layout.num_patches, dim):
-            raise ValueError(f"pos_embed has shape {tuple(pe.shape)}, expected ({layout.num_patches}, {dim})")
-        pe = pe.detach().reshape(layout.num_patches, -1).double().cpu().clone()
-    if solver.reads_model_pe():
-        if pe is None:
-            raise ValueError(
-                f"solver={solver.name!r} builds attention from the position embedding, but {NOT_FOUND}; "
-                "pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
-            )
-        check_finite("pos_embed", pe)
-    learned = pos_embed is None and pe_dst is not None and pe_dst.requires_grad
-    new_pe = solver.position_embedding(pe, learned=learned, grid=layout.grid, dim=dim)
-    if new_pe is None:
-        return pe
-    if pe is None:
-        raise ValueError(
-            f"solver={solver.name!r} with a pe_scale writes the model's position embedding, but {NOT_FOUND}; "
-            "pass pos_embed=<(N, D) tensor the model adds to its tokens> and pe_scale=None"
-        )
-    if pos_embed is not None:
-        raise ValueError(
-            f"solver={solver.name!r} with a pe_scale rewrites the model's position embedding, but it "
-            "was passed in as pos_embed=; pass pe_scale=None to use it unchanged"
-        )
-    plan.add([(pe_dst, new_pe)])
-    return new_pe
-
-
-def _resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen) -> list[list[Offset]]:
-    heads = [ad.num_heads for _, ad in chosen]
-    if isinstance(offsets, str):
-        if offsets == "enumerated":
-            return [enumerated_offsets(h, kernel_size) for h in heads]
-        if offsets == "random":
-            if per_layer_offsets:
-                return [random_offsets(h, kernel_size, gen) for h in heads]
-            first = random_offsets(max(heads), kernel_size, gen)
-            return [first[:h] for h in heads]
-        raise ValueError(f"offsets={offsets!r}: use 'random', 'enumerated' or a list of (dy, dx)")
-    offs = check_offsets(list(offsets), kernel_size)
-    for (name, ad) in chosen:
-        if len(offs) != ad.num_heads:
-            counts = sorted({a.num_heads for _, a in chosen})
-            hint = "give one (dy, dx) per head"
-            if len(counts) > 1:  # Swin: the head count grows per stage; one list cannot fit all of them
-                hint += (f"; the chosen layers have {', '.join(map(str, counts))} heads: init each group in its own "
-                         "call, layers=[...] with a list of that many offsets, or use offsets='random'")
-            raise ValueError(f"offsets has {len(offs)} entries but layer {name!r} has {ad.num_heads} heads; {hint}")
-    return [offs for _ in chosen]

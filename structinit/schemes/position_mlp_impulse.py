@@ -45,8 +45,8 @@ from structinit.functional.position_mlp import (
 )
 from structinit.functional.relative import impulse_logit
 from structinit.functional.targets import Offset
+from structinit.schemes.impulse_request import check_shared_offsets
 from structinit.schemes.plan import Plan
-from structinit.schemes.relative_impulse import check_shared_offsets
 
 __all__ = ["POSITION_MLP_SOLVER", "POSITION_MLP_TARGET_MASS", "plan_position_mlp_impulse"]
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from structinit.adapters import TokenLayout
+from structinit.adapters.position_mlp import PositionMlpBias
 from structinit.adapters.relative import RelativeBias
 from structinit.functional.relative import impulse_logit
 from structinit.functional.targets import Offset
+from structinit.schemes.impulse_request import ImpulseRequest, Placed, check_shared_offsets
 from structinit.schemes.plan import Plan
+from structinit.schemes.position_mlp_impulse import POSITION_MLP_TARGET_MASS, plan_position_mlp_impulse
+from structinit.utils import make_generator
 from structinit.utils.checks import show
 
 __all__ = ["RELATIVE_SOLVER", "plan_relative_impulse"]
@@ -48,15 +53,6 @@ def check_relative_options(chosen, solver: str, solver_options: dict, given: dic
             raise ValueError(f"{name}={show(value)}: {why}; {name} is about a position embedding, omit it")
 
 
-def check_shared_offsets(written: dict, shared, name: str, offsets, what: str) -> None:
-    """Record layer ``name``'s ``offsets`` for the ``shared`` module or tensor it writes, in
-    ``written``; a ValueError when another layer that writes the same one chose other offsets."""
-    first = written.setdefault(id(shared), (name, list(offsets)))
-    if first[1] != list(offsets):
-        raise ValueError(f"layers {first[0]!r} and {name!r} share one {what}, so they must start with the same "
-                         "offsets; leave per_layer_offsets=False (one draw for every layer)")
-
-
 def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_layer: list[list[Offset]],
                           target_mass: float) -> None:
     """Add to ``plan`` the table of every chosen layer (``biases[i]`` the one layer i uses): head h
@@ -82,3 +78,27 @@ def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_la
         plan.records.append((ad.module, "impulse", {
             "offsets": list(offsets), "grid": rb.grid, "num_prefix_tokens": rb.num_prefix_tokens,
             "solver": RELATIVE_SOLVER, "logit": beta}))
+
+
+def plan_on_relative(request: ImpulseRequest, plan: Plan) -> Placed:
+    """The relative-bias carrier (module doc): each head's offset written into its layer's bias
+    table, or fitted into the MLP that generates it (Swin-V2, relpos-MLP ViTs:
+    :mod:`structinit.schemes.position_mlp_impulse`). The grid is each layer's window."""
+    chosen, biases = request.chosen, request.biases
+    mlp = [isinstance(b, PositionMlpBias) for b in biases]
+    if any(mlp) and not all(mlp):
+        raise ValueError("some chosen attention layers store their relative position bias table and others "
+                         "generate it with an MLP; initialise them separately (layers=)")
+    check_relative_options(chosen, request.solver, request.solver_options, {
+        "grid": request.grid, "num_prefix_tokens": request.num_prefix_tokens, "pos_embed": request.pos_embed,
+        "reserve": request.reserve_given},
+        **({"carrier": "a relative position bias an MLP generates, whose layers impulse fits"} if any(mlp) else {}))
+    layouts = [TokenLayout(b.grid, b.num_prefix_tokens) for b in biases]
+    gen = make_generator(request.generator, request.seed)
+    per_layer = request.resolve_offsets("random", gen)
+    if any(mlp):
+        target_mass = request.solver_options.get("target_mass", POSITION_MLP_TARGET_MASS)
+        plan_position_mlp_impulse(plan, chosen, biases, per_layer, target_mass, gen)
+    else:
+        plan_relative_impulse(plan, chosen, biases, per_layer, request.solver_obj.target_mass)
+    return Placed(chosen, layouts, per_layer, gen)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from structinit.adapters import TokenLayout
 from structinit.adapters.prenorm import InputNorm, input_norms
 from structinit.adapters.probe import probe_at
 from structinit.adapters.registry import candidate_layers
@@ -38,8 +39,11 @@ from structinit.adapters.rotary import Rotary
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import survey_attention
 from structinit.functional.rope import rope_impulse_terms, rope_impulse_terms_2d
-from structinit.functional.targets import Offset
+from structinit.functional.targets import Offset, check_kernel_size
+from structinit.schemes.impulse_request import ImpulseRequest, Placed, resolve_offsets
 from structinit.schemes.plan import Plan
+from structinit.schemes.relative_impulse import check_relative_options
+from structinit.utils import make_generator
 
 __all__ = ["ROTARY_SOLVER", "plan_rope_impulse", "rotary_at_grid"]
 
@@ -157,3 +161,25 @@ def plan_rope_impulse(survey: ModelSurvey, plan: Plan, chosen, per_layer: list[l
                                                  "channel": channel})
         weight, bias = norm.module.weight, norm.module.bias
         plan.add([(weight[channel:channel + 1], torch.zeros(1)), (bias[channel:channel + 1], torch.ones(1))])
+
+
+def plan_on_rotary(request: ImpulseRequest, plan: Plan) -> Placed:
+    """The rotary carrier (module doc). A rotation the model hands its layers is read again
+    first, on the grid asked for (a learned RoPE's angles move in training, and the survey's
+    probe may be of another size)."""
+    chosen = request.chosen
+    check_relative_options(chosen, request.solver, request.solver_options, {
+        "num_prefix_tokens": request.num_prefix_tokens, "pos_embed": request.pos_embed,
+        "reserve": request.reserve_given},
+        carrier="the rotation of q and k (RoPE), which impulse sets through content-free q and k")
+    if request.grid is not None or any(ad.rotary_received for _, ad in chosen):
+        grid = tuple(request.grid) if request.grid is not None else chosen[0][1].rotary.grid
+        chosen = rotary_at_grid(request.survey, chosen, grid)
+    layouts = [TokenLayout(ad.rotary.grid, ad.rotary.num_prefix_tokens) for _, ad in chosen]
+    for lay in layouts:
+        check_kernel_size(request.kernel_size, lay.grid)
+    gen = make_generator(request.generator, request.seed)
+    offsets = "random" if request.offsets is None else request.offsets
+    per_layer = resolve_offsets(chosen, offsets, request.kernel_size, request.per_layer_offsets, gen)
+    plan_rope_impulse(request.survey, plan, chosen, per_layer, request.solver_obj.target_mass)
+    return Placed(chosen, layouts, per_layer, gen)

@@ -1,0 +1,128 @@
+"""``impulse`` for attention whose position comes with the tokens: an absolute position
+embedding added before the first layer (ViT, DeiT, ConViT, vit-pytorch's models).
+
+The solver (:data:`structinit.functional.impulse_solvers.IMPULSE_SOLVERS`) designs each
+head's q and k from the position-only pseudo input LayerNorm(PE), the grid rows of the model's
+position embedding (or a sin-cos table it writes there first), so that head h's map on it puts
+its mass on the token at its offset. With a reservation, the patch embedding (and every
+residual write) is projected off the subspace the q/k read position from, so that content
+cannot move the maps off their structure (:mod:`structinit.schemes.reservation`)."""
+
+from __future__ import annotations
+
+import torch
+
+from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout
+from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.survey import ModelSurvey
+from structinit.functional.impulse_solvers import LayerSpec
+from structinit.functional.targets import check_kernel_size
+from structinit.schemes.impulse_request import ImpulseRequest, Placed
+from structinit.schemes.plan import Plan
+from structinit.schemes.reservation import resolve_reservation
+from structinit.utils import check_finite, make_generator
+
+
+def plan_on_embedding(request: ImpulseRequest, plan: Plan) -> Placed:
+    """The embedding carrier (module doc): the layout from the model (or ``grid=`` /
+    ``num_prefix_tokens=``), the PE the solver works from (and its rewrite, if the solver has
+    one), the reservation, then each layer's solved q and k with its record."""
+    survey, chosen, solver = request.survey, request.chosen, request.solver_obj
+    layout = infer_layout(survey, request.grid, request.num_prefix_tokens)
+    check_kernel_size(request.kernel_size, layout.grid)
+    layouts = _layer_layouts(survey, chosen, layout)
+    dims = sorted({ad.dim for _, ad in chosen})
+    if len(dims) > 1:
+        raise ValueError(f"the chosen attention layers take different widths {dims}; init them separately "
+                         "(layers=)")
+    dim = dims[0]
+    gen = make_generator(request.generator, request.seed)
+    offsets = request.resolve_offsets(solver.default_offsets, gen)
+    pe = _position_embedding(survey, layout, dim, request.pos_embed, solver, plan)
+    reservation = None
+    if request.reserve != "none":
+        # The basis comes from the PE as the model will hold it (its dtype), not the float64 one.
+        pe_dst = grid_pos_embed(survey, layout) if request.pos_embed is None else None
+        stored = pe if pe is None or pe_dst is None else pe.to(pe_dst.dtype).double()
+        reservation = resolve_reservation(survey, chosen, stored, request.reserve, "impulse", layout)
+    x = solver.pseudo_input(pe, grid=layout.grid, dim=dim, generator=gen)
+    specs = [LayerSpec(tuple(offs), ad.head_dim, ad.scale) for (_, ad), offs in zip(chosen, offsets)]
+    per_layer = []  # the offsets the solver placed
+    for (_, ad), lay, solved in zip(chosen, layouts, solver.solve(x, layout.grid, specs, gen)):
+        record = {"offsets": list(solved.offsets), "grid": lay.grid,
+                  "num_prefix_tokens": lay.num_prefix_tokens, "solver": request.solver}
+        plan.add_qk(ad, solved.wq, solved.wk, record=record)
+        plan.add(ad.positional_writes(list(solved.offsets), layout.grid))  # a map's position-only part, if any
+        per_layer.append(list(solved.offsets))
+    return Placed(chosen, layouts, per_layer, gen, reservation)
+
+
+def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[TokenLayout]:
+    """Per chosen layer, ``layout`` with the prefix tokens the layer really receives (the
+    probe's count): a class token that joins in front of the grid after the first layers
+    (ConViT) is a prefix of the later ones. A layer that receives any other count is refused
+    before anything is written."""
+    joining = survey.position.joining_prefix_tokens
+    out, odd = [], []
+    for name, ad in chosen:
+        verdict = survey.attention.verdict(name)
+        tokens = None if verdict is None else verdict.tokens
+        if tokens is None or tokens == layout.num_tokens:
+            out.append(layout)
+        elif joining and tokens == layout.num_tokens + joining:
+            out.append(TokenLayout(layout.grid, layout.num_prefix_tokens + joining))
+        else:
+            out.append(None)
+            odd.append((name, ad, tokens))
+    if odd:
+        name, ad, tokens = odd[0]
+        index = {n: i for i, (n, _) in enumerate(survey.layers())}
+        fit = [index[n] for (n, _), lay in zip(chosen, out) if lay is not None and n in index]
+        raise ValueError(
+            f"impulse: attention layer {name!r} ({type(ad.module).__name__}) receives {tokens} tokens, but the "
+            f"model's layout is {layout.num_prefix_tokens} prefix + {layout.num_patches} grid "
+            f"({layout.grid[0]}×{layout.grid[1]}) tokens, and no class token of the model joins later to make up "
+            f"the difference ({len(odd)} layer(s) so: a later stage on another grid, or tokens the model adds); "
+            "nothing was written. "
+            + (f"Initialise the layers that take the grid as laid out, layers={fit}, or pass" if fit else "Pass")
+            + " the grid=/num_prefix_tokens= the layers really use")
+    return out
+
+
+
+
+def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> torch.Tensor | None:
+    """The (N, D) float64 PE the solver works from; plans the solver's PE rewrite, if any.
+
+    The model's PE is checked finite only where the solver reads it: a solver that overwrites
+    it must not be blocked by NaNs it never reads.
+    """
+    pe_dst = grid_pos_embed(survey, layout)
+    pe = pos_embed if pos_embed is not None else pe_dst
+    if pe is not None:
+        if tuple(pe.shape[-2:]) != (layout.num_patches, dim):
+            raise ValueError(f"pos_embed has shape {tuple(pe.shape)}, expected ({layout.num_patches}, {dim})")
+        pe = pe.detach().reshape(layout.num_patches, -1).double().cpu().clone()
+    if solver.reads_model_pe():
+        if pe is None:
+            raise ValueError(
+                f"solver={solver.name!r} builds attention from the position embedding, but {NOT_FOUND}; "
+                "pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
+            )
+        check_finite("pos_embed", pe)
+    learned = pos_embed is None and pe_dst is not None and pe_dst.requires_grad
+    new_pe = solver.position_embedding(pe, learned=learned, grid=layout.grid, dim=dim)
+    if new_pe is None:
+        return pe
+    if pe is None:
+        raise ValueError(
+            f"solver={solver.name!r} with a pe_scale writes the model's position embedding, but {NOT_FOUND}; "
+            "pass pos_embed=<(N, D) tensor the model adds to its tokens> and pe_scale=None"
+        )
+    if pos_embed is not None:
+        raise ValueError(
+            f"solver={solver.name!r} with a pe_scale rewrites the model's position embedding, but it "
+            "was passed in as pos_embed=; pass pe_scale=None to use it unchanged"
+        )
+    plan.add([(pe_dst, new_pe)])
+    return new_pe
