@@ -127,3 +127,20 @@ def test_mixer_token_mixing_maps(tmp_path):
     assert sorted(p.name for p in out.glob("*.png")) == ["comparison.png", "maps_impulse.png", "maps_timm.png"]
     table = (out / "attention.md").read_text()
     assert "| impulse | 0 | 1.000 | 1.000 |" in table and "| timm | 0 | – |" in table
+
+
+def test_a_run_shown_with_dataset_none_is_drawn_on_position_only(trained_run, tmp_path):
+    """``--dataset none``, as --help offers it, with a run: its maps on position alone, no overlay."""
+    out = tmp_path / "none"
+    assert main(["attention", "--run", str(trained_run), "--dataset", "none", "--layers", "0", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == ["before_after.png"]
+    rows = [r for r in (out / "attention.md").read_text().splitlines() if r.startswith("| at init")]
+    assert rows and "| 1.000 |" in rows[0]  # the impulse hits its targets on the position-only input
+
+
+def test_a_comparison_folder_given_as_a_run_is_named_so_with_one_of_its_runs(trained_run, tmp_path, capsys):
+    comparison = trained_run.parent.parent  # <compare root>/impulse/seed0: the root holds the runs
+    assert main(["attention", "--run", str(comparison), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{comparison} is a comparison's folder" in err, err
+    assert f"pass one of its runs, such as {trained_run}" in err

@@ -413,3 +413,49 @@ def test_the_compare_api_takes_what_the_command_line_takes(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     summary = compare(base, "pytorch,mimetic", 1, tmp_path / "c", progress=False)  # a string, a count
     assert set(summary) == {"pytorch", "mimetic"} and all(row["seeds"] == [0] for row in summary.values())
+
+
+def test_train_and_compare_refuse_what_is_not_a_run_config_in_one_line(tmp_path):
+    from structinit.harness.compare import compare
+    from structinit.harness.tasks import train
+
+    for call, name in ((lambda: train({"recipe": "digits"}), "cfg"),
+                       (lambda: compare({"recipe": "digits"}, ["pytorch"], 1, tmp_path / "a"), "base")):
+        with pytest.raises(TypeError) as err:
+            call()
+        message = str(err.value)
+        assert message.startswith(f"{name}: expected a run config") and "got dict" in message, message
+        assert "structinit.recipe(" in message and "\n" not in message
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_data_dir_that_is_a_file_is_named_so(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    line = train_fails(capsys, *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "file"),
+                       "--out", str(tmp_path / "run"))
+    assert f"--data-dir {tmp_path / 'file'} is a file, not a folder, and holds no mnist data" in line, line
+    assert line.endswith("set --data-dir to the folder that holds the mnist files")
+    assert not (tmp_path / "run").exists()
+    from structinit.data import load_dataset
+    from structinit.data.datasets import DatasetNotFoundError
+    with pytest.raises(DatasetNotFoundError, match=r"root=.* is a file, not a folder"):
+        load_dataset("mnist", tmp_path / "file")
+
+
+def test_a_damaged_archive_is_said_in_one_whole_line_with_the_fix(tmp_path, capsys):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(bytes(range(256)) * 20)
+    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert "cannot read it as a tar archive" in line and line.endswith("download it again (--download)"), line
+
+
+def test_cka_with_fewer_than_four_images_names_images(tmp_path, capsys):
+    runs = []
+    for seed in (0, 1):
+        out = tmp_path / f"s{seed}"
+        assert main(["train", *FAST, "--seed", str(seed), "--out", str(out)]) == 0
+        runs.append(str(out))
+    capsys.readouterr()
+    assert main(["cka", *runs, "--images", "0", "--out", str(tmp_path / "cka")]) == 2
+    line = error_line(capsys, "cka")
+    assert line.endswith("--images 0: CKA needs at least 4 test images (its unbiased estimator needs n > 3); pass "
+                         "--images 4 or more"), line

@@ -106,8 +106,10 @@ def _read_archive(archive: Path, names: list[str], spec: CifarSpec) -> dict[str,
                     out[parts[1]] = (f.read(), f"{archive}:{member.name}")
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise DatasetFormatError(
-            f"{archive}: cannot read it as a tar archive ({type(exc).__name__}: {exc}); expected {spec.archive}, "
-            "the official archive — it is corrupted or truncated: delete it and re-download (download=True)"
+            # tarfile lists each method it tried on a line of its own: one line here, the fix last
+            f"{archive}: cannot read it as a tar archive ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+            f"expected {spec.archive}, the official archive — it is corrupted or truncated: delete it and "
+            "download it again (download=True)"
         ) from exc
     missing = [n for n in names if n not in out]
     if missing:

@@ -40,6 +40,7 @@ class DatasetLoader:
         system_roots: folders tried before :func:`default_root` when no ``root`` is given.
         download_into: the folder to download into for a ``root`` that was tried
             (default: that folder itself).
+        file_root: whether ``root`` may be a file (CIFAR's archive, read in place).
     """
 
     load: Callable[..., ArrayDataset]
@@ -47,6 +48,7 @@ class DatasetLoader:
     root_mode: str = "search"
     system_roots: tuple[Path, ...] = ()
     download_into: Callable[[Path], Path] | None = None
+    file_root: bool = False
 
 
 DATASET_LOADERS: Registry[DatasetLoader] = Registry("dataset")
@@ -58,10 +60,11 @@ def _cifar_download_folder(spec: CifarSpec) -> Callable[[Path], Path]:
 
 
 DATASET_LOADERS.register("cifar10", DatasetLoader(
-    lambda root, split: load_cifar(root, CIFAR10, split), download_into=_cifar_download_folder(CIFAR10)))
+    lambda root, split: load_cifar(root, CIFAR10, split), download_into=_cifar_download_folder(CIFAR10),
+    file_root=True))
 DATASET_LOADERS.register("cifar100", DatasetLoader(
     lambda root, split, **options: load_cifar(root, CIFAR100, split, **options), frozenset({"label"}),
-    download_into=_cifar_download_folder(CIFAR100)))
+    download_into=_cifar_download_folder(CIFAR100), file_root=True))
 DATASET_LOADERS.register("svhn", DatasetLoader(load_svhn))
 DATASET_LOADERS.register("mnist", DatasetLoader(lambda root, split: load_idx_dataset(root, "mnist", split)))
 DATASET_LOADERS.register("fashion_mnist", DatasetLoader(
@@ -129,6 +132,10 @@ def load_dataset(
             return entry.load(r, split, **options)
         except DatasetNotFoundError as exc:
             missing.append(exc)
+    given = "root" if root is not None else "$STRUCTINIT_DATA"
+    if (root is not None or os.environ.get("STRUCTINIT_DATA")) and roots[-1].is_file():  # no archive it can read
+        raise DatasetNotFoundError(f"{given}={roots[-1]} is a file, not a folder, and holds no {name} data; give "
+                                   f"the folder that holds the {name} files (or a folder to download them into)")
     if not download:
         if len(missing) == 1:
             raise missing[0]

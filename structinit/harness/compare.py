@@ -31,7 +31,7 @@ from structinit.harness.run.folder import check_out_dir, run_in
 from structinit.harness.run.lifecycle import check_run, construct_and_plan
 from structinit.harness.specs import check_init_specs, parse_init_spec, parse_seeds, spec_label
 from structinit.harness.summary import format_summary, summarise
-from structinit.harness.tasks import make_task, train
+from structinit.harness.tasks import check_run_config, make_task, train
 from structinit.utils.optional_imports import require
 
 __all__ = ["check_specs", "compare", "plot_curves", "run_config"]
@@ -80,6 +80,7 @@ def compare(base: RunConfig, inits: list[str] | str, seeds: list[int] | int | st
     checked completely (:func:`check_specs`) before the first run, so a bad one fails at once,
     not after hours of the others. A run another process is training raises RunLockedError,
     or with ``wait=True`` is waited for (see the module docstring)."""
+    check_run_config("base", base)
     out = Path(out_dir)
     with user_input("out_dir"):
         check_out_dir(out)

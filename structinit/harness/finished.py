@@ -15,6 +15,7 @@ from torch import nn
 
 from structinit.harness.config import config_from_dict
 from structinit.harness.run.checkpoint import WEIGHTS, init_fingerprint, load_weights
+from structinit.harness.run.folder import comparison_in
 from structinit.harness.run.lifecycle import RESULT
 from structinit.harness.tasks import Kind, kind_of
 from structinit.harness.tasks.image import plan_model
@@ -71,6 +72,10 @@ def load_run(path: str | Path) -> FinishedRun:
         raise FileNotFoundError(f"run folder {path} does not exist (or is not a folder); pass the folder that "
                                 f"`structinit train --out` wrote")
     result_path = path / RESULT
+    if not result_path.is_file() and (why := comparison_in(path)):
+        runs = sorted(p.parent for p in path.glob(f"*/seed*/{RESULT}"))
+        example = f", such as {runs[0]}" if runs else ""
+        raise ValueError(f"{path} is a comparison's folder ({why}), not a run; pass one of its runs{example}")
     if not result_path.is_file():
         raise FileNotFoundError(f"{path} has no {RESULT}: it is not a finished run (it may still be training, or "
                                 "have been killed: finish it with `structinit train --resume --out` first)")

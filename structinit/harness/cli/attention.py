@@ -86,8 +86,13 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def _images(dataset: str | None, data_dir: str | None, n: int):
-    """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)."""
-    return (None, None) if dataset is None else test_images(dataset, data_dir, n)[:2]
+    """(normalised images, the same in [0, 1]) of the first ``n`` test images, or (None, None)
+    for no dataset (``None``, or ``none`` as ``--dataset`` says it: position only)."""
+    return (None, None) if _position_only(dataset) else test_images(dataset, data_dir, n)[:2]
+
+
+def _position_only(dataset: str | None) -> bool:
+    return dataset is None or str(dataset).strip().lower() == "none"
 
 
 def _is_mixer(model) -> bool:
@@ -204,9 +209,16 @@ def _run_figures(args, out: Path, layers) -> list[str]:
     with user_input("run"):
         run = load_run(args.run)
     cfg = run.config
-    images, raw = _images(args.dataset or cfg.dataset, args.data_dir or cfg.data_dir, args.images)
+    # the run's own images give the models their input shape, whatever --dataset shows them
+    own, _ = _images(cfg.dataset, cfg.data_dir if args.dataset else args.data_dir or cfg.data_dir, 1)
+    images, raw = (None, None) if _position_only(args.dataset) and args.dataset else _images(
+        args.dataset or cfg.dataset, args.data_dir or cfg.data_dir, args.images)
+    if images is not None and images.shape[1:] != own.shape[1:]:
+        raise UsageError(f"--dataset {args.dataset}: its images are {tuple(images.shape[1:])}, but the run trained "
+                         f"on {cfg.dataset} images of {tuple(own.shape[1:])}; show it images of its own kind, or "
+                         "--dataset none for position only")
     with user_input("run"):
-        initial, trained = models_of(run, tuple(images.shape[1:]), run.num_classes)
+        initial, trained = models_of(run, tuple(own.shape[1:]), run.num_classes)
     layers = _resolve_layers(initial, layers)
     offsets = None
     if not _is_mixer(initial):
@@ -225,7 +237,7 @@ def _run_figures(args, out: Path, layers) -> list[str]:
             maps[f"{when}, layer {layer}"] = m, lay
         metrics = _metrics(model, images, layers, offsets=offsets)
         lines += [_summary_line(when, layer, metrics, r) for r, layer in enumerate(layers)]
-        if whole:
+        if whole and raw is not None:
             overlay_figure(raw[0], model_maps[0], shown[0], _queries(args, shown[0]), path=out / f"overlay_{tag}.png",
                            title=f"{run.label}, {when}, layer {layers[0]}", label=label)
     ordered = {k: maps[k] for layer in layers for k in (f"at init, layer {layer}", f"trained, layer {layer}")}

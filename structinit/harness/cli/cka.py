@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from structinit.analysis import cka_figure, cka_matrix
-from structinit.harness.cli.flags import out_path
+from structinit.harness.cli.flags import UsageError, out_path
 from structinit.harness.errors import user_input
 from structinit.harness.finished import load_run, models_of
 from structinit.harness.run.folder import check_out_dir
@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     with user_input("out_dir"):
         check_out_dir(out)
     cfg = runs[0].config
+    if args.images < 4:
+        raise UsageError(f"--images {args.images}: CKA needs at least 4 test images (its unbiased estimator needs "
+                         "n > 3); pass --images 4 or more")
     images, _, _ = test_images(cfg.dataset, args.data_dir or cfg.data_dir, args.images)
     models = []
     for r in runs:

@@ -34,6 +34,7 @@ _PHRASES = [(re.compile(pattern), repl) for pattern, repl in [
     (r"(?<![\w-])[a-z_]+(?:=\w+)? \((--[a-z][a-z-]*)\)", r"\1"),
     (r"\b(download|compile|resume|wait)=True\b", r"--\1"),
     (r"\broot=(?= )", "--data-dir"),  # "or root= the folder that contains them"
+    (r"\broot=(?=\S)", "--data-dir "),  # "root=/a/file is a file"
     (r"\broot is required\b", "--data-dir is required"),
     (r"load split='train' and carve a test set with holdout_split\(ds, n\)",
      "carve a test set out of the training images with --set holdout=N"),

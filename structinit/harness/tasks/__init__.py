@@ -87,6 +87,16 @@ def kind_of(config_or_result: RunConfig | dict) -> Kind:
                     f"{', '.join(k.config.__name__ for k in KINDS.values())}")
 
 
+def check_run_config(name: str, cfg: object) -> None:
+    """A TypeError in one line naming ``name``, the value's type and how to build a config,
+    unless ``cfg`` is one of the kinds' configs."""
+    if not any(type(cfg) is kind.config for kind in KINDS.values()):
+        kinds = ", ".join(k.config.__name__ for k in KINDS.values())
+        raise TypeError(f"{name}: expected a run config ({kinds}), got {type(cfg).__name__}; build one with "
+                        "structinit.recipe('digits', epochs=2) (a recipe, any field overridden) or "
+                        "structinit.ImageConfig(dataset=..., model=...)")
+
+
 def make_task(cfg: RunConfig):
     """The task that trains ``cfg``: its kind's (:class:`Kind`) task built on it."""
     return kind_of(cfg).task(cfg)
@@ -103,4 +113,5 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True, wait: boo
     (:mod:`structinit.harness.errors`). While the run trains its folder is locked: another
     process on the same ``out_dir`` raises
     :class:`~structinit.harness.errors.RunLockedError`, or with ``wait=True`` waits."""
+    check_run_config("cfg", cfg)
     return run_task(make_task(cfg), resume=resume, progress=progress, wait=wait)
