@@ -459,3 +459,20 @@ def test_cka_with_fewer_than_four_images_names_images(tmp_path, capsys):
     line = error_line(capsys, "cka")
     assert line.endswith("--images 0: CKA needs at least 4 test images (its unbiased estimator needs n > 3); pass "
                          "--images 4 or more"), line
+
+
+def test_cka_of_runs_on_two_datasets_names_them(tmp_path, capsys):
+    """Not "the init's code changed", nor a shape error blamed on --batch-size: the datasets."""
+    from test_data_formats import write_mnist
+
+    write_mnist(tmp_path / "data" / "mnist", n=64)
+    write_mnist(tmp_path / "data" / "mnist", n=16, split="test")
+    a, b = tmp_path / "digits", tmp_path / "mnist"
+    assert main(["train", *FAST, "--out", str(a)]) == 0
+    assert main(["train", *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"),
+                 "--set", 'model_kwargs={"img_size": 28, "patch_size": 7}', "--out", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["cka", str(a), str(b), "--out", str(tmp_path / "cka")]) == 2
+    line = error_line(capsys, "cka")
+    assert line.endswith(f"{b} trained on mnist, {a} on digits: CKA compares two models on the same images; pass "
+                         "two runs of one dataset"), line

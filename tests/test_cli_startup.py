@@ -1,6 +1,6 @@
 """The ``structinit`` command before the package is imported: its entry point is
 ``structinit_cli.main``, a module outside the package, so that Ctrl-C while torch loads ends in
-one line and exit status 130, not in a traceback."""
+one line and exit status 130 (SIGTERM: 143), not in a traceback or a silent exit."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 import structinit
 
@@ -57,7 +59,11 @@ def test_the_command_is_the_launcher_outside_the_package():
     assert done.returncode == 0 and done.stdout.strip() == f"structinit {structinit.__version__}"
 
 
-def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130(tmp_path):
+@pytest.mark.parametrize("signum,code,words", [
+    (signal.SIGINT, 130, "structinit: interrupted while starting; nothing was run"),
+    (signal.SIGTERM, 143, "structinit: terminated (SIGTERM) while starting; nothing was run"),
+])
+def test_a_stop_while_the_package_imports_is_one_line_and_its_exit_status(tmp_path, signum, code, words):
     (tmp_path / "sitecustomize.py").write_text(SLOW_IMPORT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     # Started as from a terminal, SIGINT at its default: a job a shell puts in the background without
@@ -67,10 +73,10 @@ def test_ctrl_c_while_the_package_imports_is_one_line_and_exit_130(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "importing structinit\n", proc.communicate(timeout=60)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert (proc.returncode, err) == (130, "structinit: interrupted while starting; nothing was run\n")
+    assert (proc.returncode, err) == (code, words + "\n")

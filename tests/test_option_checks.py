@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 
 import pytest
 import torch
+from torch import nn
 
 import structinit
 from rejection import check_rejected
@@ -360,3 +362,16 @@ def test_the_api_takes_the_command_lines_spec_and_refuses_an_option_given_twice(
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     check_rejected(small(), lambda m: structinit.init_(m, "impulse:kernel_size=3", kernel_size=5), ValueError,
                    "option 'kernel_size' is given both in the spec and as a keyword")
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic", "timm"])
+def test_a_quantised_model_is_refused_naming_quantisation(scheme):
+    """Its Linear layers hold packed integers: an attention scheme would call it attention it
+    cannot read, and a whole-model scheme would skip them without a word."""
+    model = structinit.create_model("vit_micro_patch2_16").eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notes on its eager quantisation
+        quantised = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    message = check_rejected(quantised, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
+                             r"layers are quantised \(blocks\.0\.attn\.qkv: torch\.ao\.nn\.quantized")
+    assert "nothing was written" in message and "Initialise the float model, then quantise it" in message

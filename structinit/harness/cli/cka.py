@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     with user_input("out_dir"):
         check_out_dir(out)
     cfg = runs[0].config
+    other = runs[1].config
+    if other.dataset != cfg.dataset:
+        raise UsageError(f"{args.run_b} trained on {other.dataset}, {args.run_a} on {cfg.dataset}: CKA compares two "
+                         "models on the same images; pass two runs of one dataset")
     if args.images < 4:
         raise UsageError(f"--images {args.images}: CKA needs at least 4 test images (its unbiased estimator needs "
                          "n > 3); pass --images 4 or more")
