@@ -144,3 +144,23 @@ def test_a_comparison_folder_given_as_a_run_is_named_so_with_one_of_its_runs(tra
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{comparison} is a comparison's folder" in err, err
     assert f"pass one of its runs, such as {trained_run}" in err
+
+
+@pytest.mark.parametrize("command", ["attention", "cka"])
+def test_a_full_disk_while_the_figures_are_written_is_one_line_and_exit_1(trained_run, tmp_path, capsys, monkeypatch,
+                                                                          command):
+    import errno
+
+    import matplotlib.figure
+
+    def full(self, fname, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(fname))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    out = tmp_path / "figs"
+    argv = (["attention", "--run", str(trained_run)] if command == "attention"
+            else ["cka", str(trained_run), str(trained_run), "--images", "8"])
+    assert main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"structinit {command}: error: {out}"), err
+    assert err.endswith("could not be written (No space left on device); free space, or choose another --out")

@@ -10,6 +10,7 @@ the message names none. Which errors are the user's is decided by
 
 from __future__ import annotations
 
+import errno
 import functools
 import re
 
@@ -65,7 +66,7 @@ def to_flags(text: str, parameter: str | None = None) -> str:
 def exit_code(err: BaseException) -> int | None:
     """2 for an error in the user's input, 1 for a run that failed on its own (a diverged
     loss, a full disk), None for a bug (shown with its traceback)."""
-    if isinstance(err, (NonFiniteLossError, RunIOError)):
+    if isinstance(err, (NonFiniteLossError, RunIOError)) or storage_refused(err):
         return 1
     if isinstance(err, ImportError) and HARNESS_INSTALL in str(err):  # a missing package, named
         return 1
@@ -74,9 +75,24 @@ def exit_code(err: BaseException) -> int | None:
     return None
 
 
+# What the storage answers when it refuses a write (a full disk, a read-only or forbidden place).
+_STORAGE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def storage_refused(err: BaseException) -> bool:
+    """Whether ``err`` is the storage refusing a file a command writes (a figure, a table):
+    a failure of the run, said in one line, not a bug (its traceback helps nobody)."""
+    return (isinstance(err, OSError) and not isinstance(err, RunIOError) and err.errno in _STORAGE
+            and input_parameter(err) is None)  # a file of the user's that cannot be read is their input
+
+
 def format_error(err: BaseException, command: str) -> str:
     """``structinit <command>: error: <message>``, one line, in flags; the flag the error
     concerns leads when the message names none."""
+    if storage_refused(err):
+        where = err.filename or "a file"
+        return (f"structinit {command}: error: {where}: could not be written ({err.strerror}); free space, or "
+                "choose another --out")
     lines = str(err).strip().splitlines()
     message = lines[0] if lines else type(err).__name__
     parameter = input_parameter(err) or ""
