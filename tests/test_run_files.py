@@ -96,3 +96,60 @@ def test_no_run_inside_a_comparison_and_no_comparison_over_a_run(tmp_path):
     train(run, progress=False)
     with pytest.raises(ValueError, match=r"is a run's folder \(it holds a run's result.json\)"):
         compare(base, ["pytorch"], [0], run.out_dir, progress=False)
+
+
+def test_a_run_has_an_id_that_its_files_record_and_its_readers_check(tmp_path, capsys):
+    """The id is the run's settings, seed, starting weights and data: another folder, the same
+    id; another seed or learning rate, another id. attention (through the weights it loads)
+    refuses another run's weights from the same init (another lr), and weights whose tensors
+    were changed, naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    from structinit.harness.cli.main import main
+    from structinit.harness.run.checkpoint import load_weights
+
+    runs = {}
+    for name, seed, lr in (("a", 0, 1e-3), ("moved", 0, 1e-3), ("b", 0, 2e-3), ("c", 1, 1e-3)):
+        cfg = recipe("digits", out_dir=str(tmp_path / name), epochs=1, train_size=64, seed=seed, lr=lr, init="impulse")
+        runs[name] = train(cfg, progress=False)
+    ids = {name: r["run_id"] for name, r in runs.items()}
+    assert ids["a"] == ids["moved"] and len({ids["a"], ids["b"], ids["c"]}) == 3 and len(ids["a"]) == 16
+    assert runs["a"]["init_fingerprint"] == runs["b"]["init_fingerprint"]  # the same init: only the id tells them
+    for name in runs:
+        _, metadata = load_weights(tmp_path / name / "model.safetensors")
+        assert metadata["run_id"] == json.loads((tmp_path / name / "result.json").read_text())["run_id"] == ids[name]
+    assert main(["attention", "--run", str(tmp_path / "a"), "--dataset", "none", "--out", str(tmp_path / "f")]) == 0
+    capsys.readouterr()
+
+    weights = tmp_path / "a" / "model.safetensors"
+    original = weights.read_bytes()
+    weights.write_bytes((tmp_path / "b" / "model.safetensors").read_bytes())  # the same init, another lr's run
+    assert main(["attention", "--run", str(tmp_path / "a"), "--dataset", "none", "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{weights}: these weights are run {ids['b']}'s, and the folder's result.json is run {ids['a']}'s" in err
+    assert len(err.splitlines()) == 1 and "train --resume" in err
+
+    weights.write_bytes(original)
+    tensors, metadata = load_file(weights), load_weights(weights)[1]
+    name = next(iter(tensors))
+    save_file({**tensors, name: tensors[name] + 1}, weights, metadata)  # its header intact, a tensor changed
+    assert main(["attention", "--run", str(tmp_path / "a"), "--dataset", "none", "--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{weights}: its tensors are not the ones the run finished with" in err, err
+
+
+def test_a_result_edited_or_copied_from_another_seed_is_refused_by_its_readers(tmp_path):
+    from structinit.harness.finished import find_runs, load_run
+
+    base = recipe("digits", epochs=1, train_size=64)
+    compare(base, ["pytorch"], 2, tmp_path / "cmp", progress=False)
+    seed0, seed1 = (tmp_path / "cmp" / "pytorch" / f"seed{s}" for s in (0, 1))
+    assert [r.result["seed"] for r in find_runs(tmp_path / "cmp")] == [0, 1]
+    (seed0 / "result.json").write_bytes((seed1 / "result.json").read_bytes())
+    with pytest.raises(ValueError, match=r"seed0/result.json: it is seed 1's result, in the folder of seed 0: a copy"):
+        find_runs(tmp_path / "cmp")
+    result = json.loads((seed1 / "result.json").read_text())
+    result["config"]["lr"] = 0.5  # edited: not the run its id names
+    (seed1 / "result.json").write_text(json.dumps(result))
+    with pytest.raises(ValueError, match=rf"its settings, seed or data are not those of run {result['run_id']}"):
+        load_run(seed1)

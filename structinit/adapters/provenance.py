@@ -32,7 +32,6 @@ a :class:`TracedAdapter` over strided views of the module's own parameters, whic
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 
@@ -50,7 +49,7 @@ from structinit.adapters.provenance_record import (
     record,
     restored,
 )
-from structinit.adapters.provenance_tokens import TokenError, token_map
+from structinit.adapters.provenance_tokens import TokenError, inner_tokens, leaf_at, token_map, tokens_of_call
 from structinit.adapters.traced import CallTokens, TracedAdapter
 
 MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
@@ -84,98 +83,14 @@ def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
         try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
-            with _leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
+            with leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
                 return _trace(twin, a, k, leaf, twin_params, module, originals, args, kwargs, readers)
         except (TraceError, TokenError):
             raise
         except Exception:  # a module that will not run in float64: trace it as it is
             pass
-    with restored(module, [p for _, p in params]), _leaf_at(module, readers, *_with_leaf(args, kwargs)) as found:
+    with restored(module, [p for _, p in params]), leaf_at(module, readers, *_with_leaf(args, kwargs)) as found:
         return _trace(module, *found, params, module, originals, args, kwargs, readers)
-
-
-@contextlib.contextmanager
-def _leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: dict, leaf: torch.Tensor):
-    """(args, kwargs, leaf) as given when ``readers`` is empty; else the leaf is a copy of the
-    tokens the ``readers`` submodules receive, handed to each of them in every run inside."""
-    if not readers:
-        yield args, kwargs, leaf
-        return
-    box: dict = {}
-
-    def swap(m, a, kw):
-        x = first_tensor(a, kw)
-        if "leaf" not in box:
-            box["leaf"] = x.detach().clone().requires_grad_(x.is_floating_point())
-        if x.shape != box["leaf"].shape:
-            return None
-        return tuple(box["leaf"] if t is x else t for t in a), kw
-
-    handles = [module.get_submodule(n).register_forward_pre_hook(swap, with_kwargs=True) for n in readers]
-    was = module.training
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            module.eval()(*args, **kwargs)  # the tokens, once: the same leaf in every run after
-        module.train(was)
-        yield args, kwargs, box["leaf"]
-    finally:
-        module.train(was)
-        for h in handles:
-            h.remove()
-
-
-def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, ...]]:
-    """Where a module that transforms its input inside (a pre-norm) reads its tokens: for each
-    tensor of the input's shape that a submodule makes, in call order, the names of the
-    submodules that take it as their first argument (the q/k/v projections after the norm)."""
-    x = first_tensor(args, kwargs)
-    names = {m: n for n, m in module.named_modules() if m is not module}
-    made, read = [], []
-    hooks = [m.register_forward_hook(lambda m, a, out: made.append(out)) for m in names]
-    hooks += [m.register_forward_pre_hook(lambda m, a, kw: read.append((m, first_tensor(a, kw)
-              if any(isinstance(t, torch.Tensor) for t in (*a, *kw.values())) else None)), with_kwargs=True)
-              for m in names]
-    was = module.training
-    try:
-        with restored(module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            module.eval()(*args, **kwargs)
-    except Exception:  # the trace's own error says more
-        return []
-    finally:
-        module.train(was)
-        for h in hooks:
-            h.remove()
-    out = []
-    for t in made:
-        if isinstance(t, torch.Tensor) and t is not x and t.shape == x.shape and t.is_floating_point():
-            readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
-            if readers and readers not in out:
-                out.append(readers)
-    return out
-
-
-def tokens_of_call(adapter: TracedAdapter, args: tuple, kwargs: dict) -> torch.Tensor:
-    """The tokens a call of the adapter's module hands its maps: read from the call's own
-    arguments, or, for a module read after an inner norm, from its submodule's in one more run
-    of the module (restored after)."""
-    if adapter.input_module is adapter.module:
-        return adapter.input_tokens(args, kwargs)
-    seen, was = {}, adapter.module.training
-
-    def grab(m, a, kw) -> None:
-        seen.setdefault("x", adapter.input_tokens(a, kw).detach())
-
-    handle = adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        with restored(adapter.module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            adapter.module.eval()(*args, **kwargs)
-    finally:
-        adapter.module.train(was)
-        handle.remove()
-    return seen["x"]
 
 
 def _with_leaf(args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor]:

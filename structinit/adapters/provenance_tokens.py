@@ -3,16 +3,23 @@ the module may take (B, T, D) tokens, (B, D, H, W) or (B, H, W, D) maps, and may
 into windows itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its
 gradient on the input say which input position each of that slice's tokens reads, whatever
 reshapes, permutes and rolls the module does on the way. The result, a :class:`TokenMap`,
-turns any call's input (or output) into the (slices, T, D) tokens the map is made of."""
+turns any call's input (or output) into the (slices, T, D) tokens the map is made of.
+
+A module that transforms its input inside before projecting it (vit-pytorch's LayerNorm in
+the attention module) is read from the tokens its projections take: :func:`inner_tokens`
+finds the submodules that read them, :func:`leaf_at` hands the trace a copy there, and
+:func:`tokens_of_call` reads them from any call."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
-from structinit.adapters.provenance_record import Operand
+from structinit.adapters.provenance_record import Operand, first_tensor, restored
 
 
 class TokenError(ValueError):
@@ -109,3 +116,90 @@ def _windows(positions: list[tuple[int, torch.Tensor]], count: int) -> torch.Ten
     if per == 1 and torch.equal(windows[0], torch.arange(count)):
         return None
     return windows
+
+
+# -- a module that transforms its tokens inside (a pre-norm) -----------------------------------------
+
+@contextlib.contextmanager
+def leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: dict, leaf: torch.Tensor):
+    """(args, kwargs, leaf) as given when ``readers`` is empty; else the leaf is a copy of the
+    tokens the ``readers`` submodules receive, handed to each of them in every run inside."""
+    if not readers:
+        yield args, kwargs, leaf
+        return
+    box: dict = {}
+
+    def swap(m, a, kw):
+        x = first_tensor(a, kw)
+        if "leaf" not in box:
+            box["leaf"] = x.detach().clone().requires_grad_(x.is_floating_point())
+        if x.shape != box["leaf"].shape:
+            return None
+        return tuple(box["leaf"] if t is x else t for t in a), kw
+
+    handles = [module.get_submodule(n).register_forward_pre_hook(swap, with_kwargs=True) for n in readers]
+    was = module.training
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module.eval()(*args, **kwargs)  # the tokens, once: the same leaf in every run after
+        module.train(was)
+        yield args, kwargs, box["leaf"]
+    finally:
+        module.train(was)
+        for h in handles:
+            h.remove()
+
+
+def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, ...]]:
+    """Where a module that transforms its input inside (a pre-norm) reads its tokens: for each
+    tensor of the input's shape that a submodule makes, in call order, the names of the
+    submodules that take it as their first argument (the q/k/v projections after the norm)."""
+    x = first_tensor(args, kwargs)
+    names = {m: n for n, m in module.named_modules() if m is not module}
+    made, read = [], []
+    hooks = [m.register_forward_hook(lambda m, a, out: made.append(out)) for m in names]
+    hooks += [m.register_forward_pre_hook(lambda m, a, kw: read.append((m, first_tensor(a, kw)
+              if any(isinstance(t, torch.Tensor) for t in (*a, *kw.values())) else None)), with_kwargs=True)
+              for m in names]
+    was = module.training
+    try:
+        with restored(module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module.eval()(*args, **kwargs)
+    except Exception:  # the trace's own error says more
+        return []
+    finally:
+        module.train(was)
+        for h in hooks:
+            h.remove()
+    out = []
+    for t in made:
+        if isinstance(t, torch.Tensor) and t is not x and t.shape == x.shape and t.is_floating_point():
+            readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
+            if readers and readers not in out:
+                out.append(readers)
+    return out
+
+
+def tokens_of_call(adapter, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The tokens a call of the module of ``adapter`` (a
+    :class:`~structinit.adapters.traced.TracedAdapter`) hands its maps: read from the call's own
+    arguments, or, for a module read after an inner norm, from its submodule's in one more run
+    of the module (restored after)."""
+    if adapter.input_module is adapter.module:
+        return adapter.input_tokens(args, kwargs)
+    seen, was = {}, adapter.module.training
+
+    def grab(m, a, kw) -> None:
+        seen.setdefault("x", adapter.input_tokens(a, kw).detach())
+
+    handle = adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with restored(adapter.module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            adapter.module.eval()(*args, **kwargs)
+    finally:
+        adapter.module.train(was)
+        handle.remove()
+    return seen["x"]

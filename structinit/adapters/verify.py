@@ -33,7 +33,8 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
 from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
-from structinit.adapters.provenance import TraceError, tokens_of_call, trace_attention
+from structinit.adapters.provenance import TraceError, trace_attention
+from structinit.adapters.provenance_tokens import tokens_of_call
 from structinit.adapters.traced import CallTokens
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every

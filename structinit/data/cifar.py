@@ -10,6 +10,7 @@ holds ``train``, ``test`` and ``meta``. Each batch is a pickled dict: ``b'data'`
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from structinit.data.datasets import (
     DatasetNotFoundError,
     check_split,
 )
+from structinit.data.identity import describe, identify
 from structinit.data.safe_pickle import load_pickle
 
 __all__ = ["CIFAR10", "CIFAR100", "CifarSpec", "load_cifar", "locate_cifar"]
@@ -181,12 +183,15 @@ def load_cifar(root: str | Path, spec: CifarSpec, split: str = "train", label: s
 
     meta_bytes, meta_path = raw[spec.meta]
     classes = _class_names(load_pickle(meta_bytes, meta_path), meta_path, names_key)
-    batches = []
+    batches, kinds = [], {}
     for name in names[1:]:
         blob, path = raw.pop(name)
         batches.append(parse_batch(load_pickle(blob, path), path, label_key, len(classes)))
+        kinds[name] = identify(path, hashlib.md5(blob, usedforsecurity=False).hexdigest(),
+                               batches[-1][1], spec.title, name)
         del blob
     images, labels = zip(*batches)
     name = spec.name if label == "fine" else f"{spec.name}_coarse"
     images = torch.from_numpy(np.ascontiguousarray(np.concatenate(images)))
-    return ArrayDataset(images, torch.from_numpy(np.concatenate(labels)), classes, name, *DATASET_STATS[spec.name])
+    return ArrayDataset(images, torch.from_numpy(np.concatenate(labels)), classes, name, *DATASET_STATS[spec.name],
+                        describe(str(location), spec.title, split, kinds))

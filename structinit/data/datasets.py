@@ -56,6 +56,8 @@ class ArrayDataset:
         name: dataset name, e.g. ``"cifar10"``.
         mean, std: per-channel statistics in [0, 1] units (length C) to normalise with; for a
             test split or a subset these are still the *training* statistics.
+        source: which copy of the dataset the files were, in words (the official files, a copy,
+            files of no published copy: :mod:`structinit.data.identity`); "" when not known.
     """
 
     images: torch.Tensor
@@ -64,6 +66,7 @@ class ArrayDataset:
     name: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    source: str = ""
 
     def __post_init__(self) -> None:
         where = f"ArrayDataset {self.name!r}"
@@ -129,7 +132,8 @@ class ArrayDataset:
                 raise IndexError(f"subset: index {bad} out of range for {len(self)} images")
         else:
             raise TypeError(f"subset: index has dtype {index.dtype}, expected integer indices or a bool mask")
-        return ArrayDataset(self.images[index], self.labels[index], list(self.classes), self.name, self.mean, self.std)
+        return ArrayDataset(self.images[index], self.labels[index], list(self.classes), self.name, self.mean, self.std,
+                            self.source)
 
     def normalised(self, n: int | None = None) -> torch.Tensor:
         """The first ``n`` images (all by default) as float32 in training's normalisation:

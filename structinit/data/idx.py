@@ -126,17 +126,19 @@ def _locate(root: Path, name: str, split: str) -> tuple[Path, Path]:
     )
 
 
-def check_known_labels(path: Path, labels: np.ndarray, name: str, split: str) -> None:
+def check_known_labels(path: Path, labels: np.ndarray, name: str, split: str) -> bool:
     """Refuse the label file ``path`` (its ``labels``, as :func:`read_idx` read them) when it is,
     by its content (:data:`KNOWN_LABELS`: the IDX bytes, header and labels), another dataset's or
     another split's official one: MNIST and Fashion-MNIST share their file names, so a folder of
-    the one passes for the other. A file that is no official one (a subset, your own) passes."""
+    the one passes for the other. A file that is no official one (a subset, your own) passes.
+    Returns whether it is the official file asked for."""
     content = struct.pack(">II", LABELS_MAGIC, labels.shape[0]) + labels.tobytes()
     known = KNOWN_LABELS.get(hashlib.md5(content, usedforsecurity=False).hexdigest())
     if known is not None and known != (name, split):
         what, wanted = f"{_NAMES[known[0]]}'s {known[1]} labels", f"{_NAMES[name]}'s {split} files"
         raise DatasetFormatError(f"{path}: these are {what} (the official file), and {_NAMES[name]} {split} was "
                                  f"asked for; point the data folder at {wanted}, or ask for the dataset it holds")
+    return known == (name, split)
 
 
 def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train") -> ArrayDataset:
@@ -151,7 +153,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
     images_path, labels_path = _locate(Path(root).expanduser(), name, split)
     images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
     labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")
-    check_known_labels(labels_path, labels, name, split)
+    official = check_known_labels(labels_path, labels, name, split)
     if labels.shape[0] != images.shape[0]:
         raise DatasetFormatError(
             f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images; "
@@ -161,4 +163,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
         raise DatasetFormatError(f"{labels_path}: labels out of range: found {int(labels.max())}, expected 0..9")
     classes = list(FASHION_MNIST_CLASSES) if name == "fashion_mnist" else [str(i) for i in range(10)]
     images = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy())
-    return ArrayDataset(images, torch.from_numpy(labels.astype(np.int64)), classes, name, *DATASET_STATS[name])
+    source = (f"{_NAMES[name]} {split}: the official label file" if official else
+              f"{_NAMES[name]} {split}: files that are no published copy")
+    return ArrayDataset(images, torch.from_numpy(labels.astype(np.int64)), classes, name, *DATASET_STATS[name],
+                        source)

@@ -19,6 +19,8 @@ from structinit.data.datasets import (
     DatasetNotFoundError,
     check_split,
 )
+from structinit.data.download import file_md5
+from structinit.data.identity import describe, identify
 
 __all__ = ["SVHN_FILES", "load_svhn", "parse_svhn"]
 
@@ -72,5 +74,7 @@ def load_svhn(root: str | Path, split: str = "train") -> ArrayDataset:
             "— delete it and re-download (download=True)"
         ) from exc
     images, labels = parse_svhn(mat, path)
+    kinds = {filename: identify(str(path), file_md5(path), labels, "SVHN", filename)}
     digits = [str(i) for i in range(10)]
-    return ArrayDataset(torch.from_numpy(images), torch.from_numpy(labels), digits, "svhn", *DATASET_STATS["svhn"])
+    return ArrayDataset(torch.from_numpy(images), torch.from_numpy(labels), digits, "svhn", *DATASET_STATS["svhn"],
+                        describe(str(path), "SVHN", split, kinds))

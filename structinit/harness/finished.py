@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from structinit.harness.config import config_from_dict
-from structinit.harness.run.checkpoint import WEIGHTS, init_fingerprint, load_weights
+from structinit.harness.run.checkpoint import WEIGHTS, init_fingerprint, load_weights, run_id, state_digest
 from structinit.harness.run.folder import comparison_in
 from structinit.harness.run.lifecycle import RESULT
 from structinit.harness.tasks import Kind, kind_of
@@ -86,7 +87,27 @@ def load_run(path: str | Path) -> FinishedRun:
     missing = [k for k in ("config", "final", "history", "seed") if not isinstance(result, dict) or k not in result]
     if missing:
         raise ValueError(f"{result_path}: not a structinit result (missing {', '.join(missing)})")
+    _check_own(result_path, result)
     return FinishedRun(path, result)
+
+
+def _check_own(result_path: Path, result: dict) -> None:
+    """A result.json that is its own run's: its run id is the one its config, starting weights
+    and data make (not edited), and in a comparison's ``seed<N>`` folder it is seed N's (not
+    copied from another seed's folder). A result written before run ids is not checked so."""
+    rewrite = f"`structinit train --resume --out {result_path.parent}` writes it again from the run's checkpoint"
+    folder = re.fullmatch(r"seed(\d+)", result_path.parent.name)
+    if folder and result.get("seed") != int(folder[1]):
+        raise ValueError(f"{result_path}: it is seed {result.get('seed')}'s result, in the folder of seed "
+                         f"{folder[1]}: a copy from another run; {rewrite}")
+    recorded = result.get("run_id")
+    if recorded is None:
+        return
+    free = getattr(kind_of(result).task, "free_fields", ())
+    made = run_id(result["config"], result.get("init_fingerprint", ""), result.get("data", {}), free)
+    if made != recorded:
+        raise ValueError(f"{result_path}: its settings, seed or data are not those of run {recorded}, which it "
+                         f"names (edited by hand, or put together from two runs); {rewrite}")
 
 
 def find_runs(folder: str | Path, depth: int = 2, required: bool = True) -> list[FinishedRun]:
@@ -116,22 +137,28 @@ def models_of(run: FinishedRun, image_shape: tuple[int, int, int], num_classes: 
         raise ValueError(f"{run.path}: the init rebuilt from its config differs from the one it trained from (the "
                          "init's code or defaults changed since); its before/after comparison would be wrong")
     trained = copy.deepcopy(initial)  # the same architecture, without solving the init again
-    load_trained_weights(trained, run.path / WEIGHTS, init_fingerprint=recorded)
+    load_trained_weights(trained, run.path / WEIGHTS, init_fingerprint=recorded, result=run.result)
     return initial, trained
 
 
-def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | None = None) -> None:
+_REWRITE = ("delete it and run `structinit train --resume --out <the run's folder>`, which exports the run's own "
+            "weights again from its checkpoint")
+
+
+def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | None = None,
+                         result: dict | None = None) -> None:
     """Load ``path`` into ``model``; a ValueError naming the missing, unexpected or misshapen
     keys if the file holds another architecture, or, with ``init_fingerprint`` (the run's
     result's), if the file's header says it was trained from another init (a file copied in
-    from another run)."""
+    from another run); with ``result`` (the run's result.json), if the header names another
+    run or the tensors are not the ones the run finished with (its ``weights_sha256``)."""
     tensors, metadata = load_weights(path)
     theirs = (metadata or {}).get("init_fingerprint")
     if init_fingerprint and theirs and theirs != init_fingerprint:
         raise ValueError(f"{path}: these weights were trained from another init (fingerprint {theirs[:12]}…) than "
                          f"the run's result.json records ({init_fingerprint[:12]}…): the file comes from another run; "
-                         "delete it and run `structinit train --resume --out <the run's folder>`, which exports the "
-                         "run's own weights again from its checkpoint")
+                         f"{_REWRITE}")
+    _check_run_of(path, tensors, metadata or {}, result or {})  # the init first: the more telling cause
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -143,3 +170,17 @@ def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | N
         raise ValueError(f"{path}: holds weights of another architecture than {type(model).__name__} "
                          f"({'; '.join(parts)}); pass the run folder the weights came from")
     model.load_state_dict(tensors)
+
+
+def _check_run_of(path: Path, tensors: dict, metadata: dict, result: dict) -> None:
+    """The weights at ``path`` are the run's whose result.json is ``result``: the run id in their
+    header and the digest of their tensors are the ones it records (a run written before run
+    ids has neither, and is not checked so)."""
+    ours, theirs = result.get("run_id"), metadata.get("run_id")
+    if ours and theirs and ours != theirs:
+        raise ValueError(f"{path}: these weights are run {theirs}'s, and the folder's result.json is run {ours}'s: "
+                         f"the file comes from another run; {_REWRITE}")
+    digest = result.get("weights_sha256")
+    if digest and state_digest(tensors, by_name=True) != digest:
+        raise ValueError(f"{path}: its tensors are not the ones the run finished with (result.json records their "
+                         f"digest {digest[:12]}…): the file was changed or comes from another run; {_REWRITE}")

@@ -53,8 +53,9 @@ def test_vit_pytorch_attention_is_adapted_without_register_adapter(name):
 def test_lsa_is_read_with_its_learned_temperature_and_masked_diagonal_and_a_variant_that_differs_is_not():
     from vit_pytorch.vit_for_small_dataset import LSA
 
-    from structinit.adapters.provenance import tokens_of_call, trace_attention
+    from structinit.adapters.provenance import trace_attention
     from structinit.adapters.provenance_record import TraceError
+    from structinit.adapters.provenance_tokens import tokens_of_call
 
     lsa = LSA(96, heads=3, dim_head=32)
     with torch.no_grad():

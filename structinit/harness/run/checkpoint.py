@@ -228,8 +228,25 @@ def init_fingerprint(model: nn.Module) -> str:
     an init whose code or defaults have since changed is refused instead of silently mixing
     runs that did not start from the same weights.
     """
+    return state_digest(model.state_dict())
+
+
+def run_id(config: dict, fingerprint: str, data: dict, free: tuple[str, ...] = ()) -> str:
+    """A run's identity: the SHA-256 (first 16 hex digits) of its resolved config (its seed
+    within; not its folder, a run moved being the same run, nor the ``free`` fields that change
+    how it computes, not what), the fingerprint of the weights it started from, and which copy
+    of the data it read. ``result.json`` and the exported weights record it; the readers check
+    that they agree."""
+    kept = {k: v for k, v in config.items() if k != "out_dir" and k not in free}
+    made = {"config": kept, "init": fingerprint, "data": data}
+    return hashlib.sha256(json.dumps(made, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def state_digest(state: dict[str, torch.Tensor], by_name: bool = False) -> str:
+    """SHA-256 of a state dict's names, dtypes, shapes and bytes, in its order (``by_name``: in
+    the order of the names, as a safetensors file, which sorts them, gives them back)."""
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in sorted(state.items()) if by_name else state.items():
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())

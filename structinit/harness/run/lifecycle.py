@@ -41,7 +41,9 @@ from structinit.harness.run.checkpoint import (
     init_fingerprint,
     load_weights,
     resume_state,
+    run_id,
     save_weights,
+    state_digest,
     write_json,
 )
 from structinit.harness.run.device import (
@@ -281,11 +283,13 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
               "precision": precision_name(dtype), "device": describe_device(device),
               "wall_s": history[-1]["wall_s"] if history else 0.0, "history": history,
               "init_fingerprint": fingerprint, "starts": starts, **task.result(history)}
+    result["run_id"] = run_id(result["config"], fingerprint, result.get("data", {}), task.free_fields)
+    result["weights_sha256"] = state_digest(model.state_dict(), by_name=True)
     if where.writes:  # the weights before result.json: a finished run always has them
-        # The files timm and Hugging Face load from; their header holds the config (JSON), the init fingerprint
-        # and the structinit version, so the file alone says how it was made.
+        # The files timm and Hugging Face load from; their header holds the config (JSON), the init fingerprint,
+        # the run's id and the structinit version, so the file alone says how it was made and by which run.
         metadata = {"config": json.dumps(cfg.to_dict(), sort_keys=True), "init_fingerprint": fingerprint,
-                    "structinit_version": versions()["structinit"]}
+                    "run_id": result["run_id"], "structinit_version": versions()["structinit"]}
         save_weights(out / WEIGHTS, model.state_dict(), metadata)
         if ema is not None:
             save_weights(out / EMA_WEIGHTS, ema.state, metadata)

@@ -244,6 +244,7 @@ class ImageTask:
         self.cpu_images = train_ds.images  # what cpu_prefetch augments
         self.images, self.labels = train_ds.images.to(device), train_ds.labels.to(device)
         self.evals = {k: (v.images.to(device), v.labels.to(device)) for k, v in evals.items()}
+        self.sources = {"train": train_ds.source, **{k: v.source for k, v in evals.items()}}  # which copy each was
         self.mean = torch.tensor(train_ds.mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(train_ds.std, device=device).view(1, -1, 1, 1)
         self.per_rank = cfg.batch_size // where.world
@@ -331,7 +332,8 @@ class ImageTask:
         evaluated = [r for r in history if any(k.endswith("_acc") and k != "train_acc" for k in r)]
         last = evaluated[-1] if evaluated else {}
         return {"kind": "image", "epochs_done": len(history),
-                "final": {k: v for k, v in last.items() if k.endswith(("_acc", "_loss"))}}
+                "final": {k: v for k, v in last.items() if k.endswith(("_acc", "_loss"))},
+                "data": {k: v for k, v in getattr(self, "sources", {}).items() if v}}
 
 
 def test_images(dataset: str, data_dir: str | None, n: int, download: bool = False):
