@@ -31,7 +31,7 @@ SCHEMES = ("impulse", "mimetic")
 MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
-                "no attention layer found"),
+                "no attention layer found", "tokens carry no position"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found"),
 }
 MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so

@@ -149,3 +149,34 @@ def test_impulse_init_records_the_prefix_tokens_it_found():
     model = PytorchStyleViT()
     structinit.init_(model, "impulse", reserve="none", seed=0)
     assert structinit.get_record(model.attn[0])["num_prefix_tokens"] == 1
+
+
+class ConvPositionMHA(nn.Module):
+    """A patch conv and a positional depthwise conv (position from convolutions, as PVT-v2,
+    NextViT, MobileViT), then self-attention: no tensor of the tokens' width is ever added."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.peg = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, img):
+        x = self.patch(img)
+        x = (x + self.peg(x)).flatten(2).transpose(1, 2)
+        n = self.norm(x)
+        x = x + self.attn(n, n, n, need_weights=False)[0]
+        return self.head(x.mean(1))
+
+
+def test_tokens_that_carry_no_position_are_named_so_for_impulse_and_mimetic_still_sets_them():
+    from rejection import check_rejected
+
+    message = check_rejected(ConvPositionMHA(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                             r"cannot infer the token grid of ConvPositionMHA: its tokens carry no position, since "
+                             r"the model adds no tensor of their width \(16\) to them")
+    assert "use 'mimetic', which needs neither" in message
+    structinit.init_(ConvPositionMHA(), "mimetic", seed=0)  # mimetic needs no position

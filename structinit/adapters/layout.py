@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import Discovery, square_side
+from structinit.adapters.probe import token_candidates
 from structinit.adapters.rotary import find_rotary
 from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.utils import is_int
@@ -85,6 +86,16 @@ def infer_layout(
                 "other grid schemes shape attention as convolutions on a 2-D grid, which a sequence does not have. "
                 "Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are an image's tokens in row-major "
                 "order"
+            )
+        first = survey.first_layer
+        if found.pos_embed is None and first is not None and not token_candidates(model, first[1].dim):
+            # Not a PE the finders miss: no free tensor of the tokens' width at all (position from convolutions)
+            raise ValueError(
+                f"cannot infer the token grid of {type(model).__name__}: its tokens carry no position, since the "
+                f"model adds no tensor of their width ({first[1].dim}) to them (its position, if any, comes from "
+                "convolutions), and it states no image size; impulse builds each head's map from position in q "
+                "and k, so pass grid=(h, w) and pos_embed= if you add one it cannot see, or use 'mimetic', which "
+                "needs neither"
             )
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(
