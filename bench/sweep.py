@@ -7,8 +7,8 @@ model × scheme: the outcome, the model's own maps after the write, and the reas
     .venv-zoo/bin/python bench/sweep.py --from sweep.json          # the table again, from the data
 
 A written init is checked on the maps the model computes itself: impulse's argmax hit on the
-position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength on the
-log-probabilities of a probe (``structinit.attention_maps``). "silent" is a write whose own maps
+position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength in the
+model's own logits on a probe (its softmax's input, else its log-probabilities). "silent" is a write whose own maps
 miss (hit < 0.95, or a diagonal strength < 0.5 in some head). A refusal is "expected" when its
 reason names a mechanism no init of its kind can shape (:data:`MECHANISMS`).
 """
@@ -139,8 +139,10 @@ def _hf_build(transformers, kind, width, role):
 def own_map(model, scheme: str) -> float:
     """The write as the model's own maps show it (module doc): impulse's smallest head hit on
     the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
-    has a diagonal strength of at least 1 on a probe, of the strength in the model's own
-    log-probabilities to the written one (a head whose truncation leaves no diagonal promises none)."""
+    has a diagonal strength of at least 1 on a probe, of the strength in the model's own logits
+    (its softmax's input; the log-probabilities where that cannot be read, floored at 1e-30 so
+    that a masked pair is a very low logit, as in its softmax, not −∞) to the written one (a head
+    whose truncation leaves no diagonal promises none)."""
     import structinit
     from structinit.adapters.observe import observe, real_maps
     from structinit.adapters.probe import probe_inputs
@@ -160,7 +162,8 @@ def own_map(model, scheme: str) -> float:
             continue
         with torch.no_grad():
             written = diagonal_strength(adapter_logits(ad, x.float(), ad.call_terms(call.args, call.kwargs, x)))
-        own = diagonal_strength(real.probs.float().clamp_min(0).log())
+        own = diagonal_strength(real.logits.float() if real.logits is not None
+                                else real.probs.float().clamp_min(1e-30).log())
         ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
     if not ratios:
         raise ValueError("no head has a written diagonal to check, on maps of 3 or more keys")
