@@ -177,6 +177,18 @@ def test_tokens_that_carry_no_position_are_named_so_for_impulse_and_mimetic_stil
 
     message = check_rejected(ConvPositionMHA(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                              r"cannot infer the token grid of ConvPositionMHA: its tokens carry no position, since "
-                             r"the model adds no tensor of their width \(16\) to them")
+                             r"the model holds no tensor of their width \(16\) outside its layers' weights")
     assert "use 'mimetic', which needs neither" in message
     structinit.init_(ConvPositionMHA(), "mimetic", seed=0)  # mimetic needs no position
+
+
+def test_a_position_embedding_kept_channels_first_is_not_called_no_position():
+    """A (1, D, h, w) table the finders do not place (Visformer's per stage, TNT's pixel one) is
+    a position the refusal must not deny: the message stays the one that asks for the grid."""
+    from rejection import check_rejected
+
+    model = ConvPositionMHA()
+    model.stage_pos = nn.Parameter(torch.zeros(1, 16, 4, 4))  # held, channels first, under no known name
+    message = check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                             r"cannot infer the token grid of ConvPositionMHA")
+    assert "carry no position" not in message

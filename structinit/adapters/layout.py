@@ -88,14 +88,15 @@ def infer_layout(
                 "order"
             )
         first = survey.first_layer
-        if found.pos_embed is None and first is not None and not token_candidates(model, first[1].dim):
-            # Not a PE the finders miss: no free tensor of the tokens' width at all (position from convolutions)
+        width = None if first is None else first[1].dim
+        if found.pos_embed is None and width and not token_candidates(model, width, any_axis=True):
+            # Not a PE the finders miss: no free tensor of the tokens' width along any axis (position from convs)
             raise ValueError(
                 f"cannot infer the token grid of {type(model).__name__}: its tokens carry no position, since the "
-                f"model adds no tensor of their width ({first[1].dim}) to them (its position, if any, comes from "
-                "convolutions), and it states no image size; impulse builds each head's map from position in q "
-                "and k, so pass grid=(h, w) and pos_embed= if you add one it cannot see, or use 'mimetic', which "
-                "needs neither"
+                f"model holds no tensor of their width ({width}) outside its layers' weights to add to them "
+                "(its position, if any, comes from convolutions), and it states no image size; impulse builds each "
+                "head's map from position in q and k, so pass grid=(h, w) and pos_embed= if you add one it cannot "
+                "see, or use 'mimetic', which needs neither"
             )
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(

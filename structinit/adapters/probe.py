@@ -18,9 +18,11 @@ _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNor
 _MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
 
 
-def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor]]:
+def token_candidates(model: nn.Module, dim: int, any_axis: bool = False) -> list[tuple[str, torch.Tensor]]:
     """Free floating-point tensors of width ``dim``: parameters, buffers and plain tensor
-    attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers."""
+    attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers;
+    with ``any_axis``, those with ``dim`` along any axis after the first (a position embedding
+    kept channels first, (1, D, h, w), as PiT's and Visformer's)."""
     out, seen = [], set()
     for path, module in model.named_modules():
         if isinstance(module, _LAYERS):
@@ -28,7 +30,8 @@ def token_candidates(model: nn.Module, dim: int) -> list[tuple[str, torch.Tensor
         own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False),
                *((n, t) for n, t in vars(module).items() if isinstance(t, torch.Tensor) and not n.startswith("_"))]
         for name, t in own:
-            if t.is_floating_point() and t.ndim >= 1 and t.shape[-1] == dim and id(t) not in seen:
+            wide = dim in t.shape[1:] if any_axis else t.ndim >= 1 and t.shape[-1] == dim
+            if t.is_floating_point() and wide and id(t) not in seen:
                 seen.add(id(t))
                 out.append((f"{path}.{name}" if path else name, t))
     return out
