@@ -297,3 +297,17 @@ def test_a_bfloat16_model_is_initialised_in_its_dtype_and_checked(scheme):
     broken = micro_vit_with("roll_heads").bfloat16()
     check_rejected(broken, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                    r"impulse cannot set the attention of layer 'blocks\.0\.attn'")
+
+
+def test_diagonal_strength_reads_a_mask_of_finfo_min_as_closed_pairs_like_minus_infinity():
+    """Hugging Face fills masked logits with finfo(dtype).min, not −∞: the same closed pairs,
+    not a number that overflows the spread into NaN (which no threshold would catch)."""
+    from structinit.schemes.checks import diagonal_strength
+
+    logits = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)) + 4 * torch.eye(8)
+    above = torch.ones(8, 8, dtype=torch.bool).triu(1)
+    with_inf = logits.masked_fill(above, float("-inf"))
+    with_min = logits.masked_fill(above, torch.finfo(logits.dtype).min)
+    strength = diagonal_strength(with_inf)
+    assert torch.isfinite(strength).all() and (strength > 1).all()
+    torch.testing.assert_close(diagonal_strength(with_min), strength)

@@ -162,15 +162,16 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"diagonal_strength: {t} tokens leave {max(t - 1, 0)} logit(s) off the diagonal per row, "
                          f"no spread to measure against; it needs at least {MIN_DIAGONAL_TOKENS} tokens")
     eye = torch.eye(t, dtype=torch.bool, device=logits.device)
-    finite = torch.isfinite(logits)
+    # −∞, or the most negative float a mask fills in (Hugging Face's finfo.min): a closed pair either way
+    finite = torch.isfinite(logits) & (logits > torch.finfo(logits.dtype).min / 2)
     diag = logits[..., eye].reshape(*logits.shape[:-2], t)
-    # Masked pairs (a causal mask's −∞) are no logits: each row is measured on its open keys.
+    # Masked pairs (a causal mask's −∞ or finfo.min) are no logits: each row is measured on its open keys.
     off_open = finite[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
     off = torch.where(off_open, logits[..., ~eye].reshape(off_open.shape), torch.zeros_like(diag)[..., None])
     count = off_open.sum(-1)
     mean = off.sum(-1) / count.clamp_min(1)
     var = torch.where(off_open, (off - mean[..., None]) ** 2, torch.zeros_like(off)).sum(-1) / (count - 1).clamp_min(1)
-    rows = (count >= 2) & torch.isfinite(diag)
+    rows = (count >= 2) & finite[..., eye].reshape(diag.shape)
     score = torch.where(rows, (diag - mean) / var.sqrt().clamp_min(1e-6), torch.zeros_like(diag))
     used = rows.sum(dim=(0, -1)).clamp_min(1)
     return score.sum(dim=(0, -1)) / used
@@ -202,7 +203,7 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None] | None:
                 wrote = diagonal_strength(adapter_logits(ad, x.float(), terms))
             got = diagonal_strength(real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log())
             weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
-                    and got[h] < MIN_DIAGONAL_SHARE * wrote[h]]
+                    and not got[h] >= MIN_DIAGONAL_SHARE * wrote[h]]  # NaN is no diagonal: it fails
             if weak:
                 h = weak[0]
                 raise ValueError(
