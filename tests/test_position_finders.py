@@ -192,3 +192,17 @@ def test_a_position_embedding_kept_channels_first_is_not_called_no_position():
     message = check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                              r"cannot infer the token grid of ConvPositionMHA")
     assert "carry no position" not in message
+
+
+def test_a_model_no_probe_runs_through_is_not_said_to_carry_no_position():
+    """A forward that needs more than images (a vision tower's grid_thw) cannot be probed: a
+    rotation it hands its layers may be its position, so the refusal only asks for the grid."""
+    from rejection import check_rejected
+
+    class NeedsGrid(ConvPositionMHA):
+        def forward(self, img, grid_thw):
+            return super().forward(img)
+
+    message = check_rejected(NeedsGrid(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                             r"cannot infer the token grid of NeedsGrid")
+    assert "carry no position" not in message

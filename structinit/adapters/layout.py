@@ -89,8 +89,10 @@ def infer_layout(
             )
         first = survey.first_layer
         width = None if first is None else first[1].dim
-        if found.pos_embed is None and width and not token_candidates(model, width, any_axis=True):
-            # Not a PE the finders miss: no free tensor of the tokens' width along any axis (position from convs)
+        if (found.pos_embed is None and width and survey.attention.probed
+                and not token_candidates(model, width, any_axis=True)):
+            # Not a PE the finders miss: no free tensor of the tokens' width along any axis (position from convs),
+            # and the probe saw each layer's call, so no rotation handed to it either
             raise ValueError(
                 f"cannot infer the token grid of {type(model).__name__}: its tokens carry no position, since the "
                 f"model holds no tensor of their width ({width}) outside its layers' weights to add to them "
