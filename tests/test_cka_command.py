@@ -52,3 +52,29 @@ def test_cka_figure_writes_values_and_rejects_bad_shapes(tmp_path):
     assert [t.get_text() for t in fig.axes[0].texts] == ["1.00", "0.50", "0.25", "–"]
     with pytest.raises(ValueError, match=r"matrix has shape \(3,\)"):
         structinit.cka_figure(torch.ones(3), label_a="A", label_b="B")
+
+
+def test_cka_with_fewer_than_four_images_names_images(two_runs, tmp_path, capsys):
+    assert main(["cka", *map(str, two_runs), "--images", "0", "--out", str(tmp_path / "cka")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.endswith("--images 0: CKA needs at least 4 test images (its unbiased estimator needs n > 3); pass "
+                         "--images 4 or more"), line
+
+
+def test_cka_of_runs_on_two_datasets_names_them(two_runs, tmp_path, capsys):
+    """Not "the init's code changed", nor a shape error blamed on --batch-size: the datasets."""
+    from test_data_formats import write_mnist
+
+    write_mnist(tmp_path / "data" / "mnist", n=64)
+    write_mnist(tmp_path / "data" / "mnist", n=16, split="test")
+    a, b = two_runs[0], tmp_path / "mnist"
+    assert main(["train", "--recipe", "digits", "--epochs", "1", "--train-size", "64", "--no-progress",
+                 "--dataset", "mnist", "--data-dir", str(tmp_path / "data"),
+                 "--set", 'model_kwargs={"img_size": 28, "patch_size": 7}', "--out", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["cka", str(a), str(b), "--out", str(tmp_path / "cka")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.endswith(f"{b} trained on mnist, {a} on digits: CKA compares two models on the same images; pass "
+                         "two runs of one dataset"), line

@@ -69,6 +69,24 @@ def test_imagefolder_needs_a_data_dir(tmp_path, capsys):
     assert "--data-dir is required" in line
 
 
+def test_a_data_dir_that_is_a_file_is_named_so(tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    line = train_fails(capsys, *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "file"),
+                       "--out", str(tmp_path / "run"))
+    assert f"--data-dir {tmp_path / 'file'} is a file, not a folder, and holds no mnist data" in line, line
+    assert line.endswith("set --data-dir to the folder that holds the mnist files")
+    assert not (tmp_path / "run").exists()
+    from structinit.data import load_dataset
+    from structinit.data.datasets import DatasetNotFoundError
+    with pytest.raises(DatasetNotFoundError, match=r"root=.* is a file, not a folder"):
+        load_dataset("mnist", tmp_path / "file")
+
+
+def test_a_damaged_archive_is_said_in_one_whole_line_with_the_fix(tmp_path, capsys):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(bytes(range(256)) * 20)
+    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert "cannot read it as a tar archive" in line and line.endswith("download it again (--download)"), line
+
 # ----------------------------------------------------------------------------- init specs
 def test_unknown_scheme(tmp_path, capsys):
     line = train_fails(capsys, *FAST, "--init", "bogus", "--out", str(tmp_path / "run"))
@@ -427,52 +445,3 @@ def test_train_and_compare_refuse_what_is_not_a_run_config_in_one_line(tmp_path)
         assert message.startswith(f"{name}: expected a run config") and "got dict" in message, message
         assert "structinit.recipe(" in message and "\n" not in message
     assert not (tmp_path / "a").exists()
-
-
-def test_a_data_dir_that_is_a_file_is_named_so(tmp_path, capsys):
-    (tmp_path / "file").write_text("not a folder")
-    line = train_fails(capsys, *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "file"),
-                       "--out", str(tmp_path / "run"))
-    assert f"--data-dir {tmp_path / 'file'} is a file, not a folder, and holds no mnist data" in line, line
-    assert line.endswith("set --data-dir to the folder that holds the mnist files")
-    assert not (tmp_path / "run").exists()
-    from structinit.data import load_dataset
-    from structinit.data.datasets import DatasetNotFoundError
-    with pytest.raises(DatasetNotFoundError, match=r"root=.* is a file, not a folder"):
-        load_dataset("mnist", tmp_path / "file")
-
-
-def test_a_damaged_archive_is_said_in_one_whole_line_with_the_fix(tmp_path, capsys):
-    (tmp_path / "cifar-10-python.tar.gz").write_bytes(bytes(range(256)) * 20)
-    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
-    assert "cannot read it as a tar archive" in line and line.endswith("download it again (--download)"), line
-
-
-def test_cka_with_fewer_than_four_images_names_images(tmp_path, capsys):
-    runs = []
-    for seed in (0, 1):
-        out = tmp_path / f"s{seed}"
-        assert main(["train", *FAST, "--seed", str(seed), "--out", str(out)]) == 0
-        runs.append(str(out))
-    capsys.readouterr()
-    assert main(["cka", *runs, "--images", "0", "--out", str(tmp_path / "cka")]) == 2
-    line = error_line(capsys, "cka")
-    assert line.endswith("--images 0: CKA needs at least 4 test images (its unbiased estimator needs n > 3); pass "
-                         "--images 4 or more"), line
-
-
-def test_cka_of_runs_on_two_datasets_names_them(tmp_path, capsys):
-    """Not "the init's code changed", nor a shape error blamed on --batch-size: the datasets."""
-    from test_data_formats import write_mnist
-
-    write_mnist(tmp_path / "data" / "mnist", n=64)
-    write_mnist(tmp_path / "data" / "mnist", n=16, split="test")
-    a, b = tmp_path / "digits", tmp_path / "mnist"
-    assert main(["train", *FAST, "--out", str(a)]) == 0
-    assert main(["train", *FAST, "--dataset", "mnist", "--data-dir", str(tmp_path / "data"),
-                 "--set", 'model_kwargs={"img_size": 28, "patch_size": 7}', "--out", str(b)]) == 0
-    capsys.readouterr()
-    assert main(["cka", str(a), str(b), "--out", str(tmp_path / "cka")]) == 2
-    line = error_line(capsys, "cka")
-    assert line.endswith(f"{b} trained on mnist, {a} on digits: CKA compares two models on the same images; pass "
-                         "two runs of one dataset"), line

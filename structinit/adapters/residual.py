@@ -18,6 +18,7 @@ from structinit.adapters.layout import TokenLayout, prefix_pos_rows
 from structinit.adapters.position import Token
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
+from structinit.utils.state import in_parameters
 
 PATCH_EMBED_PATHS = ("patch_embed.proj", "conv_proj", "embeddings.patch_embeddings.projection")
 MLP_OUT_PATHS = ("mlp.fc2", "linear2", "mlp.3", "ffn.fc2", "mlp.c_proj")
@@ -88,7 +89,7 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     for name, adapter in layers:
         weight, bias = adapter.linear_views()["o"]
         out.append((f"{name} (output projection)", weight, bias))
-        if not _holds(adapter.module, weight):
+        if not in_parameters(adapter.module, weight):
             name = name.rpartition(".")[0]  # the output projection is a sibling: the wrapper of both is the attention
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
@@ -107,12 +108,6 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     return out
 
 
-def _holds(module: nn.Module, t: torch.Tensor) -> bool:
-    """Whether ``t`` is, or views, a parameter of ``module`` (an adapter's views may slice one)."""
-    ptr = t.untyped_storage().data_ptr()
-    return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
-
-
 def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tuple[str, nn.Linear] | None:
     """(path in ``block``, Linear) of the MLP output: a known name, or else (with ``search``;
     never at a model's root, where the classifier head could match) the block's last Linear to
@@ -128,7 +123,7 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
     inside = {id(m) for m in adapter.module.modules()}
     last = [(n, m) for n, m in block.named_modules()
             if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside
-            and not _holds(m, o_weight)]
+            and not in_parameters(m, o_weight)]
     return last[-1] if last else None
 
 

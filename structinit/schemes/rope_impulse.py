@@ -29,7 +29,6 @@ refused, pointing to ``mimetic``.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.prenorm import InputNorm, input_norms
@@ -44,6 +43,7 @@ from structinit.schemes.impulse_request import ImpulseRequest, Placed, resolve_o
 from structinit.schemes.plan import Plan
 from structinit.schemes.relative_impulse import check_relative_options
 from structinit.utils import make_generator
+from structinit.utils.state import in_parameters
 
 __all__ = ["ROTARY_SOLVER", "plan_rope_impulse", "rotary_at_grid"]
 
@@ -71,20 +71,13 @@ def rope_constants(freqs: torch.Tensor, pairs, offset: Offset, grid: tuple[int, 
     return q, k
 
 
-def _learned(t: torch.Tensor | None, module: nn.Module) -> bool:
-    """Whether bias view ``t`` lies in a parameter of ``module`` (learned and saved), not in a
-    buffer such as EVA's zero k bias."""
-    if t is None:
-        return False
-    ptr = t.untyped_storage().data_ptr()
-    return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
-
-
 def _carriers(survey: ModelSurvey, chosen) -> list[InputNorm | None]:
     """Per layer: None where its q/k biases carry the constants, else its pre-norm; a
     ValueError naming the first layer that has neither."""
     views = [ad.linear_views() for _, ad in chosen]
-    by_bias = [_learned(v["q"][1], ad.module) and _learned(v["k"][1], ad.module) for v, (_, ad) in zip(views, chosen)]
+    # learned biases (saved with the model) can carry the constants; a buffer such as EVA's zero k bias cannot
+    by_bias = [in_parameters(ad.module, v["q"][1]) and in_parameters(ad.module, v["k"][1])
+               for v, (_, ad) in zip(views, chosen)]
     if all(by_bias):
         return [None] * len(chosen)
     inputs = survey.probe

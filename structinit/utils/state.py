@@ -54,3 +54,12 @@ class ModuleState:
                         continue
                     if not torch.equal(t, value):
                         t.copy_(value)
+
+
+def in_parameters(module: nn.Module, t: torch.Tensor | None) -> bool:
+    """Whether ``t`` is, or views, a parameter of ``module`` (an adapter's views slice them; a
+    buffer, such as EVA's zero k bias, is not one)."""
+    if t is None:
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
