@@ -80,7 +80,11 @@ def timm_entries() -> list[tuple[str, callable]]:
 def _timm_build(timm, name):
     for size in ({"img_size": 64}, {}):
         try:
-            return timm.create_model(name, pretrained=False, num_classes=10, **size)
+            model = timm.create_model(name, pretrained=False, num_classes=10, **size)
+            if size:  # built at 64 px, but some models then refuse 64 px images (CrossViT's second branch)
+                with torch.no_grad():
+                    model.eval()(torch.zeros(1, 3, 64, 64))
+            return model
         except Exception:  # a model whose size is fixed: its default
             continue
     return timm.create_model(name, pretrained=False)
@@ -144,21 +148,21 @@ def own_map(model, scheme: str) -> float:
     that a masked pair is a very low logit, as in its softmax, not −∞) to the written one (a head
     whose truncation leaves no diagonal promises none)."""
     import structinit
-    from structinit.adapters.observe import observe, real_maps
-    from structinit.adapters.probe import probe_inputs
+    from structinit.adapters.observe import map_rows, observe, real_maps
+    from structinit.adapters.survey import ModelSurvey
     from structinit.adapters.verify import adapter_logits
     from structinit.schemes.checks import diagonal_strength
 
     if scheme == "impulse":
         return float(torch.nan_to_num(structinit.impulse_fidelity(model)["hit"], nan=1.0).min())
-    inputs = probe_inputs(model, [], count=2)
-    layers = structinit.find_attention_layers(model)
+    survey = ModelSurvey(model)  # the probe the init's own survey takes, and its layers
+    layers, inputs = survey.layers(), survey.probe
     calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
     ratios = []
     for (_, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):
         call = calls[ad.module]
-        x = call.x
-        if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1] or x.shape[-2] < 3:
+        x = map_rows(call.x, real.probs.shape[-1], real.probs.shape[0])
+        if x is None or x.shape[-2] < 3:
             continue
         with torch.no_grad():
             written = diagonal_strength(adapter_logits(ad, x.float(), ad.call_terms(call.args, call.kwargs, x)))

@@ -11,6 +11,13 @@ datasets and augmentation (``ImageConfig``, ``train``, ``compare``, ``load_datas
 imported on first use and need the ``harness`` extra: ``pip install -e ".[harness]"`` in a clone.
 """
 
+try:  # `python -m structinit`: a stop while torch loads is one line (structinit_cli), as for the command
+    import structinit_cli as _launcher
+except ImportError:  # the package without its launcher module
+    _launcher = None
+if _launcher is not None and _launcher.started_as_module():
+    _launcher.guard_startup()
+
 import importlib
 
 from structinit.adapters import (

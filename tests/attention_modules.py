@@ -3,6 +3,7 @@
 
 import math
 
+import torch
 from torch import nn
 
 import structinit
@@ -86,17 +87,18 @@ class MyAttn(nn.Module):
         return self.wo((attn @ v).transpose(1, 2).reshape(b, t, d))
 
 
-class PackedPerHeadAttn(MyAttn):
-    """MyAttn with q, k and v from one Linear packed per head ((B, T, heads, 3, r)): q's rows are
-    not one evenly strided block, so only a registered adapter can read it."""
+class ShuffledRowsAttn(MyAttn):
+    """MyAttn with q, k and v from one Linear whose output rows are shuffled: a head's q rows
+    follow no stride at all, so only a registered adapter can read it."""
 
     def __init__(self, dim, heads):
         super().__init__(dim, heads)
         self.wqkv = nn.Linear(dim, 3 * dim)
+        self.rows = torch.randperm(3 * dim, generator=torch.Generator().manual_seed(0)).tolist()
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k, v = self.wqkv(x).reshape(b, t, self.h, 3, -1).permute(3, 0, 2, 1, 4)
+        q, k, v = self.wqkv(x)[..., self.rows].reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
         attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
         self.last_attn = attn.detach()
         return self.wo((attn @ v).transpose(1, 2).reshape(b, t, d))

@@ -1,7 +1,8 @@
 """Attention modules written in styles no adapter names: raw Parameters through ``F.linear``,
 ``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps, projections in a
-``ModuleDict``, a ``Linear`` subclass. Each records the softmax input and output its own forward
-formed (``last_logits``, ``last_probs``), the ground truth the tests compare structinit against."""
+``ModuleDict``, a ``Linear`` subclass, q, k and v packed per head, heads before the token
+blocks. Each records the softmax input and output its own forward formed (``last_logits``,
+``last_probs``), the ground truth the tests compare structinit against."""
 
 import math
 
@@ -151,8 +152,41 @@ class PackedAttention(_Records):
         return self.proj(out.transpose(1, 2).reshape(1, t, c))
 
 
+class PerHeadPackedAttention(_Records):
+    """q, k and v from one Linear packed per head, (B, T, heads, 3·r) (MaxViT's and Hiera's
+    layout): each role's rows are one block per head, the heads 3·r rows apart."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, self.h, 3 * (d // self.h)).transpose(1, 2).chunk(3, dim=-1)
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class HeadsFirstAttention(PerHeadPackedAttention):
+    """NesT's layout: the tokens in blocks (one here), q, k and v (B, heads, blocks, T, r) with the
+    heads before the blocks, and the context read back head-minor (channel c of head h at
+    c·heads + h) by the output projection. Records the maps of the one block, (B, heads, T, T)."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        blocks = x.reshape(b, 1, t, d)
+        q, k, v = self.qkv(blocks).reshape(b, 1, t, 3, self.h, d // self.h).permute(3, 0, 4, 1, 2, 5)
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5  # (B, heads, blocks, T, T)
+        probs = logits.softmax(-1)
+        self.keep(logits[:, :, 0], probs[:, :, 0])
+        return self.proj((probs @ v).permute(0, 2, 3, 4, 1).reshape(b, t, d))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
-          "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention}
+          "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
+          "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention}
 
 
 class ChannelNorm(nn.LayerNorm):

@@ -122,8 +122,8 @@ class PooledViT(nn.Module):
 
 class UnknownAttention(nn.Module):
     """Self-attention that neither a built-in adapter nor the trace reads: its projections are
-    called ``to_qk`` and ``values``, and q and k are packed per head ((B, T, heads, 2, r)), so
-    q's rows are not one evenly strided block of ``to_qk``."""
+    called ``to_qk`` and ``values``, and the rows of ``to_qk``'s output are shuffled, so a head's
+    q rows follow no stride at all."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -132,7 +132,8 @@ class UnknownAttention(nn.Module):
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k = self.to_qk(x).reshape(b, t, self.heads, 2, -1).permute(3, 0, 2, 1, 4)
+        rows = torch.randperm(2 * d, generator=torch.Generator().manual_seed(0))
+        q, k = self.to_qk(x)[..., rows].reshape(b, t, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
         v = self.values(x).reshape(b, t, self.heads, -1).transpose(1, 2)
         attn = (q @ k.transpose(-2, -1)).softmax(-1)
         return self.out((attn @ v).transpose(1, 2).reshape(b, t, d))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import structinit
-from attention_modules import MyAdapter, MyAttn, PackedPerHeadAttn, SepAttention, SepViT
+from attention_modules import MyAdapter, MyAttn, SepAttention, SepViT, ShuffledRowsAttn
 from structinit.adapters.provenance import TracedAdapter
 
 # ---------------------------------------------------------------------------------------------
@@ -192,10 +192,10 @@ def test_an_unregistered_class_is_read_by_what_it_computes_until_an_adapter_is_r
 
 
 def test_attention_nothing_reads_is_rejected_before_registration():
-    model = SepViT(attn_cls=PackedPerHeadAttn)
+    model = SepViT(attn_cls=ShuffledRowsAttn)
     with pytest.raises(ValueError, match=r"register_adapter") as info:
         structinit.find_attention_layers(model)
-    assert "PackedPerHeadAttn" in str(info.value) and "evenly strided" in str(info.value)
+    assert "ShuffledRowsAttn" in str(info.value) and "evenly strided blocks" in str(info.value)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=r"register_adapter"):
         structinit.impulse_init_(model, seed=0)
@@ -218,10 +218,10 @@ def test_registered_adapter_impulse_and_fidelity(registered):
 
 
 def test_unregister_restores_rejection():
-    structinit.register_adapter(PackedPerHeadAttn, MyAdapter)
-    structinit.unregister_adapter(PackedPerHeadAttn)
+    structinit.register_adapter(ShuffledRowsAttn, MyAdapter)
+    structinit.unregister_adapter(ShuffledRowsAttn)
     with pytest.raises(ValueError, match=r"register_adapter"):
-        structinit.find_attention_layers(SepViT(attn_cls=PackedPerHeadAttn))
+        structinit.find_attention_layers(SepViT(attn_cls=ShuffledRowsAttn))
 
 
 def test_register_adapter_with_predicate(registered):

@@ -153,8 +153,8 @@ def test_a_full_disk_while_the_figures_are_written_is_one_line_and_exit_1(traine
 
     import matplotlib.figure
 
-    def full(self, fname, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device", str(fname))
+    def full(self, fname, *args, **kwargs):  # as a disk that fills while the file is written: no file name
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
     out = tmp_path / "figs"
@@ -162,5 +162,6 @@ def test_a_full_disk_while_the_figures_are_written_is_one_line_and_exit_1(traine
             else ["cka", str(trained_run), str(trained_run), "--images", "8"])
     assert main([*argv, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(f"structinit {command}: error: {out}"), err
+    assert len(err.splitlines()) == 1 and err.startswith(f"structinit {command}: error: {out}/"), err
+    assert ".png: could not be written" in err, err  # the file, named
     assert err.endswith("could not be written (No space left on device); free space, or choose another --out")

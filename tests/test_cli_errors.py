@@ -87,6 +87,15 @@ def test_a_damaged_archive_is_said_in_one_whole_line_with_the_fix(tmp_path, caps
     line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
     assert "cannot read it as a tar archive" in line and line.endswith("download it again (--download)"), line
 
+
+def test_a_data_dir_that_is_a_file_but_no_archive_is_named_so_for_cifar_too(tmp_path, capsys):
+    # CIFAR reads its archive in place, so a file can be a data_dir; a file that is no archive is not one
+    (tmp_path / "data_batch_1").write_bytes(b"\x80\x02}q\x00" + bytes(200))  # a pickle, not an archive
+    line = train_fails(capsys, *FAST, "--dataset", "cifar10", "--data-dir", str(tmp_path / "data_batch_1"),
+                       "--out", str(tmp_path / "r"))
+    assert "data_batch_1 is a file, not a folder" in line and "delete" not in line, line
+    assert not (tmp_path / "r").exists()
+
 # ----------------------------------------------------------------------------- init specs
 def test_unknown_scheme(tmp_path, capsys):
     line = train_fails(capsys, *FAST, "--init", "bogus", "--out", str(tmp_path / "run"))
@@ -408,7 +417,9 @@ def test_no_silent_choice(tmp_path, monkeypatch, capsys, argv, message):
     (["--seeds", "1,1"], "--seeds '1,1': seed 1 is given twice"),
     (["--inits", "impulse,mimetic,impulse"], "init spec 'impulse' names the same init as 'impulse'"),
     (["--inits", "impulse:kernel_size=3", "--init", "impulse:kernel_size=3"], "names the same init"),
-    (["--seeds", "99999999999999999999999"], "a count is at most 10,000"),
+    (["--seeds", "99999999999999999999999"], "a count is at most 10,000; a seed is a whole number in [0, 2**63)"),
+    (["--inits", "impulse,impulse:pe_scale=1.0"], "names the same init as 'impulse' (pe_scale=1.0: its default)"),
+    (["--inits", "mimetic:alpha=0.7,mimetic"], "names the same init as 'mimetic:alpha=0.7'"),
     (["--seeds", "0,-1"], "seed -1 is not a whole number in [0, 2**63)"),
 ])
 def test_a_comparison_that_would_count_a_run_twice_or_never_end_is_refused(argv, words, tmp_path, capsys):
@@ -445,3 +456,28 @@ def test_train_and_compare_refuse_what_is_not_a_run_config_in_one_line(tmp_path)
         assert message.startswith(f"{name}: expected a run config") and "got dict" in message, message
         assert "structinit.recipe(" in message and "\n" not in message
     assert not (tmp_path / "a").exists()
+
+
+def test_the_advice_for_a_seed_count_too_large_is_a_list_the_parser_takes():
+    from structinit.harness.specs import parse_seeds
+
+    with pytest.raises(ValueError, match=r"to run seed 123456 alone, give a list of one: --seeds 123456, "):
+        parse_seeds("123456")
+    assert parse_seeds("123456,") == [123456]
+
+
+def test_a_warning_is_one_line_naming_the_command_not_python_s_source_line(monkeypatch, capsys):
+    import warnings
+
+    import structinit.harness.cli.main as cli
+
+    def warns(args):
+        warnings.warn("a copy of the official files\nsecond line", UserWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(cli, "_demo", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["demo"]) == 0
+    assert capsys.readouterr().err == "structinit demo: warning: a copy of the official files second line\n"
+    assert warnings.formatwarning is not None and "UserWarning" in warnings.formatwarning("m", UserWarning, "f", 1, "")

@@ -17,7 +17,6 @@ from structinit.schemes.checks import diagonal_strength
 
 REFUSED = {  # kind → (impulse's words, mimetic's words or None where mimetic sets the layer)
     "roll_heads": ("heads are mixed before the softmax", None),
-    "per_head_packed": ("another head layout", "another head layout"),
     "linear": ("forms no softmax", "forms no softmax"),
     "extra_bias": ("logit term that does not depend on content", None),
     "rotary": ("rotated by position", None),
@@ -43,6 +42,26 @@ def test_mimetic_refuses_what_it_cannot_read_and_sets_the_rest(kind):
     wq, _, wk, _ = structinit.find_attention_layers(model)[0][1].read_qk()
     product = wq[0] @ wk[0].T
     assert product.diagonal().mean() > 5 * product.fill_diagonal_(0).abs().mean()
+
+
+def test_a_named_layer_whose_adapter_misreads_its_layout_is_read_by_the_trace_and_written():
+    # timm's name for a fused qkv, laid out per head ([q1 k1 v1 q2 k2 v2 …]): the name adapter's
+    # q kᵀ differs from the model's, so the trace reads the layer, and both schemes write through it.
+    from structinit.adapters.provenance import TracedAdapter
+
+    layers = structinit.find_attention_layers(micro_vit_with("per_head_packed"))
+    assert all(isinstance(ad, TracedAdapter) for _, ad in layers)
+    model = micro_vit_with("per_head_packed")
+    structinit.init_(model, "impulse", seed=0)
+    assert bool((structinit.impulse_fidelity(model)["hit"] == 1.0).all())  # the model's own maps
+    model = micro_vit_with("per_head_packed")
+    structinit.init_(model, "mimetic", seed=0)
+    layers = structinit.find_attention_layers(model)
+    inputs = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
+    for _, ad in layers:
+        logits = next(m.logits for m in calls[ad.module].maps if m.logits is not None)
+        assert bool((diagonal_strength(logits) > 1.0).all())  # q kᵀ ≈ αZ + βI in its own softmax's input
 
 
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
@@ -101,7 +120,7 @@ def test_an_unknown_attention_beside_depthwise_convs_is_named_not_replaced_by_th
     model = ConvPositionViT()
     check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                    r"attention that no adapter understands: attn \(UnknownAttention: a 64×64 softmax map; "
-                   r"parameter 'to_qk.weight' does not lay its heads out as one evenly strided block\)")
+                   r"parameter 'to_qk.weight' does not lay its heads out as evenly strided blocks\)")
     structinit.init_(model, "impulse", target="conv", seed=0)  # asked for by name: the convs alone
 
 

@@ -153,3 +153,54 @@ def test_a_result_edited_or_copied_from_another_seed_is_refused_by_its_readers(t
     (seed1 / "result.json").write_text(json.dumps(result))
     with pytest.raises(ValueError, match=rf"its settings, seed or data are not those of run {result['run_id']}"):
         load_run(seed1)
+
+
+def test_report_refuses_a_result_from_another_runs_folder_or_with_its_scores_edited(tmp_path, capsys):
+    """A result.json whose own settings and id agree is still refused when the weights beside it
+    are another run's (a same-seed run with another lr, copied in), or when its scores were
+    changed after the run wrote it (its digest)."""
+    from structinit.harness.cli.main import main
+
+    base = recipe("digits", epochs=1, train_size=64)
+    compare(base, ["pytorch"], 2, tmp_path / "cmp", progress=False)
+    other = recipe("digits", epochs=1, train_size=64, lr=5e-3, out_dir=str(tmp_path / "lr"))
+    train(other, progress=False)
+    seed0 = tmp_path / "cmp" / "pytorch" / "seed0"
+    own = (seed0 / "result.json").read_bytes()
+    assert main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "r0")]) == 0
+    capsys.readouterr()
+
+    (seed0 / "result.json").write_bytes((tmp_path / "lr" / "result.json").read_bytes())  # same seed, other lr
+    assert main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "r1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.safetensors: these weights are run" in err, err
+    assert "structinit train --resume --out <the run's folder>" in err
+
+    result = json.loads(own)
+    result["final"] = {**result["final"], "test_acc": 0.999}  # a score edited by hand
+    (seed0 / "result.json").write_text(json.dumps(result))
+    assert main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "it is not the file its run wrote (its scores were changed since" in err, err
+
+    (seed0 / "result.json").write_bytes(own)
+    (seed0 / "model.safetensors").write_bytes((seed0 / "model.safetensors").read_bytes()[:5000])  # truncated
+    assert main(["cka", str(seed0), str(tmp_path / "cmp" / "pytorch" / "seed1"), "--out", str(tmp_path / "k")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model.safetensors: not a readable safetensors file" in err and "--run:" not in err, err
+    assert err.endswith(f"`structinit train --resume --out {seed0}` writes it again from the run's checkpoint"), err
+
+
+def test_no_run_in_a_folder_below_a_comparison_but_its_own_seed_folder(tmp_path):
+    """report reads a comparison's runs to three folders down: a run written in any of them but
+    the <init>/seed<k> folder of its own seed would be counted as one of the comparison's."""
+    compare(recipe("digits", epochs=1, train_size=64), ["pytorch"], [0], tmp_path / "cmp", progress=False)
+    for below in ("pytorch", "newrun", "pytorch/extra", "pytorch/seed5"):
+        cfg = recipe("digits", epochs=1, train_size=64, seed=0, out_dir=str(tmp_path / "cmp" / below))
+        with pytest.raises(ValueError, match=rf"lies inside a comparison: {tmp_path / 'cmp'} is a comparison's"):
+            train(cfg, progress=False)
+        assert not (tmp_path / "cmp" / below / "checkpoint.pt").exists()
+    from structinit.harness.run.folder import inside_comparison
+
+    assert inside_comparison(tmp_path / "cmp" / "mimetic" / "seed3", seed=3) is None  # where compare puts it
+    assert inside_comparison(tmp_path / "elsewhere", seed=0) is None

@@ -31,6 +31,7 @@ def _count_forwards(model: torch.nn.Module) -> list[int]:
     ("vit_cpu_patch4_32", "timm", 0),          # a whole-model scheme asks the survey nothing
     ("convit_cpu_patch4_32", "impulse", 3),
     ("convmixer_cpu_128_6", "conv_impulse", 0),
+    ("convmixer_cpu_128_6", "impulse", 0),     # its graph, traced without running it, proves it has no attention
 ])
 def test_an_init_runs_the_model_forward_no_more_than_its_facts_need(name, scheme, most):
     model = structinit.create_model(name)
@@ -100,3 +101,17 @@ def test_the_token_order_of_tokens_mixed_before_the_layer_is_unread():
     finally:
         handle.remove()
     assert order is None
+
+
+def test_a_model_is_proved_free_of_attention_only_by_a_graph_that_shows_none():
+    from structinit.adapters.observe import forms_no_attention
+
+    assert forms_no_attention(structinit.create_model("convmixer_cpu_128_6"))
+    assert not forms_no_attention(structinit.create_model("vit_cpu_patch4_32"))  # a softmax in its graph
+    encoder = torch.nn.TransformerEncoderLayer(16, 2, batch_first=True)  # a torch.nn leaf holding attention
+    assert not forms_no_attention(torch.nn.Sequential(torch.nn.Linear(4, 16), encoder))
+
+    class Branchy(torch.nn.Module):  # Python that branches on a tensor: no graph, no proof
+        def forward(self, x):
+            return x.relu() if x.sum() > 0 else x
+    assert not forms_no_attention(Branchy())

@@ -116,20 +116,21 @@ class VNormed(RawLinearAttention):
         return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
-class PerHeadPacked(RawLinearAttention):
-    """q, k, v packed per head ((B, T, heads, 3, r)): q's rows are not one evenly strided block."""
+class ScatteredRows(RawLinearAttention):
+    """q, k, v whose projection rows are shuffled: a head's q rows follow no stride at all."""
 
     def forward(self, x):
         b, t, d = x.shape
-        qkv = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, self.h, 3, -1).permute(3, 0, 2, 1, 4)
-        q, k, v = qkv
+        rows = torch.randperm(3 * d, generator=torch.Generator().manual_seed(0))
+        qkv = nn.functional.linear(x, self.w_in[rows], self.b_in[rows]).reshape(b, t, 3, self.h, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
         probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1) * 0.25).softmax(-1))
         return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
 @pytest.mark.parametrize(("cls", "words"), [
     (VNormed, "more than a projection"),
-    (PerHeadPacked, "evenly strided block"),
+    (ScatteredRows, "evenly strided blocks"),
 ])
 def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, words):
     module = cls(48, 3)

@@ -22,9 +22,22 @@ from torch import nn
 from structinit.adapters.position_mlp import CosineLogits, PositionMlpBias, find_cosine_logits, find_position_mlp
 from structinit.adapters.relative import RelativeBias, call_logit_terms, find_relative_bias
 from structinit.adapters.rotary import Rotary, find_rotary, received_rotary
-from structinit.functional.attention import attention_probs
+from structinit.functional.attention import attention_probs, heads_last_lead
 
 Views = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def in_matrix(view: torch.Tensor) -> torch.Tensor:
+    """A q, k or v weight view as ``nn.Linear`` holds it, (heads·r, D): one that keeps its heads on
+    an axis of their own, (heads, r, D) (q, k and v packed per head), read with them flattened
+    (a copy; writes go to the view itself, in its own shape)."""
+    return view.flatten(0, 1) if view.ndim == 3 else view
+
+
+def out_matrix(view: torch.Tensor) -> torch.Tensor:
+    """An output projection view as ``nn.Linear`` holds it, (D, heads·r); (D, heads, r) read with
+    the heads flattened (a copy), as :func:`in_matrix`."""
+    return view.flatten(1, 2) if view.ndim == 3 else view
 
 
 class AttentionAdapter:
@@ -93,7 +106,8 @@ class AttentionAdapter:
         """(Wv (D, heads·r), bv, Wo (heads·r, D), bo), biases or None."""
         v = self.linear_views()
         (wv, bv), (wo, bo) = v["v"], v["o"]
-        return wv.detach().T.clone(), _clone(bv), wo.detach().T.clone(), _clone(bo)
+        bv = None if bv is None else bv.reshape(-1)
+        return in_matrix(wv.detach()).T.clone(), _clone(bv), out_matrix(wo.detach()).T.clone(), _clone(bo)
 
     def _split_heads(self, w, b):
         w = w.detach().reshape(self.num_heads, self.head_dim, self.dim).transpose(1, 2).clone()
@@ -105,16 +119,16 @@ class AttentionAdapter:
         v = self.linear_views()
         out = []
         for (w_dst, b_dst), w, b in ((v["q"], wq, bq), (v["k"], wk, bk)):
-            out.append((w_dst, w.transpose(1, 2).reshape(self.num_heads * self.head_dim, self.dim)))
+            out.append((w_dst, w.transpose(1, 2).reshape(w_dst.shape)))
             if b_dst is not None:
-                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(-1)))
+                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(b_dst.shape)))
         return out
 
     def vo_writes(self, wv, wo, bv=None, bo=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         v = self.linear_views()
-        biases = [(b_dst, torch.zeros_like(b_dst) if b is None else b)
+        biases = [(b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(b_dst.shape))
                   for b_dst, b in ((v["v"][1], bv), (v["o"][1], bo)) if b_dst is not None]
-        return [(v["v"][0], wv.T), (v["o"][0], wo.T), *biases]
+        return [(v["v"][0], wv.T.reshape(v["v"][0].shape)), (v["o"][0], wo.T.reshape(v["o"][0].shape)), *biases]
 
     def qk_features(self, x: torch.Tensor):
         """q, k of shape (..., heads, T, r) for input tokens x (..., T, D), with the module's
@@ -193,7 +207,8 @@ class AttentionAdapter:
         its forward (:mod:`structinit.adapters.observe`), as ``shape`` (B, heads, T, T): the
         first that has that many entries, or None. An adapter whose module mixes several maps
         (ConViT's gated positional attention) returns the mixture."""
-        return next((probs.reshape(shape) for probs in maps if probs.numel() == shape.numel()), None)
+        return next((heads_last_lead(probs, shape[1]).reshape(shape) for probs in maps
+                     if probs.numel() == shape.numel()), None)
 
     @property
     def qk_normalised(self) -> bool:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, Views, module_scale, split_views
+from structinit.functional.attention import heads_last_lead
 from structinit.functional.gated import gated_mixture, gaussian_positional_weight, relative_positions
 from structinit.functional.targets import Offset
 
@@ -93,7 +94,7 @@ class GatedPositionalAdapter(AttentionAdapter):
         for probs in maps:
             if probs.numel() != shape.numel():
                 continue
-            probs = probs.reshape(shape)
+            probs = heads_last_lead(probs, shape[1]).reshape(shape)
             if positional is not None and torch.allclose(probs, positional.to(probs.dtype).expand(shape), atol=1e-6):
                 continue
             return self.mix(probs)

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -275,6 +277,44 @@ def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, a
             return new.transpose(1, 2).reshape(value.shape).to(value.dtype)
         return value
     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+
+def forms_no_attention(model: nn.Module) -> bool:
+    """Whether ``model`` provably forms no attention map, read without running it: its torch.fx
+    graph (a symbolic trace: Python runs on placeholders, no tensor is computed and nothing in
+    the model changes) calls no softmax, ``scaled_dot_product_attention`` or multi-head attention,
+    and no module holding ``nn.MultiheadAttention`` or ``nn.Softmax``. False whenever that cannot
+    be told so (a forward whose Python branches on its tensors does not trace): ask the forward."""
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception:  # dynamic control flow, unusual inputs: no proof
+        return False
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in (*_SOFTMAX, _SDPA, _MHA):
+            return False
+        if node.op == "call_method" and node.target == "softmax":
+            return False
+        if node.op == "call_module" and any(isinstance(m, (nn.MultiheadAttention, nn.Softmax))
+                                            for m in model.get_submodule(node.target).modules()):
+            return False
+    return True
+
+
+def map_rows(x: torch.Tensor | None, tokens: int, rows: int) -> torch.Tensor | None:
+    """The tokens ``x`` (…, D) a layer received, as the rows (``rows``, ``tokens``, D) of its
+    maps (rows, heads, T, T): ``x`` itself when it is (B, T, D); windows the layer received
+    already cut, (…, windows, T, D) or (…, windows, h, w, D), read row-major, as the layer's own
+    reshape reads them; None when no split of its leading axes gives that (a layer that cuts its
+    own windows out of an image map: its tokens are not its maps' rows)."""
+    if x is None or x.ndim < 3:
+        return None
+    if x.ndim == 3:
+        return x if x.shape[-2] == tokens else None
+    lead = x.shape[:-1]
+    for k in range(1, len(lead)):
+        if math.prod(lead[:k]) == rows and math.prod(lead[k:]) == tokens:
+            return x.reshape(rows, tokens, x.shape[-1])
+    return None
 
 
 def module_output(call: ModuleCall) -> torch.Tensor | None:

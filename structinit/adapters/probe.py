@@ -1,5 +1,6 @@
 """The probe: images of the size a model takes, built from what it states (``image_size``,
-``img_size``, a config's, a patch embedding's) or guessed from its token tensors, for every
+``img_size``, a config's, a patch embedding's, timm's ``pretrained_cfg``'s input size) or
+guessed from its token tensors, for every
 check that runs a model forward to see what it really computes."""
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def _stated(model: nn.Module, attrs) -> tuple[int, int] | None:
     return next((p for p in pairs if p is not None), None)
 
 
+def _configured(model: nn.Module) -> tuple[int, int] | None:
+    """The (h, w) of the input size a model's own config states as (C, H, W): timm's
+    ``pretrained_cfg`` (``default_cfg``), for a model that keeps no image size of its own."""
+    for attr in ("pretrained_cfg", "default_cfg"):
+        cfg = getattr(model, attr, None)
+        size = cfg.get("input_size") if isinstance(cfg, dict) else None
+        if isinstance(size, (tuple, list)) and len(size) == 3:
+            return _pair(tuple(size[1:]))
+    return None
+
+
 def _patch(model: nn.Module) -> tuple[int, int] | None:
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
     return _stated(model, ("patch_size",)) or (tuple(conv.stride) if conv is not None else None)
@@ -76,7 +88,7 @@ def probe_sizes(model: nn.Module, candidates) -> list[tuple[int, int, int]]:
     """(C, H, W) probe sizes to try, most likely first (module doc)."""
     patch = _patch(model)
     chans = _channels(model, patch)
-    stated = _stated(model, ("image_size", "img_size"))
+    stated = _stated(model, ("image_size", "img_size")) or _configured(model)
     if stated is not None:
         return [(chans, *stated)]
     if patch is None:

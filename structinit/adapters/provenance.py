@@ -38,7 +38,16 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.provenance_blocks import assemble, decode, lines_in_storage_order
+from structinit.adapters.provenance_blocks import (
+    assemble,
+    decode,
+    find_head,
+    grads_of,
+    head_leads,
+    heads_of,
+    lead_cotangent,
+    lines_in_storage_order,
+)
 from structinit.adapters.provenance_record import (
     Operand,
     TraceError,
@@ -51,8 +60,6 @@ from structinit.adapters.provenance_record import (
 )
 from structinit.adapters.provenance_tokens import TokenError, inner_tokens, leaf_at, token_map, tokens_of_call
 from structinit.adapters.traced import CallTokens, TracedAdapter
-
-MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
 
 
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
@@ -139,24 +146,26 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     if k.channels != r or v.channels != r:
         raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "
                          "reads heads of one width")
-    heads, group = _heads(q, params)
+    heads, group = heads_of(q, params)
     dim = _input_width(q, params)
     tokens_of = token_map(q, leaf, dim, heads)
     inputs = tuple(owner.get_submodule(n) for n in readers)
     adapter = TracedAdapter(owner, {}, heads, r, 1.0, tokens_of, inputs=inputs)
     tokens = tokens_of_call(adapter, owner_args, owner_kwargs)
     views, names = {}, {}
-    per_head = _read_role("q", q, params, _head_leads(q, heads), dim)
+    per_head = _read_role("q", q, params, head_leads(q, heads), dim)
     views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
     kv_of = None
     for role, operand in (("k", k), ("v", v)):
-        shared, per_kv = _shared_heads(role, operand, params, heads, dim)
+        shared, per_kv = _sharedheads_of(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
         views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
     views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
     adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs)
+    if q.head is not None:  # the logits as the adapter's, heads after the other lead axes
+        product = (product[0].movedim(q.head, -3), product[1])
     try:
         adapter.scale = _scale(adapter, tokens.detach(), product, sdpa_scale)
     except TraceError:
@@ -185,7 +194,7 @@ def _input_width(q: Operand, params) -> int:
     head of q is its r lines of D input weights."""
     lead = (0,) * len(q.lead_shape)
     weights = 1 + torch.rand(q.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    grads = _grads(q.tensor, _lead_cotangent(q, lead, False, 0) * weights.to(q.tensor), params)
+    grads = grads_of(q.tensor, lead_cotangent(q, lead, False, 0) * weights.to(q.tensor), params)
     largest = max(int((g != 0).sum()) for g in grads)
     if largest == 0 or largest % q.channels:
         raise TraceError("no parameter of the module projects its tokens to q")
@@ -199,56 +208,14 @@ def _normalised(op: Operand) -> bool:
     return bool(norms.std() <= 1e-3 * norms.mean())
 
 
-# -- heads and the input projections --------------------------------------------------------------
-
-def _grads(target: torch.Tensor, cotangent: torch.Tensor, params) -> list[torch.Tensor]:
-    got = torch.autograd.grad(target, [p for _, p in params], cotangent, retain_graph=True, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(params, got)]
-
-
-def _lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool, token: int | None = None) -> torch.Tensor:
-    """Zero but on slice ``lead`` of ``op``: 1 (or c + 1 on channel c) on every token, or on
-    ``token`` alone."""
-    moved = torch.zeros(op.moved_shape, dtype=op.tensor.dtype, device=op.tensor.device)
-    chan = torch.arange(1, op.channels + 1, dtype=moved.dtype, device=moved.device) if labels else 1.0
-    moved[(*lead, slice(None) if token is None else token)] = chan
-    return op.unmove(moved)
-
-
-def _support(op: Operand, lead, params) -> frozenset:
-    grads = _grads(op.tensor, _lead_cotangent(op, lead, False), params)
-    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
-
-
-def _heads(q: Operand, params) -> tuple[int, callable]:
-    """The head count and lead → head of the q operand: its head axis is the last lead axis when
-    there are two or more (B, heads, T, r); for one flat lead axis (B·heads, T, r) the heads are
-    the leads until the entries feeding them repeat."""
-    leads = q.lead_shape
-    if not leads:
-        raise TraceError("its map has no head axis")
-    if len(leads) >= 2:
-        return leads[-1], lambda lead: lead[-1]
-    first, n = _support(q, (0,), params), leads[0]
-    if n > MAX_LEADS:
-        raise TraceError(f"its products run over {n} slices, more than the {MAX_LEADS} the trace follows")
-    heads = next((h for h in range(1, n) if _support(q, (h,), params) == first), n)
-    if n % heads:
-        raise TraceError(f"its {n} product slices do not repeat every {heads} heads")
-    return heads, lambda lead: lead[0] % heads
-
-
-def _head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
-    zeros = (0,) * (len(op.lead_shape) - 1)
-    return [(*zeros, h) for h in range(heads)]
-
+# -- the input projections --------------------------------------------------------------------------
 
 def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[int, torch.Tensor]]:
     """For each parameter, channel → the multi-indices of its entries feeding slice ``lead`` of
     ``op`` linearly (module doc), read on every token or on ``token`` alone; TraceError naming
     an entry fed otherwise."""
-    ones = _grads(op.tensor, _lead_cotangent(op, lead, False, token), params)
-    labels = _grads(op.tensor, _lead_cotangent(op, lead, True, token), params)
+    ones = grads_of(op.tensor, lead_cotangent(op, lead, False, token), params)
+    labels = grads_of(op.tensor, lead_cotangent(op, lead, True, token), params)
     found = [decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
     if not any(found):  # a norm's output sums to a constant: no gradient of the summed channels reaches it
         raise TraceError("no parameter feeds the attention through a projection alone")
@@ -280,7 +247,7 @@ def _by_place(op: Operand, lead, params, dim: int) -> list[dict[int, torch.Tenso
     the other parameters (the norm's own weight) are not the projection's and stay unread."""
     # random weights: a norm's output sums to a constant, so an all-ones cotangent has no gradient through it
     weights = torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    grads = _grads(op.tensor, _lead_cotangent(op, lead, False, 0) * (1 + weights.to(op.tensor)), params)
+    grads = grads_of(op.tensor, lead_cotangent(op, lead, False, 0) * (1 + weights.to(op.tensor)), params)
     return [lines_in_storage_order(torch.nonzero(g), p.stride(), dim, op.channels) or {}
             for (_, p), g in zip(params, grads)]
 
@@ -289,18 +256,20 @@ def _signature(entries: list[dict]) -> tuple:
     return tuple((i, c, tuple(ix[0].tolist())) for i, e in enumerate(entries) for c, ix in sorted(e.items()))
 
 
-def _shared_heads(role: str, op: Operand, params, heads: int, dim: int) -> tuple[tuple[int, ...], list[list[dict]]]:
+def _sharedheads_of(role: str, op: Operand, params, heads: int, dim: int) -> tuple[tuple[int, ...], list[list[dict]]]:
     """(kv_of, each key/value head's labelled entries) of a k or v operand: one per query head,
     or fewer shared by several (grouped-query attention), either as a product over fewer heads
     (``scaled_dot_product_attention(enable_gqa=True)``: head h reads h // (heads / n)) or as
     the same entries repeated across the query heads."""
+    if len(op.lead_shape) >= 2:
+        find_head(op, params)
     leads = op.lead_shape
     if len(leads) >= 2 and leads[-1] != heads:
         n = leads[-1]
         if heads % n:
             raise TraceError(f"its {heads} query heads do not share {n} key/value heads evenly")
-        return tuple(h // (heads // n) for h in range(heads)), _read_role(role, op, params, _head_leads(op, n), dim)
-    per_lead = _read_role(role, op, params, _head_leads(op, heads), dim)
+        return tuple(h // (heads // n) for h in range(heads)), _read_role(role, op, params, head_leads(op, n), dim)
+    per_lead = _read_role(role, op, params, head_leads(op, heads), dim)
     keys = [_signature(e) for e in per_lead]
     order = list(dict.fromkeys(keys))
     return tuple(order.index(key) for key in keys), [per_lead[keys.index(key)] for key in order]
@@ -325,7 +294,7 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, originals, head
     chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
                                                         for a in range(len(shape))])
     labels = (1 + head * r + chan).to(ones.dtype)
-    got = {name: _output_grads(module, args, kwargs, context, value, params)
+    got = {name: _outputgrads_of(module, args, kwargs, context, value, params)
            for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
     per_head = [[{} for _ in params] for _ in range(heads)]
     bias = None
@@ -351,12 +320,12 @@ def _all_leads(shape) -> list[tuple[int, ...]]:
     return out
 
 
-def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
+def _outputgrads_of(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
     out = record(module, args, kwargs, swap={context: value}).out
     y = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(y, torch.Tensor) or not y.requires_grad:
         raise TraceError("its output does not depend on the attention's context through its parameters")
-    return _grads(y, torch.ones_like(y), params)
+    return grads_of(y, torch.ones_like(y), params)
 
 
 # -- the softmax scale ---------------------------------------------------------------------------------

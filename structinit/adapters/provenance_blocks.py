@@ -1,7 +1,10 @@
-"""How the entries :mod:`structinit.adapters.provenance` finds become views of a module's own
-parameters: each head's labelled entries checked to form one evenly strided (heads·r, D) block,
-or, for q and k that pass through a norm after their projection (q/k-norm, often with rotary
-positions), each head's entries read as whole lines of input weights in storage order.
+"""Which entries of a module's parameters feed which head, and how the entries
+:mod:`structinit.adapters.provenance` finds become views of them. The heads are the lead axis
+of q along which other entries feed it (:func:`find_head`), wherever it lies among the batch
+and window axes. Each head's labelled entries are checked to form one evenly strided
+(heads·r, D) block, or one block per head with the heads apart, or, for q and k that pass
+through a norm after their projection (q/k-norm, often with rotary positions), each head's
+entries read as whole lines of input weights in storage order.
 
 A norm mixes a head's channels, so a labelled cotangent comes out mixed and only the *set* of
 entries feeding a head is known. Storage order is the channel order of the product when q and
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from structinit.adapters.provenance_record import TraceError
+from structinit.adapters.provenance_record import Operand, TraceError
 
 
 def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
@@ -32,7 +35,10 @@ def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]]
            width: int, kind: str) -> torch.Tensor:
     """The strided view of ``param`` holding entries[h][c] for every head h and channel c: a
     (heads·r, width) block ('in': each row runs along one axis of ``width`` entries), its
-    transpose ('out') or a (heads·r,) vector ('bias'). TraceError when the entries do not form one."""
+    transpose ('out') or a (heads·r,) vector ('bias'); with the heads apart from each other (q,
+    k and v packed per head), the same with the heads on an axis of their own: (heads, r, width),
+    (width, heads, r) or (heads, r) (:func:`structinit.adapters.attention.rows_matrix`). TraceError
+    when the entries do not form one."""
     first = entries[0].get(0)
     line = 1 if kind == "bias" else width
     if any(len(e) != r or any(len(ix) != line for ix in e.values()) for e in entries):
@@ -52,9 +58,13 @@ def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]]
     sh = start(1, 0) - base if heads > 1 else r * sc
     if r == 1:
         sc = sh
-    if sh != r * sc or any(start(h, c) != base + h * sh + c * sc for h in range(heads) for c in range(r)):
-        raise TraceError(f"parameter {name!r} does not lay its heads out as one evenly strided block")
+    if any(start(h, c) != base + h * sh + c * sc for h in range(heads) for c in range(r)):
+        raise TraceError(f"parameter {name!r} does not lay its heads out as evenly strided blocks")
     offset = param.storage_offset() + base
+    if sh != r * sc:  # heads apart from each other (q, k, v packed per head): one axis more, per head
+        shape, strides = {"bias": ((heads, r), (sh, sc)), "in": ((heads, r, width), (sh, sc, axis_stride)),
+                          "out": ((width, heads, r), (axis_stride, sh, sc))}[kind]
+        return param.as_strided(shape, strides, offset)
     if kind == "bias":
         return param.as_strided((heads * r,), (sc,), offset)
     if kind == "in":
@@ -111,3 +121,80 @@ def lines_in_storage_order(support: torch.Tensor, stride: tuple[int, ...], width
         lines.sort(key=lambda line: int((line.min(0).values * strides).sum()))
         return dict(enumerate(lines))
     return None
+
+
+# -- heads: which lead axis, and which entries feed each -------------------------------------------
+
+MAX_LEADS = 512  # (batch × windows × heads) slices a product may have before the trace gives up
+
+
+def grads_of(target: torch.Tensor, cotangent: torch.Tensor, params) -> list[torch.Tensor]:
+    got = torch.autograd.grad(target, [p for _, p in params], cotangent, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g.detach() for (_, p), g in zip(params, got)]
+
+
+def lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool, token: int | None = None) -> torch.Tensor:
+    """Zero but on slice ``lead`` of ``op``: 1 (or c + 1 on channel c) on every token, or on
+    ``token`` alone."""
+    moved = torch.zeros(op.moved_shape, dtype=op.tensor.dtype, device=op.tensor.device)
+    chan = torch.arange(1, op.channels + 1, dtype=moved.dtype, device=moved.device) if labels else 1.0
+    moved[(*lead, slice(None) if token is None else token)] = chan
+    return op.unmove(moved)
+
+
+def support(op: Operand, lead, params) -> frozenset:
+    grads = grads_of(op.tensor, lead_cotangent(op, lead, False), params)
+    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
+
+
+def heads_of(q: Operand, params) -> tuple[int, callable]:
+    """The head count and lead → head (lead in the tensor's own axis order) of the q operand:
+    with two or more lead axes, the one along which other entries feed q (:func:`find_head`);
+    for one flat lead axis (B·heads, T, r) the heads are the leads until the entries feeding
+    them repeat."""
+    leads = q.lead_shape
+    if not leads:
+        raise TraceError("its map has no head axis")
+    if len(leads) >= 2:
+        at = find_head(q, params)
+        return q.tensor.shape[q.lead_axes[at]], lambda lead: lead[at]
+    first, n = support(q, (0,), params), leads[0]
+    if n > MAX_LEADS:
+        raise TraceError(f"its products run over {n} slices, more than the {MAX_LEADS} the trace follows")
+    heads = next((h for h in range(1, n) if support(q, (h,), params) == first), n)
+    if n % heads:
+        raise TraceError(f"its {n} product slices do not repeat every {heads} heads")
+    return heads, lambda lead: lead[0] % heads
+
+
+def find_head(op: Operand, params) -> int:
+    """The place among ``op``'s lead axes (its own order) of its heads: the one axis along which
+    other entries feed it; with none, one head (the last axis of size 1); else the last. Set as
+    ``op.head`` when it is not the last."""
+    axes, base = op.lead_axes, support_at(op, None, params)
+    moving = [i for i, a in enumerate(axes) if op.tensor.shape[a] > 1 and support_at(op, a, params) != base]
+    single = [i for i, a in enumerate(axes) if op.tensor.shape[a] == 1]
+    at = moving[0] if len(moving) == 1 else (single or [len(axes) - 1])[-1] if not moving else len(axes) - 1
+    op.head = axes[at] if at != len(axes) - 1 else None
+    return at
+
+
+def support_at(op: Operand, axis: int | None, params) -> frozenset:
+    """The parameter entries feeding the slice at index 1 of ``axis`` (of the tensor; None: the
+    first slice) and 0 on the other lead axes, through random cotangent weights (a norm's output
+    sums to a constant, which an all-ones cotangent would not pass)."""
+    cotangent = torch.zeros_like(op.tensor)
+    index = [0] * op.tensor.ndim
+    index[op.token] = index[op.channel] = slice(None)
+    if axis is not None:
+        index[axis] = 1
+    weights = 1 + torch.rand(cotangent[tuple(index)].shape, generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float64)
+    cotangent[tuple(index)] = weights.to(cotangent)
+    grads = grads_of(op.tensor, cotangent, params)
+    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
+
+
+def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
+    zeros = (0,) * (len(op.lead_shape) - 1)
+    return [(*zeros, h) for h in range(heads)]

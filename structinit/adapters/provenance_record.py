@@ -109,22 +109,36 @@ def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
 @dataclass
 class Operand:
     """One operand of a product, with its token and channel axes; its lead axes are the rest
-    (batch, windows, heads). For a value operand, ``product_index`` is the product's call and
-    ``context_axes`` the (token, channel) axes of its result."""
+    (batch, windows, heads), read with the heads last: ``head`` is their axis when it is not the
+    last lead axis already (NesT's (B, heads, blocks, T, r)). For a value operand,
+    ``product_index`` is the product's call and ``context_axes`` the (token, channel) axes of its
+    result."""
 
     tensor: torch.Tensor
     token: int
     channel: int
     product_index: int = -1
     context_axes: tuple[int, int] = (-2, -1)
+    head: int | None = None
 
     def __post_init__(self):
         self.token %= self.tensor.ndim
         self.channel %= self.tensor.ndim
 
     @property
+    def _axes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if self.head is None:
+            return (self.token, self.channel), (-2, -1)
+        return (self.head, self.token, self.channel), (-3, -2, -1)
+
+    @property
+    def lead_axes(self) -> list[int]:
+        """The lead axes of :attr:`tensor`, in its own order."""
+        return [a for a in range(self.tensor.ndim) if a not in (self.token, self.channel)]
+
+    @property
     def moved_shape(self) -> tuple[int, ...]:
-        return tuple(self.tensor.movedim((self.token, self.channel), (-2, -1)).shape)
+        return tuple(self.tensor.movedim(*self._axes).shape)
 
     @property
     def lead_shape(self) -> tuple[int, ...]:
@@ -135,7 +149,8 @@ class Operand:
         return int(self.tensor.shape[self.channel])
 
     def unmove(self, moved: torch.Tensor) -> torch.Tensor:
-        return moved.movedim((-2, -1), (self.token, self.channel))
+        source, place = self._axes
+        return moved.movedim(place, source)
 
     def context_lead_axes(self, ndim: int) -> list[int]:
         token, channel = (a % ndim for a in self.context_axes)

@@ -31,7 +31,7 @@ class TracedAdapter(AttentionAdapter):
         self.module, self._views = module, views
         self._inputs = tuple(inputs)  # the submodules that read the tokens, when the module normalises them inside
         self.num_heads, self.head_dim = int(num_heads), int(head_dim)
-        self.dim = int(views["q"][0].shape[1]) if views else 0
+        self.dim = int(views["q"][0].shape[-1]) if views else 0
         self.scale, self.token_map = float(scale), token_map or TokenMap(-1)
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
         self.kv_of = tuple(range(self.num_heads)) if kv_of is None else tuple(kv_of)
@@ -96,7 +96,7 @@ class TracedAdapter(AttentionAdapter):
         for (w_dst, b_dst), w, b in ((self._views["q"], wq, bq), (self._views["k"], wk, bk)):
             out.append((w_dst, w.transpose(1, 2).reshape(w_dst.shape)))
             if b_dst is not None:
-                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(-1)))
+                out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(b_dst.shape)))
         return out
 
     def head_values(self, v: torch.Tensor, heads: int) -> torch.Tensor | None:

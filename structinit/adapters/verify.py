@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter, head_mixers, self_mask
-from structinit.adapters.observe import AttentionMap, ModuleCall, module_output, observe
+from structinit.adapters.attention import AttentionAdapter, head_mixers, in_matrix, out_matrix, self_mask
+from structinit.adapters.observe import AttentionMap, ModuleCall, map_rows, module_output, observe
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_tokens import tokens_of_call
 from structinit.adapters.traced import CallTokens
@@ -190,6 +190,7 @@ def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor,
         return True
     views = adapter.linear_views()
     (wv, bv), (wo, bo) = views["v"], views["o"]
+    wv, wo, bv = in_matrix(wv), out_matrix(wo), None if bv is None else bv.reshape(-1)
     b, h, t, _ = probs.shape
     v = adapter.head_values(nn.functional.linear(x.float(), wv.float(), None if bv is None else bv.float()), h)
     if v is None:
@@ -198,7 +199,9 @@ def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor,
     projected = nn.functional.linear(context, wo.float(), None if bo is None else bo.float())
     out = out.float()
     for want in (projected, context):
-        for got in (out, out.transpose(0, 1) if out.ndim == 3 else out):
+        # windows received already cut come back in the same layout: the rows of x, as map_rows read them
+        rows = out.reshape(want.shape) if out.numel() == want.numel() and out.shape[-1] == want.shape[-1] else out
+        for got in (out, out.transpose(0, 1) if out.ndim == 3 else out, rows):
             if got.shape == want.shape:
                 scale = float(want.abs().max()) + 1e-6
                 if float((got - want).abs().max()) <= rel * scale:
@@ -218,6 +221,10 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it forms no softmax(q kᵀ) map over its tokens (linear or factorised attention): there "
                        "is no map to shape")
     x = call.x
+    if x is not None and x.ndim > 3:  # windows received already cut: the rows of one of its square maps
+        heads = adapter.num_heads
+        x = next((r for m in maps if m.queries == m.keys and m.probs.numel() % (heads * m.keys ** 2) == 0
+                  and (r := map_rows(x, m.keys, m.probs.numel() // (heads * m.keys ** 2))) is not None), x)
     # A layer that cuts its own windows from a (B, H, W, C) map, or NaN/inf in the model already: the
     # probe can tell nothing.
     if x is None or x.ndim != 3 or not bool(torch.isfinite(x).all()):
@@ -291,7 +298,16 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
             pooling.append((name, f"{type(module).__name__}: {_pooling_words(m)}"))
         else:
             unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
-    traced, unknown = traced_verdicts(model, inputs, unclaimed, dtype)
+    # A layer its adapter misread (another head layout, another value path) is read again by the trace;
+    # the trace's verdict replaces the adapter's only when it understands the layer.
+    misread = {v.adapter.module: (v.name, "") for v in verdicts
+               if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH)}
+    traced, unknown = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
+    again = {name for name, _ in misread.values()}
+    better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
+    verdicts = [better.get(v.name, v) for v in verdicts]
+    traced = [v for v in traced if v.name not in again]
+    unknown = [u for u in unknown if u[0] not in again]
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)

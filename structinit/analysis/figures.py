@@ -28,7 +28,12 @@ def save_figure(fig, path: str | Path | None):
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, bbox_inches="tight")
+        try:
+            fig.savefig(path, bbox_inches="tight")
+        except OSError as err:  # a full disk while the file is written says no file name: this one
+            if err.filename is None and err.errno is not None:
+                raise OSError(err.errno, err.strerror, str(path)) from err
+            raise
     return fig
 
 

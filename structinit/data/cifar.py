@@ -73,6 +73,10 @@ def locate_cifar(root: str | Path, spec: CifarSpec) -> Path:
     """
     root = Path(root).expanduser()
     if root.is_file():
+        if root.name != spec.archive and not _looks_compressed(root):
+            raise DatasetNotFoundError(
+                f"{root} is a file, not a folder, and not {spec.title}'s archive ({spec.archive}); pass root= "
+                f"(--data-dir) the folder that holds {spec.folder}/ or {spec.archive}, or the archive itself")
         return root  # an archive; opening it checks that it is one
     if root.is_dir() and (root.name == spec.folder or any((root / f).exists() for f in spec.files)):
         return root
@@ -84,6 +88,16 @@ def locate_cifar(root: str | Path, spec: CifarSpec) -> Path:
         f"{root / spec.folder} not found: expected {_expected(spec)} in that folder, or {spec.archive} in {root}; "
         "pass download=True (--download) or root= the folder that contains them"
     )
+
+
+def _looks_compressed(path: Path) -> bool:
+    """Whether ``path`` starts as a gzip file or holds a tar header (an archive under another name)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar"
 
 
 def _read_folder(folder: Path, names: list[str], spec: CifarSpec) -> dict[str, tuple[bytes, str]]:

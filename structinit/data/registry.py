@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structinit.data.cifar import CIFAR10, CIFAR100, CifarSpec, load_cifar
+from structinit.data.cifar import CIFAR10, CIFAR100, CifarSpec, load_cifar, locate_cifar
 from structinit.data.datasets import ArrayDataset, DatasetNotFoundError, check_split
 from structinit.data.digits import load_digits
 from structinit.data.download import download as download_files
@@ -40,7 +40,9 @@ class DatasetLoader:
         system_roots: folders tried before :func:`default_root` when no ``root`` is given.
         download_into: the folder to download into for a ``root`` that was tried
             (default: that folder itself).
-        file_root: whether ``root`` may be a file (CIFAR's archive, read in place).
+        file_root: for a dataset whose ``root`` may be a file (CIFAR's archive, read in place),
+            the check that a file is one it reads (a :class:`DatasetNotFoundError` otherwise);
+            None when ``root`` is a folder.
     """
 
     load: Callable[..., ArrayDataset]
@@ -48,7 +50,7 @@ class DatasetLoader:
     root_mode: str = "search"
     system_roots: tuple[Path, ...] = ()
     download_into: Callable[[Path], Path] | None = None
-    file_root: bool = False
+    file_root: Callable[[Path], object] | None = None
 
 
 DATASET_LOADERS: Registry[DatasetLoader] = Registry("dataset")
@@ -61,10 +63,10 @@ def _cifar_download_folder(spec: CifarSpec) -> Callable[[Path], Path]:
 
 DATASET_LOADERS.register("cifar10", DatasetLoader(
     lambda root, split: load_cifar(root, CIFAR10, split), download_into=_cifar_download_folder(CIFAR10),
-    file_root=True))
+    file_root=lambda path: locate_cifar(path, CIFAR10)))
 DATASET_LOADERS.register("cifar100", DatasetLoader(
     lambda root, split, **options: load_cifar(root, CIFAR100, split, **options), frozenset({"label"}),
-    download_into=_cifar_download_folder(CIFAR100), file_root=True))
+    download_into=_cifar_download_folder(CIFAR100), file_root=lambda path: locate_cifar(path, CIFAR100)))
 DATASET_LOADERS.register("svhn", DatasetLoader(load_svhn))
 DATASET_LOADERS.register("mnist", DatasetLoader(lambda root, split: load_idx_dataset(root, "mnist", split)))
 DATASET_LOADERS.register("fashion_mnist", DatasetLoader(

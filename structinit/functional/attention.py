@@ -1,5 +1,6 @@
 """Attention maths shared by every path that computes attention maps: the one
-implementation of the attention probabilities, and LayerNorm of position-only tokens."""
+implementation of the attention probabilities, LayerNorm of position-only tokens, and the
+heads axis of a map read from a module's forward."""
 
 from __future__ import annotations
 
@@ -48,3 +49,13 @@ def layer_norm_tokens(x: torch.Tensor, eps: float = LN_EPS) -> torch.Tensor:
     LayerNorm(PE) that a ViT block's first norm gives at init (its weight 1, bias 0; eps 1e-6
     as timm's ViT)."""
     return F.layer_norm(x.double(), (x.shape[-1],), eps=eps)
+
+
+def heads_last_lead(probs: torch.Tensor, heads: int) -> torch.Tensor:
+    """A map (…, T, T) with more than four axes whose heads axis is not the third from last (NesT's
+    (B, heads, blocks, T, T)) with that axis moved there, so that a reshape to (rows, heads, T, T)
+    keeps each head's maps together: the last leading axis of size ``heads`` is taken for it."""
+    if probs.ndim < 5 or probs.shape[-3] == heads:
+        return probs
+    axis = next((a for a in reversed(range(probs.ndim - 2)) if probs.shape[a] == heads), None)
+    return probs if axis is None else probs.movedim(axis, -3)

@@ -89,7 +89,7 @@ def compare(base: RunConfig, inits: list[str] | str, seeds: list[int] | int | st
                              "mixed with it; choose another out_dir (--out)")
     inits, seeds = check_init_specs(inits), parse_seeds(seeds)
     # the settings checked on a run folder of this comparison (its root is no run's folder)
-    check_run(make_task(dataclasses.replace(base, out_dir=str(out / "_"))), placement())
+    check_run(make_task(dataclasses.replace(base, out_dir=str(out / "_" / f"seed{base.seed}"))), placement())
     parsed = check_specs(base, inits, seeds, out)
     runs: dict[str, list[dict]] = {spec: [] for spec in inits}
     plan = [(seed, spec) for seed in seeds for spec in inits]  # seed-major: the first seed's table comes first

@@ -15,7 +15,15 @@ from typing import Any
 from torch import nn
 
 from structinit.harness.config import config_from_dict
-from structinit.harness.run.checkpoint import WEIGHTS, init_fingerprint, load_weights, run_id, state_digest
+from structinit.harness.run.checkpoint import (
+    WEIGHTS,
+    init_fingerprint,
+    load_weights,
+    result_digest,
+    run_id,
+    state_digest,
+    weights_metadata,
+)
 from structinit.harness.run.folder import comparison_in
 from structinit.harness.run.lifecycle import RESULT
 from structinit.harness.tasks import Kind, kind_of
@@ -92,9 +100,10 @@ def load_run(path: str | Path) -> FinishedRun:
 
 
 def _check_own(result_path: Path, result: dict) -> None:
-    """A result.json that is its own run's: its run id is the one its config, starting weights
-    and data make (not edited), and in a comparison's ``seed<N>`` folder it is seed N's (not
-    copied from another seed's folder). A result written before run ids is not checked so."""
+    """A result.json that is its own run's: as the run wrote it (its digest), its run id the one
+    its config, starting weights and data make (not edited), the run id of the weights beside it
+    (not copied from another run's folder), and in a comparison's ``seed<N>`` folder seed N's. A
+    result written before run ids (or before its digest) is not checked so."""
     rewrite = f"`structinit train --resume --out {result_path.parent}` writes it again from the run's checkpoint"
     folder = re.fullmatch(r"seed(\d+)", result_path.parent.name)
     if folder and result.get("seed") != int(folder[1]):
@@ -108,6 +117,13 @@ def _check_own(result_path: Path, result: dict) -> None:
     if made != recorded:
         raise ValueError(f"{result_path}: its settings, seed or data are not those of run {recorded}, which it "
                          f"names (edited by hand, or put together from two runs); {rewrite}")
+    digest = result.get("result_sha256")
+    if digest is not None and result_digest(result) != digest:
+        raise ValueError(f"{result_path}: it is not the file its run wrote (its scores were changed since: its "
+                         f"result_sha256 no longer matches); {rewrite}")
+    weights = result_path.parent / WEIGHTS
+    if weights.is_file():  # the header alone: the weights beside it are the same run's (not copied in)
+        _check_header(weights, weights_metadata(weights), result)
 
 
 def find_runs(folder: str | Path, depth: int = 2, required: bool = True) -> list[FinishedRun]:
@@ -153,12 +169,13 @@ def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | N
     from another run); with ``result`` (the run's result.json), if the header names another
     run or the tensors are not the ones the run finished with (its ``weights_sha256``)."""
     tensors, metadata = load_weights(path)
-    theirs = (metadata or {}).get("init_fingerprint")
-    if init_fingerprint and theirs and theirs != init_fingerprint:
-        raise ValueError(f"{path}: these weights were trained from another init (fingerprint {theirs[:12]}…) than "
-                         f"the run's result.json records ({init_fingerprint[:12]}…): the file comes from another run; "
-                         f"{_REWRITE}")
-    _check_run_of(path, tensors, metadata or {}, result or {})  # the init first: the more telling cause
+    result = result or {}
+    init = init_fingerprint or result.get("init_fingerprint")
+    _check_header(path, metadata or {}, {**result, "init_fingerprint": init})
+    digest = result.get("weights_sha256")
+    if digest and state_digest(tensors, by_name=True) != digest:
+        raise ValueError(f"{path}: its tensors are not the ones the run finished with (result.json records their "
+                         f"digest {digest[:12]}…): the file was changed or comes from another run; {_REWRITE}")
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -172,15 +189,15 @@ def load_trained_weights(model: nn.Module, path: Path, init_fingerprint: str | N
     model.load_state_dict(tensors)
 
 
-def _check_run_of(path: Path, tensors: dict, metadata: dict, result: dict) -> None:
-    """The weights at ``path`` are the run's whose result.json is ``result``: the run id in their
-    header and the digest of their tensors are the ones it records (a run written before run
-    ids has neither, and is not checked so)."""
+def _check_header(path: Path, metadata: dict, result: dict) -> None:
+    """The weights at ``path`` (their header's ``metadata``) are the run's whose result.json is
+    ``result``: trained from the init it records (the more telling cause first), with its run id
+    (a run written before run ids has none, and is not checked so)."""
+    ours, theirs = result.get("init_fingerprint"), metadata.get("init_fingerprint")
+    if ours and theirs and theirs != ours:
+        raise ValueError(f"{path}: these weights were trained from another init (fingerprint {theirs[:12]}…) than "
+                         f"the run's result.json records ({ours[:12]}…): the file comes from another run; {_REWRITE}")
     ours, theirs = result.get("run_id"), metadata.get("run_id")
     if ours and theirs and ours != theirs:
         raise ValueError(f"{path}: these weights are run {theirs}'s, and the folder's result.json is run {ours}'s: "
                          f"the file comes from another run; {_REWRITE}")
-    digest = result.get("weights_sha256")
-    if digest and state_digest(tensors, by_name=True) != digest:
-        raise ValueError(f"{path}: its tensors are not the ones the run finished with (result.json records their "
-                         f"digest {digest[:12]}…): the file was changed or comes from another run; {_REWRITE}")

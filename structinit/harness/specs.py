@@ -58,8 +58,10 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
         if is_int(value) and 1 <= value <= MAX_SEED_COUNT:
             return list(range(int(value)))
         if is_int(value) and value > MAX_SEED_COUNT:
+            one = (f"to run seed {value} alone, give a list of one: --seeds {value}, (seeds=[{value}])"
+                   if value < 2**63 else "a seed is a whole number in [0, 2**63)")
             raise ValueError(f"{given}: a count of {value} seeds is {value} runs; a count is at most "
-                             f"{MAX_SEED_COUNT:,}: to run one seed, give a list of it, such as 0,{value}")
+                             f"{MAX_SEED_COUNT:,}; {one}")
         if isinstance(value, (list, tuple)) and value and all(is_int(s) for s in value):
             out = [int(s) for s in value]
             bad = next((s for s in out if not 0 <= s < 2**63), None)
@@ -73,6 +75,22 @@ def parse_seeds(seeds: str | int | list[int]) -> list[int]:
         if is_int(value) and value <= 0:  # "--seeds 0" usually means "seed 0 alone"
             hint = "; a count is at least 1: seed 0 alone is a count of 1 (--seeds 1), or a list such as 0,5"
         raise ValueError(f"{given}: expected a count (3 means seeds 0, 1, 2) or a list (0,4,7){hint}")
+
+
+def _same(default: object, value: object) -> bool:
+    """Whether an option's ``value`` is its ``default`` (1 and 1.0 alike)."""
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (default, value))
+    return float(default) == float(value) if numbers else repr(default) == repr(value)
+
+
+def _defaults(name: str, options: dict) -> dict[str, object]:
+    """Scheme ``name``'s option defaults; none for a name no scheme has (refused where it runs)."""
+    from structinit.schemes.registry import option_defaults
+
+    try:
+        return option_defaults(name, options)
+    except ValueError:
+        return {}
 
 
 def check_init_specs(inits) -> list[str]:
@@ -92,9 +110,13 @@ def check_init_specs(inits) -> list[str]:
         seen: dict[tuple, str] = {}
         for spec in specs:
             name, options = parse_init_spec(spec)
-            key = (name, tuple(sorted((k, repr(v)) for k, v in options.items())))
+            defaults = _defaults(name, options)  # an option set to its default names the init without it
+            given = {k: v for k, v in options.items() if not (k in defaults and _same(defaults[k], v))}
+            key = (name, tuple(sorted((k, repr(v)) for k, v in given.items())))
             if key in seen:
-                raise ValueError(f"init spec {spec!r} names the same init as {seen[key]!r}; each init is one set of "
-                                 "runs, so list each once")
+                said = [f"{k}={v!r}" for k, v in options.items() if k not in given]
+                why = f" ({', '.join(said)}: {'its default' if len(said) == 1 else 'its defaults'})" if said else ""
+                raise ValueError(f"init spec {spec!r} names the same init as {seen[key]!r}{why}; each init is one "
+                                 "set of runs, so list each once")
             seen[key] = spec
         return list(specs)

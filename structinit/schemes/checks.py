@@ -13,7 +13,7 @@ import torch
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers
-from structinit.adapters.observe import observe, real_maps
+from structinit.adapters.observe import map_rows, observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
@@ -132,8 +132,8 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None
         raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
                          f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
     got = _hit_rates(real.probs, real.open_pairs, layout, offsets)
-    x = call.x
-    if x is not None and x.ndim == 3 and x.shape[-2] == real.probs.shape[-1]:
+    x = map_rows(call.x, real.probs.shape[-1], real.probs.shape[0])
+    if x is not None:
         with torch.no_grad():
             ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
         want = _hit_rates(ours, real.open_pairs, layout, offsets)
@@ -190,8 +190,8 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None] | None:
     def check() -> None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
         for (name, ad), real in zip(chosen, real_maps(model, inputs, chosen, calls)):
-            x = calls[ad.module].x
-            if x is None or x.ndim != 3 or x.shape[-2] != real.probs.shape[-1]:
+            x = map_rows(calls[ad.module].x, real.probs.shape[-1], real.probs.shape[0])
+            if x is None:
                 continue  # a windowed layer that cuts its own windows: its tokens are not the map's
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
             # No diagonal to see (masked), or too few tokens to measure one against the rest: the maps

@@ -7,6 +7,7 @@ reservation, the check after the write)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 
@@ -194,4 +195,15 @@ def position_carrier(chosen, biases) -> str:
     return "embedding"
 
 
+def _solver_defaults(options: dict) -> dict[str, object]:
+    """The defaults of the options the solver ``options`` name (the default solver's) takes."""
+    solver = options.get("solver", inspect.signature(plan_impulse).parameters["solver"].default)
+    try:
+        fields = dataclasses.fields(IMPULSE_SOLVERS.get(solver))
+    except (ValueError, TypeError):  # an unknown solver: refused where the init runs
+        return {}
+    return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+
+
+plan_impulse.option_defaults = _solver_defaults  # read by registry.option_defaults
 impulse_init_ = register_planner("impulse", plan_impulse, target="attention")

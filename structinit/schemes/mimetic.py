@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from structinit.adapters import grid_pos_embed, infer_layout, select_layers
+from structinit.adapters.attention import out_matrix
 from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
 from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check
@@ -65,7 +66,7 @@ def plan_mimetic(
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
     check_settable(survey, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
     for name, ad in chosen:
-        out = tuple(ad.linear_views()["o"][0].shape)
+        out = tuple(out_matrix(ad.linear_views()["o"][0]).shape)
         if out != (ad.dim, ad.num_heads * ad.head_dim):
             raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "
                              f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "

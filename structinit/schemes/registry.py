@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import is_depthwise, is_ssm, is_token_mixing
+from structinit.adapters.observe import forms_no_attention
 from structinit.adapters.survey import ModelSurvey
 from structinit.schemes.plan import Plan
 from structinit.schemes.spec import parse_init_spec
@@ -109,6 +110,20 @@ def lookup(name: str) -> list[Scheme]:
     if not found:
         raise ValueError(f"unknown scheme {name!r}; valid names: {', '.join(schemes())}")
     return found
+
+
+def option_defaults(name: str, options: dict | None = None) -> dict[str, object]:
+    """The options scheme ``name`` takes that have a default, with it (every registration's; the
+    first registered wins a name two share), and those of the part ``options`` choose, for a
+    planner that passes ``**options`` on to one (``plan.option_defaults(options)``: impulse's
+    solver)."""
+    out: dict[str, object] = {}
+    for scheme in reversed(lookup(name)):
+        params = list(inspect.signature(scheme.plan).parameters.values())[1:]
+        out |= {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        more = getattr(scheme.plan, "option_defaults", None)
+        out |= more(options or {}) if more is not None else {}
+    return out
 
 
 def schemes(target: str | None = None) -> list[str]:
@@ -307,8 +322,9 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
     kinds = [e.target for e in present]
     if "attention" in targets and "attention" not in kinds and kinds:
         # Attention no adapter claims, beside layers of another kind: the plain call must not quietly
-        # initialise the other kind instead. find_attention_layers names the attention it cannot read.
-        unknown = survey.attention.unknown
+        # initialise the other kind instead. find_attention_layers names the attention it cannot read; a
+        # model whose graph provably has none (ConvMixer) is not run to see.
+        unknown = [] if forms_no_attention(model) else survey.attention.unknown
         if unknown:
             raise ValueError(
                 f"scheme {name!r} initialises attention, and {type(model).__name__} has attention that no adapter "

@@ -50,6 +50,7 @@ from structinit.analysis.token_mixing import token_mixing_fidelity, token_mixing
 from structinit.harness.cli.flags import UsageError, out_path
 from structinit.harness.errors import user_input
 from structinit.harness.finished import load_run, models_of
+from structinit.harness.run.checkpoint import atomic_write_bytes
 from structinit.harness.run.folder import check_out_dir
 from structinit.harness.specs import parse_init_spec, spec_label, split_init_specs
 from structinit.harness.tasks.image import test_images
@@ -267,8 +268,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         plt.close("all")  # the figures are written; a long session (or a test run) must not keep them
     table = "\n".join(lines)
-    (out / "attention.md").write_text(table + "\n")
-    (out / "attention.json").write_text(json.dumps({"args": vars(args), "table": lines}, indent=1, default=str))
+    atomic_write_bytes(out / "attention.md", lambda f: f.write(f"{table}\n".encode()))
+    record = json.dumps({"args": vars(args), "table": lines}, indent=1, default=str)
+    atomic_write_bytes(out / "attention.json", lambda f: f.write(record.encode()))
     print(table)
     print(f"→ {out}/ ({', '.join(sorted(p.name for p in out.glob('*.png')))})")
     return 0

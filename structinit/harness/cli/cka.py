@@ -21,6 +21,7 @@ from structinit.analysis import cka_figure, cka_matrix
 from structinit.harness.cli.flags import UsageError, out_path
 from structinit.harness.errors import user_input
 from structinit.harness.finished import load_run, models_of
+from structinit.harness.run.checkpoint import atomic_write_bytes
 from structinit.harness.run.folder import check_out_dir
 from structinit.harness.tasks.image import test_images
 
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with user_input("run"):
+    with user_input("runs"):  # the two positional runs: no flag names them
         runs = [load_run(args.run_a), load_run(args.run_b)]
     names = ["-".join(r.path.resolve().parts[-2:]) for r in runs]  # the run's folder and the one above it
     out = Path(args.out or f"runs/cka-{names[0]}-vs-{names[1]}")
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     images, _, _ = test_images(cfg.dataset, args.data_dir or cfg.data_dir, args.images)
     models = []
     for r in runs:
-        with user_input("run"):
+        with user_input("runs"):  # the two positional runs: no flag names them
             initial, trained = models_of(r, tuple(images.shape[1:]), r.num_classes)
         models.append(initial if args.at_init else trained)
     with user_input("batch_size"):
@@ -66,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cka_figure(matrix, label_a=labels[0], label_b=labels[1], path=out / "cka.png",
                title=f"linear CKA {when}, {len(images)} test images of {cfg.dataset}")
-    (out / "cka.json").write_text(json.dumps({"runs": [str(r.path) for r in runs], "labels": labels, "when": when,
-                                              "images": len(images), "matrix": matrix.tolist()}, indent=1))
+    record = json.dumps({"runs": [str(r.path) for r in runs], "labels": labels, "when": when,
+                         "images": len(images), "matrix": matrix.tolist()}, indent=1)
+    atomic_write_bytes(out / "cka.json", lambda f: f.write(record.encode()))
     header = "| A \\ B | " + " | ".join(f"layer {j}" for j in range(matrix.shape[1])) + " |"
     rows = [f"| layer {i} | " + " | ".join(f"{float(v):.3f}" for v in row) + " |" for i, row in enumerate(matrix)]
     print(f"linear CKA {when}: A = {labels[0]}, B = {labels[1]}\n{header}\n|---|"

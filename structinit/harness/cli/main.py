@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import structinit
 from structinit.analysis.fidelity import fidelity_rows, format_fidelity_table
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 **{m.COMMAND: m.run for m in MODULE_COMMANDS}}
     in_main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    formatted = warnings.formatwarning
+    if not args.debug:  # a warning is one line, as an error is (not the source line that raised it)
+        warnings.formatwarning = lambda message, *where, **kw: (
+            f"structinit {args.command}: warning: {' '.join(str(message).split())}\n")
     try:
         if args.command != "demo":  # every other command trains, reads runs or draws: the harness extra
             require_harness(f"structinit {args.command}")
@@ -170,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_error(err, args.command), file=sys.stderr)
         return code
     finally:
+        warnings.formatwarning = formatted
         if in_main_thread:
             signal.signal(signal.SIGTERM, before)
 

@@ -205,20 +205,30 @@ def _canonical_header(data: bytes) -> bytes:
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(state dict, metadata) of a file written by :func:`save_weights`, tensors on the CPU."""
-    path = Path(path)
+    return _read_weights(Path(path), tensors=True)
+
+
+def weights_metadata(path: Path) -> dict[str, str]:
+    """The metadata in the header of a file written by :func:`save_weights` (its run id, init
+    fingerprint, config), read without its tensors; the errors of :func:`load_weights`."""
+    return _read_weights(Path(path), tensors=False)[1]
+
+
+def _read_weights(path: Path, tensors: bool) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: weights file not found; expected a safetensors file like a run's {WEIGHTS}")
     safetensors = require("safetensors", "loading weights")
     try:
         with safetensors.safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = dict(f.metadata() or {})
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            state = {name: f.get_tensor(name) for name in f.keys()} if tensors else {}
     except Exception as err:  # truncated, corrupted or not safetensors at all
         raise ValueError(
             f"{path}: not a readable safetensors file (expected an 8-byte header length, a JSON header and the "
-            f"tensor bytes, as save_weights writes): {type(err).__name__}: {err}"
+            f"tensor bytes, as save_weights writes): {type(err).__name__}: {' '.join(str(err).split())}; if it is a "
+            f"run's export, `structinit train --resume --out {path.parent}` writes it again from the run's checkpoint"
         ) from err
-    return tensors, metadata
+    return state, metadata
 
 
 def init_fingerprint(model: nn.Module) -> str:
@@ -240,6 +250,13 @@ def run_id(config: dict, fingerprint: str, data: dict, free: tuple[str, ...] = (
     kept = {k: v for k, v in config.items() if k != "out_dir" and k not in free}
     made = {"config": kept, "init": fingerprint, "data": data}
     return hashlib.sha256(json.dumps(made, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def result_digest(result: dict) -> str:
+    """SHA-256 of a result as its file holds it (JSON, keys sorted), less its own
+    ``result_sha256``: what the run wrote, so that a reader tells a file edited since."""
+    kept = {k: v for k, v in result.items() if k != "result_sha256"}
+    return hashlib.sha256(json.dumps(json.loads(json.dumps(kept)), sort_keys=True).encode()).hexdigest()
 
 
 def state_digest(state: dict[str, torch.Tensor], by_name: bool = False) -> str:

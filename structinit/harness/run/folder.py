@@ -72,6 +72,19 @@ def comparison_in(path: str | Path) -> str | None:
     return None
 
 
+def inside_comparison(path: str | Path, seed: int) -> str | None:
+    """Why a run of ``seed`` written at ``path`` would be read as one of a comparison's runs that
+    it is not, or None: ``path`` lies up to three folders below a comparison's folder (one that
+    holds its summary.json: a folder of other runs is not taken for one), and is not the
+    ``<init>/seed<seed>`` folder a comparison gives it."""
+    path = Path(path).expanduser().absolute()
+    own = re.fullmatch(rf"seed{seed}", path.name) is not None
+    for depth, ancestor in enumerate(path.parents[:3], start=1):
+        if (ancestor / "summary.json").is_file() and not (depth == 2 and own):
+            return f"{ancestor} is a comparison's folder (it holds a comparison's summary.json)"
+    return None
+
+
 def run_in(path: str | Path) -> str | None:
     """Why ``path`` is one run's folder (``train --out``), or None: it holds a run's result.json or checkpoint."""
     found = [name for name in ("result.json", "checkpoint.pt") if (Path(path) / name).is_file()]

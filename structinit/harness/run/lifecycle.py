@@ -40,6 +40,7 @@ from structinit.harness.run.checkpoint import (
     checkpoint_bytes,
     init_fingerprint,
     load_weights,
+    result_digest,
     resume_state,
     run_id,
     save_weights,
@@ -54,7 +55,7 @@ from structinit.harness.run.device import (
     resolve_precision,
     versions,
 )
-from structinit.harness.run.folder import check_out_dir, comparison_in, lock_run
+from structinit.harness.run.folder import check_out_dir, comparison_in, inside_comparison, lock_run
 from structinit.harness.run.step import TrainStep
 from structinit.models import create_model
 from structinit.schemes.plan import Plan
@@ -174,6 +175,9 @@ def check_run(task: Task, where: Placement) -> torch.dtype | None:
         if why := comparison_in(cfg.out_dir):  # report and compare would read the run as one of its runs
             raise ValueError(f"out_dir={cfg.out_dir} is a comparison's folder ({why}); a run written there would "
                              "be mixed with the comparison's; choose another out_dir (--out)")
+        if why := inside_comparison(cfg.out_dir, cfg.seed):
+            raise ValueError(f"out_dir={cfg.out_dir} lies inside a comparison: {why}, whose report would count "
+                             "this run as one of its own; choose another out_dir (--out)")
     check_config(cfg)
     with user_input("batch_size"):
         if cfg.batch_size % where.world:
@@ -285,6 +289,7 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
               "init_fingerprint": fingerprint, "starts": starts, **task.result(history)}
     result["run_id"] = run_id(result["config"], fingerprint, result.get("data", {}), task.free_fields)
     result["weights_sha256"] = state_digest(model.state_dict(), by_name=True)
+    result["result_sha256"] = result_digest(result)  # last: it covers every other entry
     if where.writes:  # the weights before result.json: a finished run always has them
         # The files timm and Hugging Face load from; their header holds the config (JSON), the init fingerprint,
         # the run's id and the structinit version, so the file alone says how it was made and by which run.

@@ -61,9 +61,12 @@ def check_data(cfg: ImageConfig) -> None:
                 raise ValueError(f"dataset={name!r} reads your own images: data_dir is required, the folder with "
                                  "one sub-folder of images per class")
             return
-        if Path(cfg.data_dir).expanduser().is_file() and not DATASET_LOADERS[name].file_root:
-            raise DatasetNotFoundError(f"data_dir={cfg.data_dir} is a file, not a folder, and holds no {name} data; "
-                                       f"set data_dir to the folder that holds the {name} files")
+        reads_file = DATASET_LOADERS[name].file_root
+        if Path(cfg.data_dir).expanduser().is_file():
+            if reads_file is None:
+                raise DatasetNotFoundError(f"data_dir={cfg.data_dir} is a file, not a folder, and holds no {name} "
+                                           f"data; set data_dir to the folder that holds the {name} files")
+            reads_file(Path(cfg.data_dir).expanduser())  # an archive read in place, or one line saying it is none
         if not Path(cfg.data_dir).expanduser().exists() and not (cfg.download and mode == "search"):
             fetch = f"pass download=True (--download) to fetch {name} there, or " if mode == "search" else ""
             raise DatasetNotFoundError(f"data_dir={cfg.data_dir} does not exist; {fetch}set data_dir to the folder "
