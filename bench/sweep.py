@@ -239,6 +239,40 @@ def summary(rows: list[Row]) -> str:
             f"({unverified} written with no map of 3 or more keys to check)")
 
 
+def group_of(row: Row) -> str:
+    """The table's group of a row: timm, or transformers' image classifiers, vision towers and
+    language models (as :func:`transformers_entries` builds them)."""
+    if row.package != "transformers":
+        return row.package
+    if row.model.endswith(".vision"):
+        return "transformers: vision towers"
+    from transformers.models.auto import modeling_auto as auto
+
+    classifier = row.model in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+    return f"transformers: {'image classifiers' if classifier else 'language models'}"
+
+
+def summary_table(rows: list[Row]) -> str:
+    """Markdown, one line per group (:func:`group_of`): families with attention, and per scheme
+    how many behave as expected (written on their own maps, or refused for a mechanism), silent
+    writes, tracebacks and writes with no map to check."""
+    lines = ["| package | families with attention | " + " | ".join(f"{s} as expected" for s in SCHEMES)
+             + " | silent | tracebacks | written, no map to check |", "|---|" + "---:|" * (len(SCHEMES) + 4)]
+    for group in dict.fromkeys(group_of(r) for r in rows):
+        counted = [r for r in rows if group_of(r) == group
+                   and r.outcome not in ("no-attention", "build-failed", "timeout", "too-large")]
+        cells = []
+        for scheme in SCHEMES:
+            mine = [r for r in counted if r.scheme == scheme]
+            written = sum(r.outcome == "written" for r in mine)
+            expected = sum(r.outcome == "expected" for r in mine)
+            cells.append(f"{written + expected} ({written} written, {expected} refused for the mechanism)")
+        lines.append(f"| {group} | {len({r.model for r in counted})} | " + " | ".join(cells) + " | "
+                     + " | ".join(str(sum(r.outcome == o for r in counted)) for o in ("silent", "traceback",
+                                                                                     "unverified")) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list[Row]) -> str:
     lines = ["| model | package | scheme | outcome | own-map | reason |", "|---|---|---|---|---:|---|"]
     for r in rows:
@@ -266,9 +300,11 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated model names to leave out (said in the table)")
     parser.add_argument("--out", help="write the rows as JSON here (and resume from it)")
     parser.add_argument("--from", dest="source", help="print the table of a saved sweep")
+    parser.add_argument("--summary", action="store_true", help="with --from: one line per package and kind")
     args = parser.parse_args(argv)
     if args.source:
-        print(table([Row(**r) for r in json.load(open(args.source))["rows"]]))
+        saved = [Row(**r) for r in json.load(open(args.source))["rows"]]
+        print(summary_table(saved) if args.summary else table(saved))
         return 0
     schemes = tuple(args.schemes.split(","))
     done: dict[tuple[str, str], list[Row]] = {}

@@ -214,6 +214,12 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("timm_pit_ti_224", "timm", _timm("pit_ti_224"), 224,
              "PiT: pooling stages on smaller grids, position embedding stored (1, D, h, w)",
              refused={"impulse": "receives 197 tokens"}),
+    ZooModel("timm_maxvit_pico_rw_64px", "timm", _timm("maxvit_pico_rw_256", img_size=64), 64,
+             "MaxViT: q, k and v packed per head, windows and grid cells cut before the call, channels last, "
+             "relative position bias; read by the trace"),
+    ZooModel("timm_nest_tiny_64px", "timm", _timm("nest_tiny", img_size=64), 64,
+             "NesT: tokens in blocks, heads before the blocks, the context read back head-minor",
+             refused={"impulse": "cannot infer the token grid"}),
     # -- torchvision --------------------------------------------------------------------------
     ZooModel("tv_vit_b_16", "torchvision", _torchvision("vit_b_16"), 224, "class token `class_token`"),
     ZooModel("tv_vit_b_32", "torchvision", _torchvision("vit_b_32"), 224, "class token `class_token`"),

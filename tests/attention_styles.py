@@ -184,6 +184,15 @@ class HeadsFirstAttention(PerHeadPackedAttention):
         return self.proj((probs @ v).permute(0, 2, 3, 4, 1).reshape(b, t, d))
 
 
+class CutWindowsAttention(PerHeadPackedAttention):
+    """MaxViT's block attention: windows the model cut before the call, channels last,
+    (B·windows, h, w, D), and q, k, v packed per head."""
+
+    def forward(self, x):
+        n, h, w, c = x.shape
+        return super().forward(x.reshape(n, h * w, c)).reshape(n, h, w, c)
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
           "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention}
@@ -205,10 +214,12 @@ class StyledViT(nn.Module):
     def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
         super().__init__()
         self.maps, self.grid, self.packed = style == "conv-maps", style == "windows", style == "packed"
+        self.cut = style == "cut-windows"  # 2×2 windows of 4×4 tokens, cut by the model before each call
         self.patch = nn.Conv2d(3, dim, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
-        make = WindowAttention if self.grid else PackedAttention if self.packed else STYLES[style]
+        make = (WindowAttention if self.grid else PackedAttention if self.packed
+                else CutWindowsAttention if self.cut else STYLES[style])
         self.attns = nn.ModuleList(make(dim, heads) for _ in range(depth))
         self.head = nn.Linear(dim, classes)
 
@@ -224,6 +235,13 @@ class StyledViT(nn.Module):
             for norm, attn in zip(self.norms, self.attns):
                 x = x + attn(norm(x), cu_seqlens=seqlens)
             return self.head(x.reshape(b, 64, -1).mean(1))
+        if self.cut:
+            b, d = x.shape[0], x.shape[-1]
+            cut = lambda y: y.reshape(b, 2, 4, 2, 4, d).permute(0, 1, 3, 2, 4, 5).reshape(b * 4, 4, 4, d)
+            back = lambda y: y.reshape(b, 2, 2, 4, 4, d).permute(0, 1, 3, 2, 4, 5).reshape(b, 64, d)
+            for norm, attn in zip(self.norms, self.attns):
+                x = x + back(attn(cut(norm(x))))
+            return self.head(x.mean(1))
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
         return self.head(x.flatten(2).mean(-1) if self.maps else x.flatten(1, -2).mean(1))

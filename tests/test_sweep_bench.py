@@ -47,3 +47,15 @@ def test_a_saved_sweep_is_printed_again_and_not_rerun(tmp_path, capsys):
     assert "| styled | here | impulse | written | 1.00 |  |" in capsys.readouterr().out
     assert [r["outcome"] for r in json.loads(path.read_text())["rows"]] == ["written", "written"]
     torch.testing.assert_close(torch.tensor(rows[0].own_map), torch.tensor(1.0))
+
+
+def test_the_summary_counts_each_scheme_per_package_from_the_saved_rows(tmp_path, capsys):
+    rows = [sweep.Row("a", "here", "impulse", "written", 1.0), sweep.Row("a", "here", "mimetic", "expected"),
+            sweep.Row("b", "here", "impulse", "refused"), sweep.Row("b", "here", "mimetic", "unverified"),
+            sweep.Row("c", "here", "impulse", "no-attention"), sweep.Row("c", "here", "mimetic", "no-attention")]
+    path = tmp_path / "sweep.json"
+    sweep._save(str(path), rows)
+    assert sweep.main(["--from", str(path), "--summary"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "| here | 2 | 1 (1 written, 0 refused for the mechanism) | 1 (0 written, 1 refused for the mechanism) "
+        "| 0 | 0 | 1 |")

@@ -301,3 +301,18 @@ def test_the_token_order_of_a_layer_that_windows_its_own_input_is_unread_not_a_t
         input_tokens = staticmethod(lambda args, kwargs: args[0])
 
     assert token_order(model, WindowsAsGiven(), model.pos_embed, 64, _images(2)) is None
+
+
+def test_windows_the_model_cuts_before_the_call_are_judged_and_checked_on_their_own_maps():
+    # (B·windows, h, w, D) tokens: each window's h·w tokens are the rows of its maps, so the layer is
+    # judged against its recomputation (not trusted by its names) and mimetic's write is checked there.
+    model = _model("cut-windows")
+    from structinit.adapters.survey import attention_survey
+
+    verdicts = attention_survey(model).verdicts
+    assert [(v.name, v.kind, v.checked) for v in verdicts] == [("attns.0", "self", True), ("attns.1", "self", True)]
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    for attn in model.attns:
+        assert (diagonal_strength(attn.last_logits) > 0.25).all()  # in the windows' own logits

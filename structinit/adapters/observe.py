@@ -275,6 +275,9 @@ def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, a
         if value.ndim == 4 and old.ndim == 3 and value.flatten(2).transpose(1, 2).shape == old.shape \
                 and torch.equal(value.flatten(2).transpose(1, 2), old):  # (B, D, H, W) maps, pixels as tokens
             return new.transpose(1, 2).reshape(value.shape).to(value.dtype)
+        if value.ndim > old.ndim and value.numel() == old.numel() and value.shape[-1] == old.shape[-1] \
+                and torch.equal(value.reshape(old.shape), old):  # channels last, windows of (h, w) tokens
+            return new.reshape(value.shape).to(value.dtype)
         return value
     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
