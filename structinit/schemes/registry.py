@@ -290,12 +290,21 @@ def commit_and_report(plan: Plan, what: str) -> None:
                       "lists them)", UserWarning, stacklevel=3)
 
 
+_LAYERS_OF: dict[str, Callable[[nn.Module], bool]] = {"conv": is_depthwise, "ssm": is_ssm,
+                                                       "token_mixing": is_token_mixing}
 _PRESENT: dict[str, Callable[[ModelSurvey], bool]] = {
     "attention": lambda survey: bool(survey.candidates),
-    "conv": lambda survey: any(is_depthwise(m) for m in survey.model.modules()),
-    "ssm": lambda survey: any(is_ssm(m) for m in survey.model.modules()),
-    "token_mixing": lambda survey: any(is_token_mixing(m) for m in survey.model.modules()),
+    **{target: (lambda survey, of=of: any(of(m) for m in survey.model.modules())) for target, of in _LAYERS_OF.items()},
 }
+
+
+def _say_target(model: nn.Module, name: str, target: str) -> None:
+    """Warn that scheme ``name``, which also initialises attention, initialises ``model``'s
+    ``target`` layers instead (the model has no attention), naming them."""
+    layers = [n for n, m in model.named_modules() if _LAYERS_OF[target](m)]
+    shown = ", ".join(layers[:3]) + (f", … ({len(layers)} in all)" if len(layers) > 3 else "")
+    warnings.warn(f"scheme {name!r}: {type(model).__name__} has no attention, so its {target} layers are initialised "
+                  f"({shown}); pass target={target!r} to say so", UserWarning, stacklevel=5)
 
 
 def resolve_scheme(model: nn.Module, name: str, options: dict,
@@ -342,6 +351,8 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
         raise OptionError(f"target=None: scheme {name!r} exists for targets {', '.join(targets)} and "
                           f"{type(model).__name__} has layers of each ({', '.join(kinds)}); "
                           f"pass target= one of {', '.join(repr(t) for t in targets)}")
+    if present and "attention" in targets and kinds[0] != "attention":  # never another target unsaid
+        _say_target(model, name, kinds[0])
     return (present or entries)[0], options
 
 
