@@ -31,7 +31,7 @@ SCHEMES = ("impulse", "mimetic")
 MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
-                "no attention layer found", "tokens carry no position"),
+                "no attention layer found", "tokens carry no position", "without biasing other pairs"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found"),
 }
 MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so
@@ -83,7 +83,8 @@ def _timm_build(timm, name):
             model = timm.create_model(name, pretrained=False, num_classes=10, **size)
             if size:  # built at 64 px, but some models then refuse 64 px images (CrossViT's second branch)
                 with torch.no_grad():
-                    model.eval()(torch.zeros(1, 3, 64, 64))
+                    model.eval()
+                    model(torch.zeros(1, 3, 64, 64))
             return model
         except Exception:  # a model whose size is fixed: its default
             continue

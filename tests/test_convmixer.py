@@ -5,7 +5,6 @@ CPU size: one forward/backward/AdamW step of convmixer_cpu_128_6 on a batch of 1
 took 0.73 s on one thread (1.39 s without channels_last), i.e. ≈ 12 min for 25 epochs of 5,000
 images on one core, ≈ 6–7 min on 2 cores."""
 
-import warnings
 
 import pytest
 import torch
@@ -80,13 +79,15 @@ def test_bad_model_argument_names_it():
 
 def test_impulse_dispatches_by_the_layers_the_model_has():
     cm = tiny()
-    # a name that also initialises attention says when it takes another target, and which layers
-    with pytest.warns(UserWarning, match=r"ConvMixer has no attention, so its conv layers are initialised "
-                                         r"\(blocks\.0\.dw, blocks\.1\.dw\); pass target='conv' to say so"):
-        structinit.init_(cm, "impulse", seed=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        structinit.init_(tiny(), "impulse", seed=0, target="conv")  # said: nothing to warn of
+    # a name that also initialises attention says, in the model's record, when it takes another
+    # target (the model has no attention), and which layers
+    structinit.init_(cm, "impulse", seed=0)
+    assert structinit.get_record(cm, "init") == {
+        "scheme": "impulse", "target": "conv", "layers": ["blocks.0.dw", "blocks.1.dw"],
+        "why": "ConvMixer has no attention; its conv layers are initialised"}
+    chosen = tiny()
+    structinit.init_(chosen, "impulse", seed=0, target="conv")
+    assert structinit.get_record(chosen, "init") is None  # asked for by name: nothing to say
     w = cm.blocks[0].dw.weight
     assert torch.equal((w != 0).flatten(1).sum(1), torch.ones(16, dtype=torch.long))
     vit = structinit.create_model("vit_micro_patch2_16")

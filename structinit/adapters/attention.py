@@ -171,7 +171,7 @@ class AttentionAdapter:
         (Swin-V2, timm's relpos-MLP ViTs), or None
         (:func:`~structinit.adapters.relative.find_relative_bias`,
         :func:`~structinit.adapters.position_mlp.find_position_mlp`)."""
-        return find_relative_bias(self.module) or find_position_mlp(self.module)
+        return find_relative_bias(self.module, self.num_heads) or find_position_mlp(self.module)
 
     @functools.cached_property
     def cosine(self) -> CosineLogits | None:

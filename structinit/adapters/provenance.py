@@ -157,7 +157,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
     kv_of = None
     for role, operand in (("k", k), ("v", v)):
-        shared, per_kv = _sharedheads_of(role, operand, params, heads, dim)
+        shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
@@ -256,7 +256,7 @@ def _signature(entries: list[dict]) -> tuple:
     return tuple((i, c, tuple(ix[0].tolist())) for i, e in enumerate(entries) for c, ix in sorted(e.items()))
 
 
-def _sharedheads_of(role: str, op: Operand, params, heads: int, dim: int) -> tuple[tuple[int, ...], list[list[dict]]]:
+def _shared_heads(role: str, op: Operand, params, heads: int, dim: int) -> tuple[tuple[int, ...], list[list[dict]]]:
     """(kv_of, each key/value head's labelled entries) of a k or v operand: one per query head,
     or fewer shared by several (grouped-query attention), either as a product over fewer heads
     (``scaled_dot_product_attention(enable_gqa=True)``: head h reads h // (heads / n)) or as
@@ -294,7 +294,7 @@ def _output_block(module, args, kwargs, ops, v: Operand, params, originals, head
     chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
                                                         for a in range(len(shape))])
     labels = (1 + head * r + chan).to(ones.dtype)
-    got = {name: _outputgrads_of(module, args, kwargs, context, value, params)
+    got = {name: _output_grads(module, args, kwargs, context, value, params)
            for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
     per_head = [[{} for _ in params] for _ in range(heads)]
     bias = None
@@ -320,7 +320,7 @@ def _all_leads(shape) -> list[tuple[int, ...]]:
     return out
 
 
-def _outputgrads_of(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
+def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
     out = record(module, args, kwargs, swap={context: value}).out
     y = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(y, torch.Tensor) or not y.requires_grad:

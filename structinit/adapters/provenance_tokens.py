@@ -142,7 +142,8 @@ def leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: di
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            module.eval()(*args, **kwargs)  # the tokens, once: the same leaf in every run after
+            module.eval()  # not chained: a module's own train() may return None (TinyViT's attention)
+            module(*args, **kwargs)  # the tokens, once: the same leaf in every run after
         module.train(was)
         yield args, kwargs, box["leaf"]
     finally:
@@ -166,7 +167,8 @@ def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str
     try:
         with restored(module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            module.eval()(*args, **kwargs)
+            module.eval()  # not chained: a module's own train() may return None
+            module(*args, **kwargs)
     except Exception:  # the trace's own error says more
         return []
     finally:
@@ -198,7 +200,8 @@ def tokens_of_call(adapter, args: tuple, kwargs: dict) -> torch.Tensor:
     try:
         with restored(adapter.module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            adapter.module.eval()(*args, **kwargs)
+            adapter.module.eval()  # not chained: a module's own train() may return None
+            adapter.module(*args, **kwargs)
     finally:
         adapter.module.train(was)
         handle.remove()

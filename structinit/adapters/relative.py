@@ -62,9 +62,9 @@ class RelativeBias:
         ``offset``; a ValueError if the offset leaves the window or its pairs share no row of
         their own (the index does not encode offsets)."""
         return _offset_row(self.owner, self.index, self.grid, offset, self.num_prefix_tokens,
-                           f"{type(self.owner).__name__}.{INDEX} does not give the offset {tuple(offset)} one table "
-                           "row of its own, so its bias cannot be set without biasing other pairs; structinit "
-                           "reads timm's and Hugging Face's relative index (row = a function of the offset)")
+                           f"{type(self.owner).__name__}'s relative index does not give the offset {tuple(offset)} one "
+                           "table row of its own (other offsets share it, as |dy|, |dx| do), so its bias cannot be "
+                           "set without biasing other pairs; the table is shaped only where each offset has a row")
 
 
 def _offset_row(owner: nn.Module, index: torch.Tensor, grid: tuple[int, int], offset: Offset, prefix: int,
@@ -120,9 +120,33 @@ def _index(holder: nn.Module, grid: tuple[int, int]) -> torch.Tensor:
     return index.to(holder.relative_position_bias_table.device)
 
 
-def find_relative_bias(module: nn.Module) -> RelativeBias | None:
-    """The :class:`RelativeBias` of an attention module, or None if it has none. A table and
-    an index whose shapes do not make a layout with the module's ``window_size`` are an error.
+def gathered_bias(module: nn.Module, heads: int) -> RelativeBias | None:
+    """A learned bias the module gathers by an index, found by its structure whatever its names
+    (TinyViT's and EfficientFormer's ``attention_biases[:, attention_bias_idxs]``): a
+    floating-point Parameter of the module, (heads, R) or (R, heads), and a long buffer (T, T)
+    whose entries lie in [0, R), T tokens on a square grid (or the module's ``window_size``);
+    None when the module holds no such pair. Its bias is checked against the module's own maps
+    like any other (:mod:`structinit.adapters.verify`)."""
+    params = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.ndim == 2]
+    for index in module.buffers(recurse=False):
+        if index.dtype != torch.long or index.ndim != 2 or index.shape[0] != index.shape[1] or not index.numel():
+            continue
+        t, low, high = index.shape[0], int(index.min()), int(index.max())
+        grid = _window(module) or ((math.isqrt(t),) * 2 if math.isqrt(t) ** 2 == t else None)
+        if grid is None or grid[0] * grid[1] != t or low < 0:
+            continue
+        for p in params:
+            table = p.T if p.shape[0] == heads and p.shape[1] > high else p if p.shape[1] == heads else None
+            if table is not None and table.shape[0] > high:
+                return RelativeBias(module, table, index, grid, 0)
+    return None
+
+
+def find_relative_bias(module: nn.Module, heads: int | None = None) -> RelativeBias | None:
+    """The :class:`RelativeBias` of an attention module, or None if it has none: named as timm's
+    and Hugging Face's (below), or, given its ``heads``, gathered by an index
+    (:func:`gathered_bias`). A table and an index whose shapes do not make a layout with the
+    module's ``window_size`` are an error.
 
     Examples:
         >>> attn = structinit.create_model("swin_cpu_patch2_32").layers[0].blocks[0].attn
@@ -132,7 +156,7 @@ def find_relative_bias(module: nn.Module) -> RelativeBias | None:
     """
     holder = relative_bias_holder(module)
     if holder is None:
-        return None
+        return None if heads is None else gathered_bias(module, heads)
     table = getattr(holder, TABLE)
     grid = _window(holder) or _window(module)
     name = type(module).__name__

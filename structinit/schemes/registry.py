@@ -298,13 +298,15 @@ _PRESENT: dict[str, Callable[[ModelSurvey], bool]] = {
 }
 
 
-def _say_target(model: nn.Module, name: str, target: str) -> None:
-    """Warn that scheme ``name``, which also initialises attention, initialises ``model``'s
-    ``target`` layers instead (the model has no attention), naming them."""
-    layers = [n for n, m in model.named_modules() if _LAYERS_OF[target](m)]
-    shown = ", ".join(layers[:3]) + (f", … ({len(layers)} in all)" if len(layers) > 3 else "")
-    warnings.warn(f"scheme {name!r}: {type(model).__name__} has no attention, so its {target} layers are initialised "
-                  f"({shown}); pass target={target!r} to say so", UserWarning, stacklevel=5)
+def _dispatch_record(model: nn.Module, name: str, entry: Scheme) -> dict | None:
+    """What ``init_(model, name)`` says when a name that also initialises attention initialises
+    another kind of layer (the model has none): the target and its layers, as the model's 'init'
+    record (``structinit.get_record(model, 'init')``); None otherwise."""
+    if entry.target == "attention" or all(e.target != "attention" for e in lookup(name)):
+        return None
+    layers = [n for n, m in model.named_modules() if _LAYERS_OF[entry.target](m)]
+    return {"scheme": name, "target": entry.target, "layers": layers,
+            "why": f"{type(model).__name__} has no attention; its {entry.target} layers are initialised"}
 
 
 def resolve_scheme(model: nn.Module, name: str, options: dict,
@@ -351,8 +353,6 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
         raise OptionError(f"target=None: scheme {name!r} exists for targets {', '.join(targets)} and "
                           f"{type(model).__name__} has layers of each ({', '.join(kinds)}); "
                           f"pass target= one of {', '.join(repr(t) for t in targets)}")
-    if present and "attention" in targets and kinds[0] != "attention":  # never another target unsaid
-        _say_target(model, name, kinds[0])
     return (present or entries)[0], options
 
 
@@ -367,8 +367,13 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     _check_model(model)
     scheme, options = _with_spec_options(scheme, options)
     survey = ModelSurvey(model)  # one per init: the planner reads the model through it
+    given = "target" in options
     entry, options = resolve_scheme(model, scheme, options, survey)
-    return _plan(entry, model, (), options, f"scheme {scheme!r}", survey)
+    plan = _plan(entry, model, (), options, f"scheme {scheme!r}", survey)
+    said = None if given else _dispatch_record(model, scheme, entry)
+    if said is not None:  # another kind of layer than the name's attention: said, never silent
+        plan.records.append((model, "init", said))
+    return plan
 
 
 def _with_spec_options(scheme, options: dict) -> tuple[str, dict]:
