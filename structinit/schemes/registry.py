@@ -29,6 +29,7 @@ from torch import nn
 from structinit.adapters import is_depthwise, is_ssm, is_token_mixing
 from structinit.adapters.observe import forms_no_attention
 from structinit.adapters.survey import ModelSurvey
+from structinit.schemes.model_checks import check_model
 from structinit.schemes.plan import Plan
 from structinit.schemes.spec import parse_init_spec
 from structinit.utils import OptionError, check_choice, check_int, check_options
@@ -72,7 +73,7 @@ def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "
 
     @functools.wraps(planner)
     def init(model: nn.Module, *args, **options) -> nn.Module:
-        _check_model(model)
+        check_model(model)
         commit_and_report(_plan(SCHEMES[(target, name)], model, args, options, what), what)
         return model
 
@@ -197,41 +198,10 @@ def _numbers(options: dict, tensors: bool = False) -> str:
                      if (isinstance(v, torch.Tensor) if tensors else is_number(v) and k != "seed"))
 
 
-def _check_model(model: object) -> None:
-    """``model`` is an ``nn.Module`` whose tensors hold values: one on the meta device (deferred
-    initialisation) has none to read or write, and a write there would silently do nothing."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if meta:
-        raise ValueError(f"model: {len(meta)} tensors ({meta[0]}, …) are on the meta device and hold no values; "
-                         "nothing was written. Materialise the model first, model.to_empty(device='cpu') (or your "
-                         "device), then initialise it: a whole-model scheme such as 'timm' gives every weight a value, "
-                         "and an attention or conv scheme after it reads them")
-    quantised = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m in model.named_modules() if _quantised(m)]
-    quantised = [(n, k) for n, k in quantised if not any(n.startswith(f"{o}.") for o, _ in quantised)]  # outermost
-    if quantised:
-        name, kind = quantised[0]
-        raise ValueError(f"model: {len(quantised)} layers are quantised ({name or '<root>'}: {kind}, …): their "
-                         "weights are packed integers that no init writes, and a scheme would leave them as they "
-                         "are; nothing was written. Initialise the float model, then quantise it "
-                         "(torch.ao.quantization.quantize_dynamic, or your quantiser)")
-
-
-def _quantised(module: nn.Module) -> bool:
-    """Whether ``module`` keeps its weights quantised: torch's quantised layers (packed
-    parameters, or a class from a ``quantized`` package) or a weight that is not a float
-    (bitsandbytes' int8 and 4-bit layers)."""
-    weight = getattr(module, "weight", None)
-    return (hasattr(module, "_packed_params") or ".quantized" in type(module).__module__
-            or (isinstance(weight, torch.Tensor) and not weight.is_floating_point())
-            or any(t.is_quantized for t in module.parameters(recurse=False)))
-
-
 def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str,
           survey: ModelSurvey | None = None) -> Plan:
     """``scheme.plan(survey, *args, **options)`` on a checked model, surveyed once (``survey``,
-    or a new one) (:func:`_check_model`), its
+    or a new one) (:func:`~structinit.schemes.model_checks.check_model`), its
     options checked first and its plan after:
     every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
@@ -364,7 +334,7 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     A scheme registered with :func:`register_scheme` is checked against its signature only
     (names, not types), and its plan runs it at commit.
     """
-    _check_model(model)
+    check_model(model)
     scheme, options = _with_spec_options(scheme, options)
     survey = ModelSurvey(model)  # one per init: the planner reads the model through it
     given = "target" in options
