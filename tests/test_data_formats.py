@@ -224,3 +224,8 @@ def test_the_official_mnist_labels_are_known():
         idx.check_known_labels(path, labels, "mnist", split)  # itself: passes
         with pytest.raises(DatasetFormatError, match=f"these are MNIST's {split} labels"):
             idx.check_known_labels(path, labels, "fashion_mnist", split)
+        path = SHARED / "mnist" / f"{stem}-images-idx3-ubyte.gz"  # the images by their published md5 too
+        images = idx.read_idx(path, idx.IMAGES_MAGIC, (None, 28, 28), "pixels")
+        assert idx.check_known_images(path, images, "mnist", split)
+        with pytest.raises(DatasetFormatError, match=f"these are MNIST's {split} images"):
+            idx.check_known_images(path, images, "fashion_mnist", split)

@@ -111,8 +111,17 @@ def test_mnist_says_whether_its_label_file_is_the_official_one(tmp_path, monkeyp
 
     from structinit.data import idx
 
-    _, labels = write_mnist(tmp_path / "mnist", n=8, split="test")
+    images, labels = write_mnist(tmp_path / "mnist", n=8, split="test")
     assert load_dataset("mnist", tmp_path, "test").source == "MNIST test: files that are no published copy"
     content = idx.struct.pack(">II", idx.LABELS_MAGIC, len(labels)) + labels.tobytes()
-    monkeypatch.setitem(idx.KNOWN_LABELS, hashlib.md5(content, usedforsecurity=False).hexdigest(), ("mnist", "test"))
-    assert load_dataset("mnist", tmp_path, "test").source == "MNIST test: the official label file"
+    official_labels = hashlib.md5(content, usedforsecurity=False).hexdigest()
+    monkeypatch.setitem(idx.KNOWN_LABELS, official_labels, ("mnist", "test"))
+    assert load_dataset("mnist", tmp_path, "test").source == ("MNIST test: the official label file, images that are "
+                                                               "no published copy")
+    pixels = idx.struct.pack(">IIII", idx.IMAGES_MAGIC, len(images), 28, 28) + images.tobytes()
+    monkeypatch.setitem(idx.KNOWN_IMAGES, hashlib.md5(pixels, usedforsecurity=False).hexdigest(), ("mnist", "test"))
+    assert load_dataset("mnist", tmp_path, "test").source == "MNIST test: the official files"
+    monkeypatch.delitem(idx.KNOWN_LABELS, official_labels)  # the images alone tell what the folder holds
+    with pytest.raises(DatasetFormatError, match=r"t10k-images-idx3-ubyte.gz: these are MNIST's test images "
+                                                 r"\(the official file\), and Fashion-MNIST test was asked for"):
+        load_dataset("fashion_mnist", tmp_path / "mnist", "test")

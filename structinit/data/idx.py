@@ -45,6 +45,13 @@ KNOWN_LABELS = {
     "9018921c3c673c538a1fc5bad174d6f9": ("fashion_mnist", "train"),
     "15d484375f8d13e6eb1aabb0c3f46965": ("fashion_mnist", "test"),
 }
+# The same for the image files (published md5s of the uncompressed IDX files).
+KNOWN_IMAGES = {
+    "6bbc9ace898e44ae57da46a324031adb": ("mnist", "train"),
+    "2646ac647ad5339dbf082846283269ea": ("mnist", "test"),
+    "f4a8712d7a061bf5bd6d2ca38dc4d50a": ("fashion_mnist", "train"),
+    "8181f5470baa50b63fa0f6fddb340f0a": ("fashion_mnist", "test"),
+}
 _NAMES = {"mnist": "MNIST", "fashion_mnist": "Fashion-MNIST"}
 
 
@@ -133,9 +140,20 @@ def check_known_labels(path: Path, labels: np.ndarray, name: str, split: str) ->
     the one passes for the other. A file that is no official one (a subset, your own) passes.
     Returns whether it is the official file asked for."""
     content = struct.pack(">II", LABELS_MAGIC, labels.shape[0]) + labels.tobytes()
-    known = KNOWN_LABELS.get(hashlib.md5(content, usedforsecurity=False).hexdigest())
+    return _check_known(path, content, KNOWN_LABELS, "labels", name, split)
+
+
+def check_known_images(path: Path, images: np.ndarray, name: str, split: str) -> bool:
+    """:func:`check_known_labels` for the image file ``path`` (its ``images`` (N, 28, 28)), by
+    :data:`KNOWN_IMAGES`."""
+    content = struct.pack(">IIII", IMAGES_MAGIC, images.shape[0], 28, 28) + images.tobytes()
+    return _check_known(path, content, KNOWN_IMAGES, "images", name, split)
+
+
+def _check_known(path: Path, content: bytes, table: dict, kind: str, name: str, split: str) -> bool:
+    known = table.get(hashlib.md5(content, usedforsecurity=False).hexdigest())
     if known is not None and known != (name, split):
-        what, wanted = f"{_NAMES[known[0]]}'s {known[1]} labels", f"{_NAMES[name]}'s {split} files"
+        what, wanted = f"{_NAMES[known[0]]}'s {known[1]} {kind}", f"{_NAMES[name]}'s {split} files"
         raise DatasetFormatError(f"{path}: these are {what} (the official file), and {_NAMES[name]} {split} was "
                                  f"asked for; point the data folder at {wanted}, or ask for the dataset it holds")
     return known == (name, split)
@@ -154,6 +172,7 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
     images = read_idx(images_path, IMAGES_MAGIC, (None, 28, 28), "pixels")
     labels = read_idx(labels_path, LABELS_MAGIC, (None,), "labels")
     official = check_known_labels(labels_path, labels, name, split)
+    official_images = check_known_images(images_path, images, name, split)
     if labels.shape[0] != images.shape[0]:
         raise DatasetFormatError(
             f"{labels_path}: {labels.shape[0]} labels but {images_path} has {images.shape[0]} images; "
@@ -163,7 +182,9 @@ def load_idx_dataset(root: str | Path, name: str = "mnist", split: str = "train"
         raise DatasetFormatError(f"{labels_path}: labels out of range: found {int(labels.max())}, expected 0..9")
     classes = list(FASHION_MNIST_CLASSES) if name == "fashion_mnist" else [str(i) for i in range(10)]
     images = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy())
-    source = (f"{_NAMES[name]} {split}: the official label file" if official else
-              f"{_NAMES[name]} {split}: files that are no published copy")
+    source = (f"{_NAMES[name]} {split}: the official files" if official and official_images else
+              f"{_NAMES[name]} {split}: the official label file, images that are no published copy" if official else
+              f"{_NAMES[name]} {split}: the official image file, labels that are no published copy"
+              if official_images else f"{_NAMES[name]} {split}: files that are no published copy")
     return ArrayDataset(images, torch.from_numpy(labels.astype(np.int64)), classes, name, *DATASET_STATS[name],
                         source)
