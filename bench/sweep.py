@@ -101,15 +101,21 @@ _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, 
            "zero_expert_num": 0, "expert_ffn_hidden_size": 96}
 
 
+_HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head")
+
+
 def shrink(config, width: int = 96) -> None:
     """Every scalar size field of ``config`` and its sub-configs set small (:data:`_SHRINK`,
-    widths to ``width``), so each architecture builds in a second."""
+    widths to ``width``), so each architecture builds in a second: 3 heads of 32 channels at
+    width 96; a width 3 does not divide gets 4 heads (width 64: 4 heads of 16)."""
+    heads = 3 if width % 3 == 0 else 4
+    sizes = {"head_dim": width // heads, **{k: heads for k in _HEADS}}
     for key, value in list(vars(config).items()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             shrink(value, width)
         elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
             setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd") else
-                    2 * width if key in ("intermediate_size", "n_inner") else _SHRINK[key])
+                    2 * width if key in ("intermediate_size", "n_inner") else sizes.get(key, _SHRINK[key]))
 
 
 def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:

@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from broken_attention import ConvPositionViT, PooledViT, ReorderedViT, micro_vit_with, micro_vit_with_sibling_output
+from torch import nn
 
 import structinit
 from rejection import check_rejected
@@ -330,3 +331,27 @@ def test_diagonal_strength_reads_a_mask_of_finfo_min_as_closed_pairs_like_minus_
     strength = diagonal_strength(with_inf)
     assert torch.isfinite(strength).all() and (strength > 1).all()
     torch.testing.assert_close(diagonal_strength(with_min), strength)
+
+
+class UnevenHeads(nn.Module):
+    """Projections named as Hugging Face names them, 64 wide, and 3 heads: its width does not
+    split into its heads, so its own forward fails and nothing can be read from it."""
+
+    def __init__(self, dim=64, heads=3):
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, self.num_heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(((q @ k.transpose(-2, -1)).softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_heads_that_do_not_split_the_width_are_refused_in_one_line_not_a_traceback(scheme):
+    model = nn.Sequential(nn.Conv2d(3, 64, 2, stride=2), nn.Flatten(2), UnevenHeads())
+    model[2].register_forward_pre_hook(lambda m, args: (args[0].transpose(1, 2),))
+    grid = {"grid": (8, 8)} if scheme == "impulse" else {}
+    check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0, **grid), ValueError,
+                   r"layer '2' \(UnevenHeads\): its q projection has 64 outputs, which its 3 heads do not split")

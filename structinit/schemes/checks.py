@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from structinit.adapters import TokenLayout
-from structinit.adapters.attention import head_mixers
+from structinit.adapters.attention import head_mixers, in_matrix
 from structinit.adapters.observe import map_rows, observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.survey import ModelSurvey
@@ -42,6 +42,13 @@ def check_settable(survey: ModelSurvey, chosen, scheme: str, accept: frozenset[s
     whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do."""
     verdicts = [survey.attention.verdict(name) for name, _ in chosen]
     for name, ad in chosen:
+        rows = in_matrix(ad.linear_views()["q"][0]).shape[0]
+        if rows != ad.num_heads * ad.head_dim:  # heads of r = rows // heads channels leave some rows out
+            raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): its "
+                             f"q projection has {rows} outputs, which its {ad.num_heads} heads do not split into "
+                             f"heads of one width ({ad.head_dim} channels each leave "
+                             f"{rows - ad.num_heads * ad.head_dim}); nothing was written. Build the model with a "
+                             "width its head count divides")
         if getattr(ad, "grouped", False) and GROUPED not in accept:
             raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
                              f"its {ad.num_heads} query heads share {ad.kv_heads} key/value heads (grouped-query "
