@@ -316,3 +316,22 @@ def test_windows_the_model_cuts_before_the_call_are_judged_and_checked_on_their_
         model(_images())
     for attn in model.attns:
         assert (diagonal_strength(attn.last_logits) > 0.25).all()  # in the windows' own logits
+
+
+class GlobalQuery(RawLinearAttention):
+    """GCViT's global-query window attention: the queries are handed to the module, made
+    elsewhere; only k and v are its own projections."""
+
+    def forward(self, x, q_global):
+        b, t, d = x.shape
+        _, k, v = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        q = q_global.reshape(b, t, self.h, -1).transpose(1, 2)
+        probs = (q @ k.transpose(-2, -1) * 0.25).softmax(-1)
+        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+def test_queries_handed_to_the_module_are_named_as_not_its_own():
+    module = GlobalQuery(48, 3)
+    with pytest.raises(TraceError, match=r"its q does not come from its own parameters \(handed to it, as a global "
+                                         r"query is\)"):
+        trace_attention(module, (torch.randn(2, 9, 48), torch.randn(2, 9, 48)), {})

@@ -142,6 +142,11 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         raise TraceError("the trace cannot follow its softmax map back to a product of q and k and on to "
                          "the product that applies it to v")
     q, k, product, sdpa_scale, v = found
+    owned = [role for role, op in (("q", q), ("k", k), ("v", v)) if not op.tensor.requires_grad]
+    if owned:  # made outside the module and handed to it (GCViT's global query): no projection of its own
+        raise TraceError(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
+                         "parameters (handed to it, as a global query is), and structinit writes the projections a "
+                         "layer owns")
     r = q.channels
     if k.channels != r or v.channels != r:
         raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "
