@@ -37,7 +37,7 @@ def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]]
     (heads·r, width) block ('in': each row runs along one axis of ``width`` entries), its
     transpose ('out') or a (heads·r,) vector ('bias'); with the heads apart from each other (q,
     k and v packed per head), the same with the heads on an axis of their own: (heads, r, width),
-    (width, heads, r) or (heads, r) (:func:`structinit.adapters.attention.rows_matrix`). TraceError
+    (width, heads, r) or (heads, r) (:func:`structinit.adapters.attention.in_matrix` reads them). TraceError
     when the entries do not form one."""
     first = entries[0].get(0)
     line = 1 if kind == "bias" else width
@@ -142,8 +142,12 @@ def lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool, token: int 
     return op.unmove(moved)
 
 
-def support(op: Operand, lead, params) -> frozenset:
-    grads = grads_of(op.tensor, lead_cotangent(op, lead, False), params)
+def support(op: Operand, lead: tuple[int, ...], params) -> frozenset:
+    """The parameter entries feeding slice ``lead`` of ``op`` (every token and channel), through
+    random cotangent weights: a norm's output sums to a constant, which an all-ones cotangent
+    would not pass."""
+    weights = 1 + torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = grads_of(op.tensor, lead_cotangent(op, lead, False) * weights.to(op.tensor), params)
     return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
 
 
@@ -171,28 +175,19 @@ def find_head(op: Operand, params) -> int:
     """The place among ``op``'s lead axes (its own order) of its heads: the one axis along which
     other entries feed it; with none, one head (the last axis of size 1); else the last. Set as
     ``op.head`` when it is not the last."""
-    axes, base = op.lead_axes, support_at(op, None, params)
-    moving = [i for i, a in enumerate(axes) if op.tensor.shape[a] > 1 and support_at(op, a, params) != base]
-    single = [i for i, a in enumerate(axes) if op.tensor.shape[a] == 1]
-    at = moving[0] if len(moving) == 1 else (single or [len(axes) - 1])[-1] if not moving else len(axes) - 1
-    op.head = axes[at] if at != len(axes) - 1 else None
+    op.head = None  # the lead axes in the tensor's own order while they are compared
+    shape, last = op.lead_shape, len(op.lead_shape) - 1
+    base = support(op, (0,) * len(shape), params)
+    moving = [i for i, n in enumerate(shape)
+              if n > 1 and support(op, tuple(int(j == i) for j in range(len(shape))), params) != base]
+    if len(moving) == 1:
+        at = moving[0]
+    elif not moving:  # one head: the last axis of size 1 holds it
+        at = max((i for i, n in enumerate(shape) if n == 1), default=last)
+    else:
+        at = last
+    op.head = op.lead_axes[at] if at != last else None
     return at
-
-
-def support_at(op: Operand, axis: int | None, params) -> frozenset:
-    """The parameter entries feeding the slice at index 1 of ``axis`` (of the tensor; None: the
-    first slice) and 0 on the other lead axes, through random cotangent weights (a norm's output
-    sums to a constant, which an all-ones cotangent would not pass)."""
-    cotangent = torch.zeros_like(op.tensor)
-    index = [0] * op.tensor.ndim
-    index[op.token] = index[op.channel] = slice(None)
-    if axis is not None:
-        index[axis] = 1
-    weights = 1 + torch.rand(cotangent[tuple(index)].shape, generator=torch.Generator().manual_seed(0),
-                             dtype=torch.float64)
-    cotangent[tuple(index)] = weights.to(cotangent)
-    grads = grads_of(op.tensor, cotangent, params)
-    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
 
 
 def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
