@@ -16,6 +16,7 @@ reason names a mechanism no init of its kind can shape (:data:`MECHANISMS`).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import signal
@@ -35,7 +36,7 @@ MECHANISMS = {
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found"),
 }
 MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so
-SMALL_NAMES = ("atto", "femto", "pico", "nano", "tiny", "micro", "mini", "small", "xxs", "xs", "s")
+SMALL_NAMES = ("atto", "femto", "pico", "nano", "tiny", "ti", "t", "micro", "mini", "small", "xxs", "xs", "s")
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Row:
     outcome: str  # written, silent, unverified, refused, expected, traceback, no-attention, too-large, build-failed
     own_map: float | None = None
     reason: str = ""
+    call: str = ""  # the forward's arguments the sweep handed over as example_inputs, when images do not do
 
 
 class _Timeout(BaseException):  # not an Exception: the code under test must not swallow it
@@ -57,9 +59,11 @@ def _alarm(signum, frame):
 
 
 def smallest(names: list[str]) -> str:
-    """The name that sounds smallest: an early size word, then the shortest name."""
+    """The name that sounds smallest: an early size word (alone, or before a depth of two digits:
+    ``s18``, not a stride: ``s8``), then the shortest name."""
     def rank(name: str):
-        parts = name.replace("-", "_").split("_")
+        parts = [p.rstrip("0123456789") if len(p.rstrip("0123456789")) + 2 <= len(p) else p
+                 for p in name.replace("-", "_").split("_")]
         hits = [i for i, w in enumerate(SMALL_NAMES) if w in parts]
         return (min(hits) if hits else len(SMALL_NAMES), len(name), name)
     return min(names, key=rank)
@@ -78,17 +82,23 @@ def timm_entries() -> list[tuple[str, callable]]:
 
 
 def _timm_build(timm, name):
+    """The model at 64 px where it takes that size, else at its own; a family whose smallest
+    model is still over :data:`MAX_PARAMETERS` is built with 2 blocks where it takes ``depth``."""
+    built = None
     for size in ({"img_size": 64}, {}):
-        try:
-            model = timm.create_model(name, pretrained=False, num_classes=10, **size)
-            if size:  # built at 64 px, but some models then refuse 64 px images (CrossViT's second branch)
-                with torch.no_grad():
-                    model.eval()
-                    model(torch.zeros(1, 3, 64, 64))
-            return model
-        except Exception:  # a model whose size is fixed: its default
-            continue
-    return timm.create_model(name, pretrained=False)
+        for depth in ({}, {"depth": 2}):
+            try:
+                model = timm.create_model(name, pretrained=False, num_classes=10, **size, **depth)
+                if size:  # built at 64 px, but some models then refuse 64 px images (CrossViT's second branch)
+                    with torch.no_grad():
+                        model.eval()
+                        model(torch.zeros(1, 3, 64, 64))
+            except Exception:  # a model whose size is fixed, or that takes no depth
+                continue
+            if depth or sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS:
+                return model
+            built = built or model
+    return built or timm.create_model(name, pretrained=False)
 
 
 _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
@@ -98,10 +108,15 @@ _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, 
            # mixtures of experts: a few small ones (a default count of hundreds fills the memory)
            "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
            "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 96, "n_shared_experts": 1,
-           "zero_expert_num": 0, "expert_ffn_hidden_size": 96}
+           "zero_expert_num": 0, "expert_ffn_hidden_size": 96,
+           # encoder-decoder models name their sizes after each side
+           "d_model": 96, "encoder_layers": 2, "decoder_layers": 2, "num_decoder_layers": 2,
+           "encoder_attention_heads": 3, "decoder_attention_heads": 3, "encoder_ffn_dim": 192,
+           "decoder_ffn_dim": 192, "d_ff": 192}
 
 
-_HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head")
+_HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "encoder_attention_heads",
+          "decoder_attention_heads")
 
 
 def shrink(config, width: int = 96) -> None:
@@ -109,13 +124,24 @@ def shrink(config, width: int = 96) -> None:
     widths to ``width``), so each architecture builds in a second: 3 heads of 32 channels at
     width 96; a width 3 does not divide gets 4 heads (width 64: 4 heads of 16)."""
     heads = 3 if width % 3 == 0 else 4
-    sizes = {"head_dim": width // heads, **{k: heads for k in _HEADS}}
+    ids = [v for k, v in vars(config).items() if k.endswith("token_id") and isinstance(v, int)]
+    sizes = {"head_dim": width // heads, "vocab_size": max([_SHRINK["vocab_size"], *(i + 1 for i in ids)]),
+             **{k: heads for k in _HEADS}}
     for key, value in list(vars(config).items()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
             shrink(value, width)
         elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd") else
-                    2 * width if key in ("intermediate_size", "n_inner") else sizes.get(key, _SHRINK[key]))
+            setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd", "d_model") else
+                    2 * width if key in ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
+                                         "d_ff") else sizes.get(key, _SHRINK[key]))
+    if isinstance(getattr(config, "qk_rope_head_dim", None), int):  # latent attention (DeepSeek's MLA), in scale
+        r = width // heads
+        for key, value in (("qk_rope_head_dim", r // 2), ("qk_nope_head_dim", r // 2), ("v_head_dim", r),
+                           ("head_dim", r // 2), ("kv_lora_rank", r), ("q_lora_rank", width // 2)):
+            if isinstance(getattr(config, key, None), int):
+                setattr(config, key, value)
+    if hasattr(config, "use_cache"):  # one forward, no generation: a hybrid shrunk to 2 layers may hold no
+        config.use_cache = False      # attention layer for its cache to count
 
 
 def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:
@@ -142,12 +168,58 @@ def _hf_build(transformers, kind, width, role):
     config = transformers.AutoConfig.for_model(kind)
     shrink(config, width)
     if role == "tower":
-        return transformers.AutoModel.from_config(config.vision_config)
+        return tower_class(config)(config.vision_config)
     auto = transformers.AutoModelForImageClassification if role == "classifier" else transformers.AutoModelForCausalLM
-    return auto.from_config(config)
+    classes = auto._model_mapping[type(config)]  # several (DeiT's with and without a teacher): the first
+    return (classes[0] if isinstance(classes, (tuple, list)) else classes)(config)
 
 
-def own_map(model, scheme: str) -> float:
+def tower_class(config):
+    """The model class that takes ``config.vision_config``: the one ``AutoModel`` maps it to, else
+    the class of the family's own modeling module whose ``config_class`` it is (most vision
+    configs are not in ``AutoModel``'s map), a ``…VisionModel`` first, abstract bases left out."""
+    import importlib
+    import inspect
+
+    import transformers
+
+    vision = type(config.vision_config)
+    if vision in transformers.models.auto.modeling_auto.MODEL_MAPPING:
+        return transformers.models.auto.modeling_auto.MODEL_MAPPING[vision]
+    module = importlib.import_module(type(config).__module__.replace("configuration_", "modeling_"))
+    found = [c for name, c in sorted(vars(module).items()) if inspect.isclass(c)
+             and issubclass(c, transformers.PreTrainedModel) and c.config_class is vision
+             and not name.endswith("PreTrainedModel")]
+    if not found:
+        raise ValueError(f"no model class of {type(config).__module__} takes a {vision.__name__}")
+    return min(found, key=lambda c: (not c.__name__.endswith("VisionModel"), len(c.__name__)))
+
+
+def tower_call(model) -> dict | None:
+    """The call of a vision tower whose forward takes each image's patches packed into one
+    sequence and their grid sizes (Qwen-VL's convention: (t·h·w, C·T·p·p) patches and
+    ``grid_thw`` = [[t, h, w]]), as the keyword arguments its processor would hand it: one image
+    of 8×8 patches (a multiple of any spatial merge). None for a forward that takes its images
+    alone, or whose extra arguments follow another convention (left to the probe, and said)."""
+    sig = inspect.signature(model.forward)
+    required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    grid = next((n for n in required if n.endswith("grid_thw")), None)
+    if len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
+        return None
+    cfg = model.config
+    channels = next((v for k in ("in_channels", "num_channels", "in_chans") if (v := getattr(cfg, k, None))), 3)
+    patch, frames = getattr(cfg, "patch_size", 14), getattr(cfg, "temporal_patch_size", 1)
+    merge = getattr(cfg, "spatial_merge_size", 1)
+    side = 8 if 8 % merge == 0 else 4 * merge
+    patches = torch.randn(side * side, channels * frames * patch * patch, generator=torch.Generator().manual_seed(0))
+    call = {required[0]: patches, grid: torch.tensor([[1, side, side]])}
+    if "merge_sizes" in required:
+        call["merge_sizes"] = torch.tensor([merge])
+    return call
+
+
+def own_map(model, scheme: str, call: dict | None = None) -> float:
     """The write as the model's own maps show it (module doc): impulse's smallest head hit on
     the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
     has a diagonal strength of at least 1 on a probe, of the strength in the model's own logits
@@ -160,9 +232,9 @@ def own_map(model, scheme: str) -> float:
     from structinit.adapters.verify import adapter_logits
     from structinit.schemes.checks import diagonal_strength
 
+    survey = ModelSurvey(model, example_inputs=call)  # the probe the init's own survey takes, and its layers
     if scheme == "impulse":
-        return float(torch.nan_to_num(structinit.impulse_fidelity(model)["hit"], nan=1.0).min())
-    survey = ModelSurvey(model)  # the probe the init's own survey takes, and its layers
+        return float(torch.nan_to_num(structinit.impulse_fidelity(survey)["hit"], nan=1.0).min())
     layers, inputs = survey.layers(), survey.probe
     calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
     ratios = []
@@ -196,10 +268,8 @@ def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 120)
         survey = attention_survey(model)
         if not (survey.verdicts or survey.unknown or survey.pooling):
             return [Row(name, package, s, "no-attention") for s in schemes]
-        rows = []
-        for scheme in schemes:
-            rows.append(_one_scheme(structinit, model, name, package, scheme))
-        return rows
+        call = tower_call(model) if package == "transformers" else None
+        return [_one_scheme(structinit, model, name, package, scheme, call) for scheme in schemes]
     except _Timeout:
         return [Row(name, package, s, "timeout", reason=f"over {seconds} s") for s in schemes]
     except Exception as err:  # the package could not build it small: not structinit's to judge
@@ -209,35 +279,37 @@ def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 120)
         signal.alarm(0)
 
 
-def _one_scheme(structinit, model, name, package, scheme) -> Row:
+def _one_scheme(structinit, model, name, package, scheme, call: dict | None = None) -> Row:
     import copy
 
     target = copy.deepcopy(model)
+    given = {} if call is None else {"example_inputs": call}
+    said = ", ".join(given.get("example_inputs", {}))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            structinit.init_(target, scheme, seed=0)
+            structinit.init_(target, scheme, seed=0, **given)
     except ValueError as err:
         reason = str(err).split("; nothing was written")[0][:300]
         expected = any(words in str(err) for words in MECHANISMS[scheme])
-        return Row(name, package, scheme, "expected" if expected else "refused", reason=reason)
+        return Row(name, package, scheme, "expected" if expected else "refused", reason=reason, call=said)
     except _Timeout:
         raise
     except Exception as err:
         where = traceback.extract_tb(err.__traceback__)[-1]
-        return Row(name, package, scheme, "traceback",
+        return Row(name, package, scheme, "traceback", call=said,
                    reason=f"{type(err).__name__}: {str(err)[:160]} ({where.filename.split('/')[-1]}:{where.lineno})")
     try:
-        score = own_map(target, scheme)
+        score = own_map(target, scheme, call)
     except Exception as err:  # written, but its maps cannot be read: not verified, and said so
         why = f"own maps unreadable: {type(err).__name__}: {err}"
-        return Row(name, package, scheme, "unverified", reason=why[:200])
+        return Row(name, package, scheme, "unverified", reason=why[:200], call=said)
     ok = score >= (0.95 if scheme == "impulse" else 0.5)
-    return Row(name, package, scheme, "written" if ok else "silent", score)
+    return Row(name, package, scheme, "written" if ok else "silent", score, call=said)
 
 
 def summary(rows: list[Row]) -> str:
-    counted = [r for r in rows if r.outcome not in ("no-attention", "build-failed", "timeout", "too-large")]
+    counted = [r for r in rows if r.outcome not in ("no-attention", *_UNMEASURED)]
     good = sum(r.outcome in ("written", "expected") for r in counted)
     silent = sum(r.outcome == "silent" for r in counted)
     tracebacks = sum(r.outcome == "traceback" for r in counted)
@@ -262,30 +334,41 @@ def group_of(row: Row) -> str:
 def summary_table(rows: list[Row]) -> str:
     """Markdown, one line per group (:func:`group_of`): families with attention, and per scheme
     how many behave as expected (written on their own maps, or refused for a mechanism), silent
-    writes, tracebacks and writes with no map to check."""
+    writes, tracebacks, writes with no map to check, the families called with an example input
+    (:func:`tower_call`), and those not measured (the package could not build them small, or
+    they are too large for a CPU sweep)."""
     lines = ["| package | families with attention | " + " | ".join(f"{s} as expected" for s in SCHEMES)
-             + " | silent | tracebacks | written, no map to check |", "|---|" + "---:|" * (len(SCHEMES) + 4)]
+             + " | silent | tracebacks | written, no map to check | called with example_inputs"
+             " | not built or too large |",
+             "|---|" + "---:|" * (len(SCHEMES) + 6)]
     for group in dict.fromkeys(group_of(r) for r in rows):
-        counted = [r for r in rows if group_of(r) == group
-                   and r.outcome not in ("no-attention", "build-failed", "timeout", "too-large")]
+        mine_all = [r for r in rows if group_of(r) == group]
+        counted = [r for r in mine_all if r.outcome not in ("no-attention", *_UNMEASURED)]
         cells = []
         for scheme in SCHEMES:
             mine = [r for r in counted if r.scheme == scheme]
             written = sum(r.outcome == "written" for r in mine)
             expected = sum(r.outcome == "expected" for r in mine)
             cells.append(f"{written + expected} ({written} written, {expected} refused for the mechanism)")
+        called = len({r.model for r in counted if r.call})
+        unmeasured = len({r.model for r in mine_all if r.outcome in _UNMEASURED})
         lines.append(f"| {group} | {len({r.model for r in counted})} | " + " | ".join(cells) + " | "
                      + " | ".join(str(sum(r.outcome == o for r in counted)) for o in ("silent", "traceback",
-                                                                                     "unverified")) + " |")
+                                                                                     "unverified"))
+                     + f" | {called} | {unmeasured} |")
     return "\n".join(lines)
+
+
+_UNMEASURED = ("build-failed", "timeout", "too-large")
 
 
 def table(rows: list[Row]) -> str:
     lines = ["| model | package | scheme | outcome | own-map | reason |", "|---|---|---|---|---:|---|"]
     for r in rows:
         score = "" if r.own_map is None else f"{r.own_map:.2f}"
+        given = f" (called with example_inputs: {r.call})" if r.call else ""
         lines.append(f"| {r.model} | {r.package} | {r.scheme} | {r.outcome} | {score} | "
-                     f"{r.reason.replace('|', '/')} |")
+                     f"{r.reason.replace('|', '/')}{given} |")
     per = {p: summary([r for r in rows if r.package == p]) for p in dict.fromkeys(r.package for r in rows)}
     return "\n".join(lines + [""] + [f"{p}: {s}" for p, s in per.items()] + [summary(rows)])
 

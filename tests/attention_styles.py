@@ -245,3 +245,28 @@ class StyledViT(nn.Module):
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
         return self.head(x.flatten(2).mean(-1) if self.maps else x.flatten(1, -2).mean(1))
+
+
+class PackedTower(nn.Module):
+    """A vision tower of a multimodal model: its forward takes every image's patches flattened and
+    packed into one (ΣT, C·p·p) sequence, and ``grid_thw`` (images, 3), each image's (t, h, w)
+    patch grid, from which it builds the position rows (a learned 8×8 table gathered per image)
+    and the block-diagonal mask (:class:`PackedAttention`). No image size to build a probe from:
+    only a caller knows how to call it."""
+
+    def __init__(self, dim=48, heads=3, depth=2, patch=2):
+        super().__init__()
+        self.embed = nn.Linear(3 * patch * patch, dim)
+        self.pos_embed = nn.Parameter(torch.randn(64, dim) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(PackedAttention(dim, heads) for _ in range(depth))
+
+    def forward(self, hidden_states, grid_thw):
+        sizes = (grid_thw[:, 0] * grid_thw[:, 1] * grid_thw[:, 2]).tolist()
+        rows = torch.cat([(torch.arange(h)[:, None] * 8 + torch.arange(w)).flatten().repeat(t)
+                          for t, h, w in grid_thw.tolist()])
+        x = (self.embed(hidden_states) + self.pos_embed[rows])[None]
+        seqlens = torch.tensor([0, *sizes]).cumsum(0)
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x), cu_seqlens=seqlens)
+        return x[0]

@@ -8,6 +8,7 @@ from torch import nn
 
 import structinit
 from attention_modules import MyAdapter, MyAttn, SepAttention, SepViT, ShuffledRowsAttn
+from rejection import check_rejected
 from structinit.adapters.provenance import TracedAdapter
 
 # ---------------------------------------------------------------------------------------------
@@ -305,10 +306,12 @@ def test_layer_skipped_by_forward_is_an_error_not_a_silent_gap():
             return self.used(x, x, x)[0]
 
     model = TwoAttn()
-    structinit.init_(model, "impulse", seed=0, grid=(4, 4))
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0, grid=(4, 4)), ValueError,
+                   r"layer 'unused' .*not called in the model's forward.*layers=")
+    structinit.init_(model, "impulse", seed=0, grid=(4, 4), layers=[0])
     x = torch.randn(2, 16, 32)
     with pytest.raises(RuntimeError, match="unused"):
         structinit.attention_maps(model, x)
     with pytest.raises(RuntimeError, match="unused"):
-        structinit.impulse_fidelity(model, x, grid=(4, 4))
+        structinit.impulse_fidelity(model, x, grid=(4, 4), offsets=[(0, 0), (0, 1)])
     assert structinit.attention_maps(model, x, layers=[0])[0].shape == (2, 2, 16, 16)

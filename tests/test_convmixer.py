@@ -101,14 +101,22 @@ def test_impulse_dispatches_by_the_layers_the_model_has():
 
 
 def test_a_model_with_both_gets_its_attention_initialised_and_is_told_so():
-    both = nn.Sequential(tiny(), structinit.create_model("vit_micro_patch2_16"))
-    dw = both[0].blocks[0].dw.weight.detach().clone()
+    class Both(nn.Module):  # a conv model and a ViT side by side on the same images
+        def __init__(self):
+            super().__init__()
+            self.conv, self.vit = tiny(), structinit.create_model("vit_micro_patch2_16")
+
+        def forward(self, images):
+            return self.conv(images) + self.vit(images)
+
+    both = Both()
+    dw = both.conv.blocks[0].dw.weight.detach().clone()
     with pytest.warns(UserWarning, match=r"attention is initialised and the conv layers are left as they are "
                                          r"\(pass target='conv'"):
         structinit.init_(both, "impulse", seed=0)
-    assert torch.equal(both[0].blocks[0].dw.weight, dw) and structinit.get_record(both[1].blocks[0].attn)
+    assert torch.equal(both.conv.blocks[0].dw.weight, dw) and structinit.get_record(both.vit.blocks[0].attn)
     structinit.init_(both, "impulse", target="conv", seed=0)
-    assert (both[0].blocks[0].dw.weight != 0).flatten(1).sum(1).eq(1).all()
+    assert (both.conv.blocks[0].dw.weight != 0).flatten(1).sum(1).eq(1).all()
     with pytest.raises(ValueError, match=r"target='ssm'"):
         structinit.init_(both, "impulse", target="ssm", seed=0)
 

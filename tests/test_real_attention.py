@@ -273,8 +273,9 @@ def test_position_only_fidelity_reads_the_maps_the_model_computes_not_the_adapte
 
 def test_position_only_fidelity_on_a_model_no_probe_fits_says_it_recomputes():
     """A forward that needs more than tokens (here a mask) cannot be probed with images or with
-    tokens: fidelity falls back to the adapters' recomputation of the position-only input, and
-    says so in a warning instead of passing it off as the model's own maps."""
+    tokens: the init is refused until the call is handed over (example_inputs=); fidelity, with
+    no input of its own, falls back to the adapters' recomputation of the position-only input,
+    and says so in a warning instead of passing it off as the model's own maps."""
     from torch import nn
 
     class NeedsMask(nn.Module):
@@ -293,9 +294,10 @@ def test_position_only_fidelity_on_a_model_no_probe_fits_says_it_recomputes():
     try:
         torch.manual_seed(0)
         model = NeedsMask()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # nothing to reserve on a model without a patch embedding
-            structinit.init_(model, "impulse", reserve="none", seed=0)
+        check_rejected(model, lambda m: structinit.init_(m, "impulse", reserve="none", seed=0), ValueError,
+                       r"cannot check its write in NeedsMask's own forward.*example_inputs=")
+        call = (torch.randn(2, 64, model.table.shape[-1]), torch.ones(2, 64, 1))
+        structinit.init_(model, "impulse", reserve="none", seed=0, example_inputs=call)
         with pytest.warns(UserWarning, match="cannot run NeedsMask's own forward.*the adapters' recomputation"):
             fid = structinit.impulse_fidelity(model)
         assert (fid["hit"] == 1).all()

@@ -30,13 +30,15 @@ def test_each_outcome_is_told_apart_on_the_models_own_maps():
 
 
 def test_a_write_whose_own_maps_miss_is_silent(monkeypatch):
-    monkeypatch.setattr(sweep, "own_map", lambda model, scheme: 0.4)  # as if the maps showed too little of the write
+    monkeypatch.setattr(sweep, "own_map", lambda model, scheme, call=None: 0.4)  # as if the maps showed too little of the write
     assert {r.outcome for r in sweep.run_one("styled", "here", lambda: StyledViT("einsum"))} == {"silent"}
 
 
 def test_smallest_picks_the_smallest_sounding_name():
     assert sweep.smallest(["vit_base_patch16_224", "vit_tiny_patch16_224", "vit_small_patch16_224"]) == \
         "vit_tiny_patch16_224"
+    assert sweep.smallest(["caformer_b36", "caformer_m36", "caformer_s18"]) == "caformer_s18"  # a size before a depth
+    assert sweep.smallest(["levit_384_s8", "levit_128"]) == "levit_128"  # s8 is a stride, not a size
 
 
 def test_a_saved_sweep_is_printed_again_and_not_rerun(tmp_path, capsys):
@@ -52,10 +54,38 @@ def test_a_saved_sweep_is_printed_again_and_not_rerun(tmp_path, capsys):
 def test_the_summary_counts_each_scheme_per_package_from_the_saved_rows(tmp_path, capsys):
     rows = [sweep.Row("a", "here", "impulse", "written", 1.0), sweep.Row("a", "here", "mimetic", "expected"),
             sweep.Row("b", "here", "impulse", "refused"), sweep.Row("b", "here", "mimetic", "unverified"),
-            sweep.Row("c", "here", "impulse", "no-attention"), sweep.Row("c", "here", "mimetic", "no-attention")]
+            sweep.Row("c", "here", "impulse", "no-attention"), sweep.Row("c", "here", "mimetic", "no-attention"),
+            sweep.Row("d", "here", "impulse", "written", 1.0, call="x, grid_thw"),
+            sweep.Row("d", "here", "mimetic", "written", 1.0, call="x, grid_thw"),
+            sweep.Row("e", "here", "impulse", "too-large"), sweep.Row("e", "here", "mimetic", "too-large")]
     path = tmp_path / "sweep.json"
     sweep._save(str(path), rows)
     assert sweep.main(["--from", str(path), "--summary"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "| here | 2 | 1 (1 written, 0 refused for the mechanism) | 1 (0 written, 1 refused for the mechanism) "
-        "| 0 | 0 | 1 |")
+        "| here | 3 | 2 (2 written, 0 refused for the mechanism) | 2 (1 written, 1 refused for the mechanism) "
+        "| 0 | 0 | 1 | 1 | 1 |")
+
+
+class _Tower(nn.Module):
+    """A forward in Qwen-VL's convention: packed patches and each image's grid (the test model of
+    tests/test_example_inputs.py), with the config fields a processor reads."""
+
+    def __init__(self):
+        super().__init__()
+        from attention_styles import PackedTower
+
+        self.inner = PackedTower()
+        self.config = type("Config", (), {"in_channels": 3, "patch_size": 2, "spatial_merge_size": 2})()
+
+    def forward(self, hidden_states, grid_thw):
+        return self.inner(hidden_states, grid_thw)
+
+
+def test_a_tower_that_takes_packed_patches_is_called_as_its_processor_would_and_checked_in_that_call():
+    call = sweep.tower_call(_Tower())
+    assert set(call) == {"hidden_states", "grid_thw"} and call["hidden_states"].shape == (64, 12)
+    assert call["grid_thw"].tolist() == [[1, 8, 8]]
+    assert sweep.tower_call(StyledViT("einsum")) is None  # images alone: left to the probe
+    rows = sweep.run_one("tower", "transformers", _Tower, schemes=("mimetic",))
+    assert [(r.outcome, r.call) for r in rows] == [("written", "hidden_states, grid_thw")]
+    assert rows[0].own_map >= 0.5

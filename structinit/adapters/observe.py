@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.probe import run_forward
 from structinit.adapters.relative import reachable
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
     try:
         with torch.random.fork_rng(devices=[]), _Spy(stack, sink):
             torch.manual_seed(seed)
-            model(inputs)
+            run_forward(model, inputs)
     finally:
         for handle in handles:
             handle.remove()

@@ -13,7 +13,7 @@ from torch import nn
 from structinit.adapters.layout import TokenLayout, grid_pos_embed
 from structinit.adapters.observe import ModuleCall, RealMap, observe, real_maps
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.probe import probe_at
+from structinit.adapters.probe import ModelCall, first_sample, is_token_probe, probe_at
 from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.adapters.token_order import out_of_order
 from structinit.functional.attention import layer_norm_tokens
@@ -92,9 +92,10 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
     # A rotation built at each call is probed on the grid the layouts were designed for.
     survey = as_survey(model)
     model = survey.model
-    rotary = chosen[0][1].rotary is not None
+    rotary = chosen[0][1].rotary is not None and survey.example is None  # a caller's input fixes the grid
     inputs = probe_at(model, layouts[0].grid, count=1) if rotary else None
-    inputs = (None if survey.probe is None else survey.probe[:1]) if inputs is None else inputs
+    if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
+        inputs = first_sample(survey.probe)
     order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].num_patches, inputs)
     if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
@@ -104,6 +105,6 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
         return real_maps(model, inputs, chosen, calls), calls, order
     except Exception:  # the token probe is a guess: a model it does not fit cannot be probed
-        if inputs.ndim == 4:
+        if isinstance(inputs, ModelCall) or inputs.ndim == 4:
             raise
         return None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from structinit.adapters.probe import run_forward
+
 __all__ = ["InputNorm", "input_norms"]
 
 
@@ -69,7 +71,7 @@ def input_norms(model: nn.Module, chosen: list, inputs: torch.Tensor) -> list[In
         for i, (_, ad) in enumerate(chosen):
             handles.append(ad.input_module.register_forward_pre_hook(grab(i), with_kwargs=True))
         model.eval()
-        model(inputs)
+        run_forward(model, inputs)
     finally:
         model.train(was)
         for h in handles:

@@ -1,11 +1,13 @@
 """The probe: images of the size a model takes, built from what it states (``image_size``,
 ``img_size``, a config's, a patch embedding's, timm's ``pretrained_cfg``'s input size) or
-guessed from its token tensors, for every
-check that runs a model forward to see what it really computes."""
+guessed from its token tensors, for every check that runs a model forward to see what it
+really computes. A model whose forward takes something else (several arguments, packed patches
+and their grid sizes) is probed with the call its user hands over (:class:`ModelCall`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -17,6 +19,63 @@ from structinit.utils import is_int
 _LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
            nn.MultiheadAttention)
 _MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One call of a model's forward, ``model(*args, **kwargs)``: the example input a user hands
+    structinit (``example_inputs=``) for a model it cannot build a probe for. It is used whole,
+    as given: structinit neither slices its batch nor resizes it."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def __call__(self, model: nn.Module):
+        return model(*self.args, **self.kwargs)
+
+    @property
+    def main(self) -> torch.Tensor | None:
+        """The first tensor the call passes (its images, token ids or tokens), or None."""
+        return next((v for v in (*self.args, *self.kwargs.values()) if isinstance(v, torch.Tensor)), None)
+
+
+def as_call(example_inputs) -> ModelCall:
+    """``example_inputs`` as a :class:`ModelCall`: a tensor is the one positional argument, a
+    tuple or list the positional arguments, a dict the keyword arguments; a ValueError naming
+    the parameter for anything else."""
+    if isinstance(example_inputs, ModelCall):
+        return example_inputs
+    if isinstance(example_inputs, torch.Tensor):
+        return ModelCall((example_inputs,))
+    if isinstance(example_inputs, (tuple, list)):
+        return ModelCall(tuple(example_inputs))
+    if isinstance(example_inputs, dict) and all(isinstance(k, str) for k in example_inputs):
+        return ModelCall((), dict(example_inputs))
+    raise ValueError(f"example_inputs={type(example_inputs).__name__}: give a tensor (the forward's one argument), a "
+                     "tuple of its positional arguments, or a dict of its keyword arguments")
+
+
+def run_forward(model: nn.Module, inputs):
+    """``model``'s forward on ``inputs``: probe images or token ids, or a :class:`ModelCall`."""
+    return inputs(model) if isinstance(inputs, ModelCall) else model(inputs)
+
+
+def probe_tokens(model: nn.Module, dim: int, counts, count: int = 2) -> Iterator[torch.Tensor]:
+    """``count`` seeded N(0, 1) token sequences (count, T, ``dim``) for each T of ``counts``: the
+    probe of a model that takes tokens, not images (a block, a stack of them, an encoder)."""
+    for t in dict.fromkeys(counts):
+        tokens = torch.randn(count, t, dim, generator=torch.Generator().manual_seed(0))
+        yield tokens.to(device=_device(model), dtype=model_dtype(model))
+
+
+def is_token_probe(inputs) -> bool:
+    """Whether a probe is (B, T, D) float tokens (:func:`probe_tokens`), not images or ids."""
+    return isinstance(inputs, torch.Tensor) and inputs.is_floating_point() and inputs.ndim == 3
+
+
+def first_sample(inputs):
+    """The first sample of a probe, (1, …); a :class:`ModelCall` whole, as its user gave it."""
+    return inputs if isinstance(inputs, ModelCall) else inputs[:1]
 
 
 def token_candidates(model: nn.Module, dim: int, any_axis: bool = False) -> list[tuple[str, torch.Tensor]]:
@@ -127,7 +186,7 @@ def first_taken(model: nn.Module, choices) -> torch.Tensor | None:
         for inputs in choices:
             try:
                 with torch.random.fork_rng(devices=[]):
-                    model(inputs)
+                    run_forward(model, inputs)
             except Exception:  # the wrong size or kind: try the next
                 continue
             return inputs

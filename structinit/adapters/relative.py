@@ -175,6 +175,11 @@ def find_relative_bias(module: nn.Module, heads: int | None = None) -> RelativeB
     return RelativeBias(holder, table, index, grid, t - area)
 
 
+def _same_storage(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+        and a.data_ptr() == b.data_ptr()
+
+
 def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: int,
                      x: torch.Tensor | None = None) -> torch.Tensor | None:
     """The additive logit terms among a layer call's arguments besides its tokens (the first
@@ -192,7 +197,9 @@ def call_logit_terms(args: tuple, kwargs: dict, batch: int, heads: int, tokens: 
     # tokens the projections read), else its first tensor keyword (Hugging Face passes hidden_states=…).
     # With as many tokens as channels they are (…, T, T) too, and no logit term.
     if args:
-        others = [(None, a) for a in args[1:]] + list(kwargs.items())
+        # keys and values handed as the tokens themselves (nn.MultiheadAttention's (x, x, x)) are no term
+        first = args[0]
+        others = [(None, a) for a in args[1:] if not _same_storage(a, first)] + list(kwargs.items())
     else:
         passed = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         same = [k for k in passed if x is not None and kwargs[k].data_ptr() == x.data_ptr()]

@@ -26,18 +26,58 @@ from torch import nn
 
 from structinit.adapters.position import Discovery, named_discovery, prefix_in_layers
 from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
-from structinit.adapters.probe import probe_choices
+from structinit.adapters.probe import (
+    ModelCall,
+    _pair,
+    _rows,
+    as_call,
+    probe_at,
+    probe_choices,
+    probe_tokens,
+    run_forward,
+    token_candidates,
+)
 from structinit.adapters.registry import candidate_layers
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.trace import consistent, traced_discovery
 from structinit.adapters.verify import AttentionSurvey, survey_attention
 
+_PREFIX_TRIED = 8  # prefix tokens a token probe of a given grid tries (class, distillation, registers)
+_TABLES_TRIED = 4  # row counts of token-width tables a token probe tries
+
 
 class ModelSurvey:
-    """What structinit reads from ``model`` (module doc). Properties compute on first use."""
+    """What structinit reads from ``model`` (module doc). Properties compute on first use.
 
-    def __init__(self, model: nn.Module):
+    ``example_inputs`` (a tensor, a tuple of positional arguments or a dict of keyword
+    arguments of the model's forward) is the one probe when given: for a model whose input
+    structinit cannot build (several arguments, packed patches with their grid sizes). ``grid``,
+    the (h, w) patch grid a caller states, adds images of that grid to the probes tried, for an
+    image model that states no image size."""
+
+    def __init__(self, model: nn.Module, *, example_inputs=None, grid=None):
         self.model = model
+        self.example = None if example_inputs is None else as_call(example_inputs)
+        self.grid = _pair(grid)
+
+    def _probes(self, candidates):
+        if self.example is not None:
+            yield self.example
+            return
+        yield from probe_choices(self.model, candidates)
+        if self.grid is not None and (at := probe_at(self.model, self.grid)) is not None:
+            yield at
+        # A model that takes tokens: sequences of the grid given (with up to 8 prefix tokens), of the rows of
+        # its tables of the token width (a position table it adds) and of its square index buffers, and of 16.
+        dim = candidates[0][1].dim if candidates else None
+        if dim:
+            grid = [] if self.grid is None else [self.grid[0] * self.grid[1] + p for p in range(_PREFIX_TRIED + 1)]
+            rows = {_rows(t) for _, t in token_candidates(self.model, dim)}
+            # a square (T, T) index or mask buffer: a relative position index, a mask over T tokens
+            rows |= {b.shape[-1] for b in self.model.buffers() if not b.is_floating_point() and b.ndim >= 2
+                     and b.shape[-1] == b.shape[-2]}
+            rows = sorted(rows - {1}, reverse=True)
+            yield from probe_tokens(self.model, dim, [*grid, *rows[:_TABLES_TRIED], 16])
 
     @cached_property
     def _candidates(self):
@@ -55,30 +95,40 @@ class ModelSurvey:
         self-attention, pooling heads, layers whose computation differs from their adapter's,
         and attention no adapter claims."""
         candidates, named_unknown = self._candidates
-        survey = survey_attention(self.model, candidates, probe_choices(self.model, candidates))
+        survey = survey_attention(self.model, candidates, self._probes(candidates))
+        if self.example is not None and not survey.probed:
+            raise ValueError(f"example_inputs: {type(self.model).__name__}'s forward does not take it "
+                             f"({_failure(self.model, self.example)}); pass what its forward takes: a tensor, a "
+                             "tuple of positional arguments or a dict of keyword arguments")
         # Without a probe the class names are all there is to go by; with one, the dataflow decides.
         extra = [] if survey.probed else [(n, t if ":" in t else f"{t}: its class name says attention")
                                           for n, t in named_unknown]
         return dataclasses.replace(survey, unknown=[*survey.unknown, *extra]) if extra else survey
 
     @property
-    def probe(self) -> torch.Tensor | None:
-        """The probe the model took: (2, C, H, W) images or (2, T) token ids; None if none."""
+    def probe(self) -> torch.Tensor | ModelCall | None:
+        """The probe the model took: (2, C, H, W) images, (2, T) token ids or the caller's
+        :class:`~structinit.adapters.probe.ModelCall`; None if none."""
         return self.attention.probe
 
     @property
     def takes_token_ids(self) -> bool:
         """Whether the model is probed with token ids (a 1-D sequence) rather than images."""
-        return self.probe is not None and not self.probe.is_floating_point()
+        main = self.probe.main if isinstance(self.probe, ModelCall) else self.probe
+        return main is not None and not main.is_floating_point()
 
     def layers(self, *, pooling: bool = False) -> list[tuple[str, object]]:
         """The attention layers in definition order, as (name, adapter); see
         :func:`find_attention_layers`."""
         survey = self.attention
         if unknown := survey.unknown:
+            unrun = "" if survey.probed else (
+                f". structinit could not run {type(self.model).__name__}'s forward on any input it can build (images, "
+                "token ids) to read what they compute: pass example_inputs= what the forward takes (a tensor, a "
+                "tuple of positional arguments or a dict of keyword arguments)")
             raise ValueError(
                 "found attention that no adapter understands: "
-                + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown)
+                + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown) + unrun
                 + ". Supported: any module whose forward is softmax(q kᵀ·scale + bias)·v of its own projections "
                 "(read from what it computes), nn.MultiheadAttention, ConViT's gated positional attention. "
                 "Register your class with structinit.register_adapter(YourAttention, factory)."
@@ -141,6 +191,20 @@ class ModelSurvey:
         outside = [m for m in self.model.modules() if id(m) not in inside
                    and (holds_relative_bias(m) or held_position_mlp(m) is not None)]
         return _received(outside[0]) if len(outside) == 1 else None
+
+
+def _failure(model: nn.Module, call: ModelCall) -> str:
+    """What ``model``'s forward raises on ``call`` (eval mode, no gradients, random state forked)."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            run_forward(model, call)
+    except Exception as err:
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    finally:
+        model.train(was)
+    return "its forward ran, but structinit saw no attention in it"
 
 
 def as_survey(model: nn.Module | ModelSurvey) -> ModelSurvey:

@@ -23,7 +23,16 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import Discovery, _grid_from, square_side
-from structinit.adapters.probe import _patch, _rows, probe_images, probe_sizes, token_candidates
+from structinit.adapters.probe import (
+    ModelCall,
+    _patch,
+    _rows,
+    first_sample,
+    probe_images,
+    probe_sizes,
+    run_forward,
+    token_candidates,
+)
 
 
 class _Stop(Exception):
@@ -50,7 +59,7 @@ def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0,
     try:
         with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
             torch.manual_seed(seed)
-            model(images)
+            run_forward(model, images)
     except _Stop:
         pass
     except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
@@ -87,18 +96,20 @@ def traced_discovery(survey) -> Discovery | None:
         return None
     adapter = first[1]
     candidates = token_candidates(survey.model, adapter.dim)
-    return _trace(survey.model, adapter, candidates) if candidates else None
+    return _trace(survey.model, adapter, candidates, survey.example) if candidates else None
 
 
-def _trace(model, adapter, candidates) -> Discovery | None:
-    for size in probe_sizes(model, candidates):
-        # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike
-        images = probe_images(model, 1, size)
-        base = tokens_at(model, adapter, images)
+def _trace(model, adapter, candidates, example: ModelCall | None = None) -> Discovery | None:
+    # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike;
+    # a caller's input is the only probe when given
+    probes = ([(example, None)] if example is not None else
+              ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
+    for inputs, image in probes:
+        base = tokens_at(model, adapter, inputs)
         if base is not None:
-            found = _classify(model, adapter, images, base, candidates)
+            found = _classify(model, adapter, inputs, base, candidates)
             if found is not None:
-                return _with_grid(model, *found, size[1:])
+                return _with_grid(model, *found, image)
     return None
 
 
@@ -129,11 +140,11 @@ def _classify(model, adapter, images, base, candidates) -> tuple[Discovery, int]
     return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced"), len(grid_rows)
 
 
-def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int]) -> Discovery:
+def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int] | None) -> Discovery:
     """``found`` with its grid of ``n`` tokens: the probe image cut into the model's patches when
     that gives ``n``, else the square grid of ``n``."""
     pe = found.pos_embed
-    grid = _grid_from(image, _patch(model))  # None without a patch size
+    grid = None if image is None else _grid_from(image, _patch(model))  # None without a patch size
     if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
         side = square_side(n)
         grid = (side, side) if side else None
@@ -172,7 +183,7 @@ def traced_patch_embedding(survey) -> list[tuple[str, torch.Tensor, torch.Tensor
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}
     inside = {id(m) for m in adapter.module.modules()}
     with torch.no_grad():
-        images = survey.probe[:1]
+        images = first_sample(survey.probe)
         calls = _calls(model, adapter, images, inside)
         if calls is None:
             return None

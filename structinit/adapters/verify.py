@@ -71,7 +71,7 @@ class AttentionSurvey:
     unknown: list[tuple[str, str]] = field(default_factory=list)  # (module name, what it computes)
     pooling: list[tuple[str, str]] = field(default_factory=list)  # unclaimed pooling heads (name, why)
     probed: bool = False
-    probe: torch.Tensor | None = None  # the inputs the model took, (B, C, H, W) images or (B, T) token ids
+    probe: object = None  # what the model took: (B, C, H, W) images, (B, T) token ids, or a caller's ModelCall
 
     def of(self, kind: str) -> list[Verdict]:
         return [v for v in self.verdicts if v.kind == kind]

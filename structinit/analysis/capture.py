@@ -11,6 +11,7 @@ from torch import nn
 
 from structinit.adapters import find_attention_layers, select_layers
 from structinit.adapters.observe import real_maps
+from structinit.adapters.probe import run_forward
 
 
 def run_with_hooks(model: nn.Module, inputs, layers, fn: Callable[..., None], *, with_terms: bool = False) -> None:
@@ -37,7 +38,7 @@ def forward_then_remove(model: nn.Module, inputs, handles) -> None:
     afterwards, also when the pass fails."""
     try:
         with torch.no_grad():
-            model(inputs)
+            run_forward(model, inputs)
     finally:
         for h in handles:
             h.remove()

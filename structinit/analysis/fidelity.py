@@ -15,6 +15,7 @@ from torch import nn
 from structinit.adapters import TokenLayout, infer_layout, is_token_mixing, select_layers
 from structinit.adapters.observe import RealMap, real_maps
 from structinit.adapters.position_input import layer_position_input, position_only_maps
+from structinit.adapters.probe import first_sample
 from structinit.adapters.relative import reachable
 from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.adapters.token_order import canonical, out_of_order
@@ -262,7 +263,7 @@ def reorders_tokens(model: nn.Module | ModelSurvey, chosen, layouts) -> bool:
     """Whether the model puts its tokens out of grid order before the first chosen layer, read on
     the probe with two seeds (a random order shows in one of them at least)."""
     survey = as_survey(model)
-    inputs = None if survey.probe is None else survey.probe[:1]
+    inputs = None if survey.probe is None else first_sample(survey.probe)
     return inputs is not None and any(
         out_of_order(survey, chosen[0], layouts[0].num_patches, inputs, seed) is not None for seed in (0, 1))
 

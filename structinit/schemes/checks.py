@@ -15,6 +15,7 @@ from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers, in_matrix
 from structinit.adapters.observe import map_rows, observe, real_maps
 from structinit.adapters.position_input import position_only_maps
+from structinit.adapters.probe import first_sample
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
 from structinit.functional.targets import target_index
@@ -97,20 +98,32 @@ def finish_plan(plan, survey: ModelSurvey, scheme: str, chosen, skipped: list[tu
                                          "skipped": list(skipped), "head_mixers": mixers}))
 
 
+def require_probe(survey: ModelSurvey, scheme: str) -> None:
+    """Refuse a write that could not be checked in the model's own forward: a ValueError when
+    structinit found no input the model's forward takes, naming what it tried and the fix."""
+    if survey.attention.probed:
+        return
+    model = type(survey.model).__name__
+    grid = "" if survey.grid is None else f", images of the {survey.grid[0]}×{survey.grid[1]} grid given"
+    raise ValueError(
+        f"{scheme} cannot check its write in {model}'s own forward: the forward takes none of the inputs structinit "
+        f"can build (images of the size the model states or of common sizes{grid}, token ids); nothing was written. "
+        "Pass example_inputs= what the forward takes (a tensor, a tuple of positional arguments or a dict of "
+        "keyword arguments), or, for a model of images that states no image size, grid=(h, w)")
+
+
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
-                  layouts: list[TokenLayout]) -> Callable[[], None] | None:
+                  layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None) -> Callable[[], None]:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
-    rows by LayerNorm(PE), or zeros for a layer with a relative position bias;
+    rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
     :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
-    :data:`HIT_SLACK`). None when the model cannot be probed (nothing was checked before the
-    write either)."""
-    if not survey.attention.probed:
-        return None
+    :data:`HIT_SLACK`). A ValueError when the model cannot be probed (:func:`require_probe`)."""
+    require_probe(survey, "impulse")
 
     def check() -> None:
-        maps, calls, _ = position_only_maps(survey, chosen, layouts)
+        maps, calls, _ = position_only_maps(survey, chosen, layouts, pos_embed)
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs)
     return check
@@ -184,15 +197,14 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
     return score.sum(dim=(0, -1)) / used
 
 
-def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None] | None:
+def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
     """The check after a mimetic write: on a probe through the model, every chosen layer's real
     logits (its own softmax's input, else the log of its map) show at least
     :data:`MIN_DIAGONAL_SHARE` of the diagonal strength the adapter's q kᵀ has on the same
-    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`; None without a
-    probe."""
-    if not survey.attention.probed:
-        return None
-    model, inputs = survey.model, survey.probe[:1]
+    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`. A ValueError
+    when the model cannot be probed (:func:`require_probe`)."""
+    require_probe(survey, "mimetic")
+    model, inputs = survey.model, first_sample(survey.probe)
 
     def check() -> None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])

@@ -164,9 +164,7 @@ def plan_impulse(
             plan.add(ad.vo_writes(wv, wo))
     if placed.reservation is not None:
         placed.reservation.plan(plan)
-    check = impulse_check(survey, placed.chosen, placed.offsets, placed.layouts)
-    if check is not None:
-        plan.checks.append(check)
+    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
     return plan
 

@@ -98,9 +98,7 @@ def plan_mimetic(
         plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
         reservation.plan(plan)
-    check = mimetic_check(survey, chosen)
-    if check is not None:
-        plan.checks.append(check)
+    plan.checks.append(mimetic_check(survey, chosen))
     finish_plan(plan, survey, "mimetic", chosen, survey.attention.skipped() if layers is None else [])
     return plan
 

@@ -80,8 +80,10 @@ def register_planner(name: str, planner: Callable[..., Plan], *, target: str = "
     init.__name__ = init.__qualname__ = what
     sig = inspect.signature(planner)
     model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=nn.Module)
-    init.__signature__ = sig.replace(parameters=[model, *list(sig.parameters.values())[1:]],
-                                     return_annotation=nn.Module)
+    example = inspect.Parameter("example_inputs", inspect.Parameter.KEYWORD_ONLY, default=None)
+    params = [model, *list(sig.parameters.values())[1:]]
+    at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    init.__signature__ = sig.replace(parameters=[*params[:at], example, *params[at:]], return_annotation=nn.Module)
     return _register(Scheme(name, target, planner, init)).init
 
 
@@ -206,10 +208,13 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
     (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
     naming the numeric options given, raised before anything is written."""
+    options = dict(options)
+    example = options.pop("example_inputs", None)  # the survey's, whatever the scheme
     _check_options(scheme, args, options, what)
     state = ModuleState(model)  # the probes run the model: what their forwards cache is put back
     try:
-        plan = scheme.plan(ModelSurvey(model) if survey is None else survey, *args, **options)
+        survey = survey or ModelSurvey(model, example_inputs=example, grid=options.get("grid"))
+        plan = scheme.plan(survey, *args, **options)
     except _NUMERIC_FAILURES as err:
         given = _numbers(options) or _numbers(options, tensors=True)
         if not given:
@@ -336,7 +341,8 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     """
     check_model(model)
     scheme, options = _with_spec_options(scheme, options)
-    survey = ModelSurvey(model)  # one per init: the planner reads the model through it
+    example = options.pop("example_inputs", None)
+    survey = ModelSurvey(model, example_inputs=example, grid=options.get("grid"))  # one per init, read by the planner
     given = "target" in options
     entry, options = resolve_scheme(model, scheme, options, survey)
     plan = _plan(entry, model, (), options, f"scheme {scheme!r}", survey)
@@ -367,9 +373,17 @@ def init_(model: nn.Module, scheme: str, **options) -> nn.Module:
     for several targets ('impulse': attention and conv) picks the one whose layers the model
     has, or the one named by ``target=`` (:func:`resolve_scheme`).
 
+    An attention scheme checks its write in the model's own forward, on a probe it builds:
+    images of the size the model states (or common sizes, or of the ``grid=`` given), else token
+    ids. A model whose forward takes something else (several arguments, packed patches and
+    their grid sizes) needs ``example_inputs=``: a tensor, a tuple of positional arguments or a
+    dict of keyword arguments of its forward, used whole; without an input to check on, the
+    write is refused.
+
     Examples:
         >>> model = structinit.create_model("vit_tiny_patch2_32")
         >>> _ = structinit.init_(model, "impulse", kernel_size=3, seed=0)
+        >>> _ = structinit.init_(model, "mimetic", example_inputs=torch.randn(1, 3, 32, 32), seed=0)
     """
     commit_and_report(plan_init(model, scheme, **options), f"scheme {scheme!r}")
     return model

@@ -102,7 +102,7 @@ def rotary_at_grid(survey: ModelSurvey, chosen, grid: tuple[int, int]) -> list:
     probed at a guessed one, and learned angles (mixed RoPE) move in training. A ValueError
     when the model cannot be probed so."""
     model = survey.model
-    inputs = probe_at(model, grid)
+    inputs = probe_at(model, grid) if survey.example is None else survey.example  # a caller's input fixes the grid
     if inputs is None:
         raise ValueError(f"grid={grid}: the model's rotation depends on its input, and structinit cannot tell its "
                          "patch size to build images of that grid (no patch_size, no patch convolution)")
