@@ -30,7 +30,8 @@ def test_each_outcome_is_told_apart_on_the_models_own_maps():
 
 
 def test_a_write_whose_own_maps_miss_is_silent(monkeypatch):
-    monkeypatch.setattr(sweep, "own_map", lambda model, scheme, call=None: 0.4)  # as if the maps showed too little of the write
+    # as if the maps showed too little of the write
+    monkeypatch.setattr(sweep, "own_map", lambda model, scheme, call=None: 0.4)
     assert {r.outcome for r in sweep.run_one("styled", "here", lambda: StyledViT("einsum"))} == {"silent"}
 
 
