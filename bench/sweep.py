@@ -6,6 +6,11 @@ model × scheme: the outcome, the model's own maps after the write, and the reas
     .venv-zoo/bin/python bench/sweep.py --packages timm,transformers --out sweep.json
     .venv-zoo/bin/python bench/sweep.py --from sweep.json          # the table again, from the data
 
+A vision tower whose forward takes packed patches and their grid sizes is handed one call of
+it (``example_inputs=``, :func:`tower_call`), as a user with its processor would; every other
+model gets no hints. A timm family still over :data:`MAX_PARAMETERS` at its smallest is built
+with 2 blocks where it takes ``depth``.
+
 A written init is checked on the maps the model computes itself: impulse's argmax hit on the
 position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength in the
 model's own logits on a probe (its softmax's input, else its log-probabilities). "silent" is a write whose own maps

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import structinit
-from structinit.functional.mimetic import circular_factors, circular_spectrum
+from structinit.functional.mimetic import NOISE, circular_factors, circular_spectrum
 
 
 def gen(seed):
@@ -191,3 +191,22 @@ def test_the_same_seed_gives_the_same_weights_on_any_thread_count():
         torch.set_num_threads(threads)
     for (l1, r1), (l2, r2) in zip(*out):
         assert torch.equal(l1, l2) and torch.equal(r1, r2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(dim=st.integers(1, 12), extra=st.integers(1, 9), heads=st.integers(1, 3), noise=st.sampled_from(NOISE),
+       seed=st.integers(0, 2**31 - 1))
+def test_a_head_wider_than_the_model_gets_m_itself_and_zero_channels_past_it(dim, extra, heads, noise, seed):
+    """r > D (a language model's 128-channel heads at width 96): Wq Wkᵀ is M exactly, grouped or
+    not, and the channels past D are zero on both sides (was an internal shape error)."""
+    from structinit.functional.mimetic import mimetic_qk, mimetic_qk_grouped
+
+    r = dim + extra
+    wq, wk, m = mimetic_qk(dim, heads, r, noise=noise, generator=gen(seed))
+    assert wq.shape == wk.shape == (heads, dim, r)
+    torch.testing.assert_close(wq @ wk.transpose(1, 2), m, atol=1e-9, rtol=1e-9)
+    assert not wq[..., dim:].any() and not wk[..., dim:].any()
+    kv_of = tuple(h // 2 for h in range(2 * heads))
+    gq, gk = mimetic_qk_grouped(dim, kv_of, r, noise=noise, generator=gen(seed))
+    assert gq.shape == (2 * heads, dim, r) and gk.shape == (heads, dim, r)
+    assert not gq[..., dim:].any() and not gk[..., dim:].any()

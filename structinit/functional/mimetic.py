@@ -222,21 +222,27 @@ def mimetic_qk(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Wq, Wk (heads, D, r) with Wq[h] Wk[h]ᵀ = rank-r truncation of M_h (a fresh M per head),
     and the M_h themselves (heads, D, D), or None with ``with_target=False`` (which spares
-    the circular noise its only O(D³) step).
+    the circular noise its only O(D³) step). A head wider than the model (r > D) gets M_h
+    itself, its channels past D zero (as :func:`mimetic_vo`'s).
 
     Examples:
         >>> wq, wk, m = mimetic_qk(64, 4, 16, noise="circular", generator=torch.Generator().manual_seed(0))
         >>> torch.linalg.matrix_rank(wq[0] @ wk[0].T).item()
         16
     """
+    rank = min(head_dim, dim)
     if noise == "circular":
-        left, right, m = circular_factors(dim, head_dim, alpha, beta, heads=num_heads, with_target=with_target,
+        left, right, m = circular_factors(dim, rank, alpha, beta, heads=num_heads, with_target=with_target,
                                           generator=generator)
-        return left, right.transpose(1, 2), m
-    heads = [mimetic_factors(dim, alpha, beta, noise=noise, generator=generator) for _ in range(num_heads)]
-    return (torch.stack([left[:, :head_dim] for left, _, _ in heads]),
-            torch.stack([right[:head_dim].T for _, right, _ in heads]),
-            torch.stack([m for _, _, m in heads]) if with_target else None)
+        wq, wk = left, right.transpose(1, 2)
+    else:
+        heads = [mimetic_factors(dim, alpha, beta, noise=noise, generator=generator) for _ in range(num_heads)]
+        wq, wk = (torch.stack([left[:, :rank] for left, _, _ in heads]),
+                  torch.stack([right[:rank].T for _, right, _ in heads]))
+        m = torch.stack([m for _, _, m in heads]) if with_target else None
+    if head_dim > rank:  # the channels past D read nothing: Wq Wkᵀ is still M
+        wq, wk = (torch.cat([w, w.new_zeros(num_heads, dim, head_dim - rank)], -1) for w in (wq, wk))
+    return wq, wk, m
 
 
 def mimetic_qk_grouped(
@@ -260,15 +266,16 @@ def mimetic_qk_grouped(
     """
     heads = len(kv_of)
     _, _, m = mimetic_qk(dim, heads, head_dim, alpha=alpha, beta=beta, noise=noise, generator=generator)
-    wq = torch.empty(heads, dim, head_dim, dtype=torch.float64)
-    wk = torch.empty(max(kv_of) + 1, dim, head_dim, dtype=torch.float64)
+    rank = min(head_dim, dim)  # a head wider than the model: its channels past D zero, as in mimetic_qk
+    wq = torch.zeros(heads, dim, head_dim, dtype=torch.float64)
+    wk = torch.zeros(max(kv_of) + 1, dim, head_dim, dtype=torch.float64)
     for g in range(wk.shape[0]):
         members = [h for h in range(heads) if kv_of[h] == g]
         _, sigma, vh = canonical_svd(torch.cat([m[h] for h in members]))
-        weight = (sigma[:head_dim] / math.sqrt(len(members))).sqrt()
-        wk[g] = vh[:head_dim].T * weight
+        weight = (sigma[:rank] / math.sqrt(len(members))).sqrt()
+        wk[g, :, :rank] = vh[:rank].T * weight
         for h in members:
-            wq[h] = m[h] @ vh[:head_dim].T / weight
+            wq[h, :, :rank] = m[h] @ vh[:rank].T / weight
     return wq, wk
 
 

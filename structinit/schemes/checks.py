@@ -33,6 +33,7 @@ _HINTS = {
     "uncalled": "Initialise only the layers the forward uses (layers=)",
 }
 HIT_SLACK = 0.02  # per head: how far the real hit rate may fall below the written q/k's (ties, float error)
+MIN_DESIGNED_HIT = 0.9  # per head: the written q/k's own hit rate on the design input, below which the impulse failed
 MIN_DIAGONAL_SHARE = 0.5  # mimetic: the real diagonal strength against the one the adapter wrote
 MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ β) has no structure to check
 GROUPED = "grouped"  # a scheme that accepts it sets grouped-query layers (shared key/value heads)
@@ -147,7 +148,9 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
 
 def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None:
     """The real maps of one layer on its design input hit each head's target as often as the
-    adapter's maps of the same tokens say they should (the solver's own fit is not judged)."""
+    adapter's maps of the same tokens say they should, and those put it there in at least
+    :data:`MIN_DESIGNED_HIT` of the rows (a solver that cannot realise a head's offset from the
+    model's position input is not a silent success)."""
     if real.probs.shape[-1] < layout.num_patches:
         raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
                          f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
@@ -159,6 +162,15 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None
         want = _hit_rates(ours, real.open_pairs, layout, offsets)
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = [1.0] * len(offsets)
+    missed = [h for h, designed in enumerate(want) if designed < MIN_DESIGNED_HIT]
+    if missed:
+        h = missed[0]
+        raise ValueError(
+            f"impulse: the q/k written to layer {name!r} ({type(ad.module).__name__}) put head {h}'s argmax on its "
+            f"target offset {tuple(offsets[h])} in only {want[h]:.0%} of the grid rows of the position-only input "
+            f"(heads missing theirs: {', '.join(map(str, missed))}); the write was undone. The layer cannot attend "
+            "those targets from its position input (it masks them, or its position input cannot tell them apart); "
+            "pass offsets= targets it can attend, or use 'mimetic'")
     for h, (rate, designed) in enumerate(zip(got, want)):
         if rate < designed - HIT_SLACK:
             raise ValueError(

@@ -157,6 +157,7 @@ def plan_impulse(
                              reserve_given)
     plan = Plan()
     placed = IMPULSE_CARRIERS[position_carrier(chosen, biases)](request, plan)
+    _check_causal_targets(placed)
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
         for _, ad in placed.chosen:
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta,
@@ -167,6 +168,19 @@ def plan_impulse(
     plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
     return plan
+
+
+def _check_causal_targets(placed) -> None:
+    """A causal layer (each token attends to itself and the tokens before it) masks a target
+    after its query: refused, naming the layer and the offset, before anything is written."""
+    for (name, ad), offsets, layout in zip(placed.chosen, placed.offsets, placed.layouts):
+        ahead = [tuple(o) for o in offsets if ad.causal and o[0] * layout.grid[1] + o[1] > 0]
+        if ahead:
+            raise ValueError(
+                f"impulse cannot point the heads of layer {name!r} ({type(ad.module).__name__}) at offset {ahead[0]}: "
+                "the layer is causal (each token attends only to itself and the tokens before it), so a target "
+                "after its query is masked; nothing was written. Pass offsets= targets at or before each query "
+                "(dy < 0, or dy = 0 and dx ≤ 0), or use 'mimetic'")
 
 
 # Where a layer carries position → the planner that puts each head's impulse there.

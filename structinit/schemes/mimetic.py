@@ -11,7 +11,7 @@ from structinit.adapters import grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.attention import out_matrix
 from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
-from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check
+from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check, require_probe
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
@@ -72,6 +72,7 @@ def plan_mimetic(
                              f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "
                              "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
                              "the layers that keep it")
+    require_probe(survey, "mimetic")  # before the maths: a write that cannot be checked is not made
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
