@@ -37,8 +37,10 @@ SCHEMES = ("impulse", "mimetic")
 MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
-                "no attention layer found", "tokens carry no position", "without biasing other pairs"),
-    "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found"),
+                "no attention layer found", "tokens carry no position", "without biasing other pairs",
+                "not self-attention over its tokens"),
+    "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
+                "not self-attention over its tokens"),
 }
 MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so
 SMALL_NAMES = ("atto", "femto", "pico", "nano", "tiny", "ti", "t", "micro", "mini", "small", "xxs", "xs", "s")
@@ -227,7 +229,8 @@ def tower_call(model) -> dict | None:
 def own_map(model, scheme: str, call: dict | None = None) -> float:
     """The write as the model's own maps show it (module doc): impulse's smallest head hit on
     the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
-    has a diagonal strength of at least 1 on a probe, of the strength in the model's own logits
+    has a diagonal strength of at least 1 on a probe (a layer with none counts 1 when its maps
+    are those of the written q kᵀ within 1e-3, else 0), of the strength in the model's own logits
     (its softmax's input; the log-probabilities where that cannot be read, floored at 1e-30 so
     that a masked pair is a very low logit, as in its softmax, not −∞) to the written one (a head
     whose truncation leaves no diagonal promises none)."""
@@ -249,10 +252,14 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
         if x is None or x.shape[-2] < 3:
             continue
         with torch.no_grad():
-            written = diagonal_strength(adapter_logits(ad, x.float(), ad.call_terms(call.args, call.kwargs, x)))
+            logits = adapter_logits(ad, x.float(), ad.call_terms(call.args, call.kwargs, x))
+        written = diagonal_strength(logits)
         own = diagonal_strength(real.logits.float() if real.logits is not None
                                 else real.probs.float().clamp_min(1e-30).log())
         ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
+        if not bool((written >= 1.0).any()):  # no diagonal to measure: the maps must be the written q kᵀ's
+            gap = float((real.probs.float() - logits.softmax(-1).reshape(real.probs.shape)).abs().max())
+            ratios.append(1.0 if gap <= 1e-3 else 0.0)
     if not ratios:
         raise ValueError("no head has a written diagonal to check, on maps of 3 or more keys")
     return min(ratios)

@@ -25,6 +25,7 @@ is judged by names and shapes only; :attr:`AttentionSurvey.probed` says which ha
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -113,8 +114,10 @@ def _as(t: torch.Tensor, shape) -> torch.Tensor | None:
 
 
 def _rows_centred(t: torch.Tensor) -> torch.Tensor:
-    """Logits with each row's mean over its finite entries removed: a softmax does not see it."""
-    finite = torch.isfinite(t)
+    """Logits with each row's mean over its open entries removed: a softmax does not see it. A
+    pair masked with the dtype's lowest float (Hugging Face's eager masks) is closed, as −∞ is:
+    summed, such entries overflow the mean."""
+    finite = torch.isfinite(t) & (t > torch.finfo(t.dtype).min / 2)
     mean = torch.where(finite, t, torch.zeros_like(t)).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
     return torch.where(finite, t - mean, torch.zeros_like(t))
 
@@ -154,7 +157,8 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
                                  "is not its own q kᵀ")
         diff = real_logits - ours_logits
         half = shape[0] // 2  # the probe's two images, window by window
-        constant = torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + float(diff.abs().max())))
+        spread = float(diff.abs().max())
+        constant = math.isfinite(spread) and torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + spread))
         if shape[0] > 1 and shape[0] % 2 == 0 and constant:
             return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                    "structinit does not model)")

@@ -66,6 +66,9 @@ class ImpulseSolver:
     default_offsets: ClassVar[str] = "random"   # 'random' or 'enumerated'
     default_value_init: ClassVar[str] = "keep"  # 'keep' or 'mimetic' (v/proj)
     default_reserve: ClassVar[str] = "none"     # position reservation: 'none', 'patch', 'residual', 'auto'
+    # Whether its q/k put each head's argmax on its target (held to it after the write); the published
+    # solvers fit it approximately, as their papers do (a short gd run puts many heads elsewhere).
+    exact: ClassVar[bool] = False
 
     def reads_model_pe(self) -> bool:
         """Whether the model's current position embedding is read (it must then exist and be
@@ -119,6 +122,7 @@ class AnalyticSolver(ImpulseSolver):
 
     name: ClassVar[str] = "analytic"
     default_reserve: ClassVar[str] = "auto"
+    exact: ClassVar[bool] = True
     target_mass: float = 0.5
     pe_scale: float | None = 1.0
     ridge: float = 2e-3

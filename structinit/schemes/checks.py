@@ -17,6 +17,7 @@ from structinit.adapters.observe import map_rows, observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
 from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.token_order import canonical
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
 from structinit.functional.targets import target_index
 
@@ -114,19 +115,22 @@ def require_probe(survey: ModelSurvey, scheme: str) -> None:
 
 
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
-                  layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None) -> Callable[[], None]:
+                  layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None,
+                  exact: bool = False) -> Callable[[], None]:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
     rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
     :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
-    :data:`HIT_SLACK`). A ValueError when the model cannot be probed (:func:`require_probe`)."""
+    :data:`HIT_SLACK`); with ``exact`` (a solver that promises the argmax), the written q/k must
+    also put it there (:data:`MIN_DESIGNED_HIT`). A ValueError when the model cannot be probed
+    (:func:`require_probe`)."""
     require_probe(survey, "impulse")
 
     def check() -> None:
-        maps, calls, _ = position_only_maps(survey, chosen, layouts, pos_embed)
+        maps, calls, order = position_only_maps(survey, chosen, layouts, pos_embed)
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
-            _check_hits(name, ad, real, calls[ad.module], lay, offs)
+            _check_hits(name, ad, real, calls[ad.module], lay, offs, order if exact else False)
     return check
 
 
@@ -146,11 +150,12 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
     return rates
 
 
-def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None:
+def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order=False) -> None:
     """The real maps of one layer on its design input hit each head's target as often as the
-    adapter's maps of the same tokens say they should, and those put it there in at least
-    :data:`MIN_DESIGNED_HIT` of the rows (a solver that cannot realise a head's offset from the
-    model's position input is not a silent success)."""
+    adapter's maps of the same tokens say they should; unless ``order`` is False (a solver that
+    fits approximately), those, put in grid order (``order``, None when the model keeps it),
+    must also put it there in at least :data:`MIN_DESIGNED_HIT` of the rows: a head whose offset
+    the solver cannot realise from the model's position input is not a silent success."""
     if real.probs.shape[-1] < layout.num_patches:
         raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
                          f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
@@ -160,14 +165,20 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets) -> None
         with torch.no_grad():
             ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
         want = _hit_rates(ours, real.open_pairs, layout, offsets)
+        reordered = isinstance(order, torch.Tensor) and tuple(order.shape) == (ours.shape[0], ours.shape[-1])
+        in_grid = canonical(ours, order) if reordered else ours
+        # the pairs the call masks (Swin's shifted windows) are no target; they are in the model's order
+        designed_rates = [] if order is False else _hit_rates(in_grid, None if reordered else real.open_pairs,
+                                                              layout, offsets)
     else:  # a layer that cuts its own windows: the design is a clean hit
-        want = [1.0] * len(offsets)
-    missed = [h for h, designed in enumerate(want) if designed < MIN_DESIGNED_HIT]
+        want = designed_rates = [1.0] * len(offsets)
+    missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
     if missed:
         h = missed[0]
         raise ValueError(
             f"impulse: the q/k written to layer {name!r} ({type(ad.module).__name__}) put head {h}'s argmax on its "
-            f"target offset {tuple(offsets[h])} in only {want[h]:.0%} of the grid rows of the position-only input "
+            f"target offset {tuple(offsets[h])} in only {designed_rates[h]:.0%} of the grid rows of the position-only "
+            "input "
             f"(heads missing theirs: {', '.join(map(str, missed))}); the write was undone. The layer cannot attend "
             "those targets from its position input (it masks them, or its position input cannot tell them apart); "
             "pass offsets= targets it can attend, or use 'mimetic'")
@@ -213,7 +224,8 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
     """The check after a mimetic write: on a probe through the model, every chosen layer's real
     logits (its own softmax's input, else the log of its map) show at least
     :data:`MIN_DIAGONAL_SHARE` of the diagonal strength the adapter's q kᵀ has on the same
-    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`. A ValueError
+    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`; a layer with no
+    such head (or no diagonal to see) must compute the maps of the q kᵀ written. A ValueError
     when the model cannot be probed (:func:`require_probe`)."""
     require_probe(survey, "mimetic")
     model, inputs = survey.model, first_sample(survey.probe)
@@ -232,6 +244,9 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                 continue
             with torch.no_grad():
                 wrote = diagonal_strength(adapter_logits(ad, x.float(), terms))
+            if not bool((wrote >= MIN_DESIGNED_DIAGONAL).any()):  # no head's diagonal to measure: the maps then
+                _check_same_maps(name, ad, real, x, terms)          # must be those of the q kᵀ written
+                continue
             got = diagonal_strength(real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log())
             weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
                     and not got[h] >= MIN_DIAGONAL_SHARE * wrote[h]]  # NaN is no diagonal: it fails

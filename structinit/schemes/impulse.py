@@ -165,7 +165,8 @@ def plan_impulse(
             plan.add(ad.vo_writes(wv, wo))
     if placed.reservation is not None:
         placed.reservation.plan(plan)
-    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed))
+    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed,
+                                     exact=solver_obj.exact))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
     return plan
 

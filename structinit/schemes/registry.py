@@ -310,13 +310,21 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
         # Attention no adapter claims, beside layers of another kind: the plain call must not quietly
         # initialise the other kind instead. find_attention_layers names the attention it cannot read; a
         # model whose graph provably has none (ConvMixer) is not run to see.
-        unknown = [] if forms_no_attention(model) else survey.attention.unknown
+        found = survey.attention if not forms_no_attention(model) else None
+        unknown = [] if found is None else found.unknown
         if unknown:
             raise ValueError(
                 f"scheme {name!r} initialises attention, and {type(model).__name__} has attention that no adapter "
                 f"understands: {', '.join(f'{n} ({what})' for n, what in unknown)}; nothing was written. Register "
                 f"an adapter for it (structinit.register_adapter), or pass target={kinds[0]!r} to initialise only "
                 f"its {kinds[0]} layers")
+        pooled = [] if found is None else found.skipped()
+        if pooled:  # attention it does not shape (fewer queries than keys) is attention all the same
+            raise ValueError(
+                f"scheme {name!r} initialises self-attention, and {type(model).__name__} has attention that is not "
+                f"self-attention over its tokens: {', '.join(f'{n} ({what})' for n, what in pooled[:3])}"
+                f"{'…' if len(pooled) > 3 else ''}; nothing was written. Pass target={kinds[0]!r} to initialise "
+                f"its {kinds[0]} layers instead")
     if len(present) > 1 and "attention" in kinds:
         chosen = next(e for e in present if e.target == "attention")
         others = [t for t in kinds if t != "attention"]
