@@ -178,7 +178,15 @@ def _hf_build(transformers, kind, width, role):
         return tower_class(config)(config.vision_config)
     auto = transformers.AutoModelForImageClassification if role == "classifier" else transformers.AutoModelForCausalLM
     classes = auto._model_mapping[type(config)]  # several (DeiT's with and without a teacher): the first
-    return (classes[0] if isinstance(classes, (tuple, list)) else classes)(config)
+    model = (classes[0] if isinstance(classes, (tuple, list)) else classes)(config)
+    if role == "language":  # token ids are a language model's one input: a forward that fails on them is
+        try:                # the small config's fault (sizes the shrink left inconsistent), not the probe's
+            with torch.no_grad():
+                model.eval()(torch.randint(0, config.vocab_size, (1, 8)))
+        except Exception as err:
+            raise RuntimeError(f"its own forward fails on token ids at the small config: {type(err).__name__}: "
+                               f"{str(err)[:80]}") from err
+    return model
 
 
 def tower_class(config):

@@ -335,3 +335,20 @@ def test_queries_handed_to_the_module_are_named_as_not_its_own():
     with pytest.raises(TraceError, match=r"its q does not come from its own parameters \(handed to it, as a global "
                                          r"query is\)"):
         trace_attention(module, (torch.randn(2, 9, 48), torch.randn(2, 9, 48)), {})
+
+
+@pytest.mark.parametrize("scale", [1e-10, 1e4])
+def test_the_trace_reads_a_layer_whatever_the_scale_of_its_weights(scale):
+    """BLIP's vision towers are built with weights of 1e-10 (logits of 1e-17): the trace's fit of
+    the module's logits to its projections' q kᵀ is scale-free, so the layer is read and written."""
+    torch.manual_seed(0)
+    model = StyledViT("raw-linear")
+    with torch.no_grad():
+        for attn in model.attns:
+            for p in attn.parameters():
+                p.mul_(scale)
+    assert all(isinstance(ad, TracedAdapter) for _, ad in structinit.find_attention_layers(model))
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    assert all((diagonal_strength(attn.last_logits) > 0.25).all() for attn in model.attns)

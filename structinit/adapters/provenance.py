@@ -358,9 +358,16 @@ def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) ->
 
 
 def _fit(made: torch.Tensor, ours: torch.Tensor) -> tuple[float, float]:
-    """The least-squares factor of ``made`` on ``ours``, and the relative residual."""
-    factor = float((made * ours).sum() / (ours * ours).sum().clamp_min(1e-30))
-    return factor, float((made - factor * ours).norm() / made.norm().clamp_min(1e-30))
+    """The least-squares factor of ``made`` on ``ours``, and the relative residual, whatever
+    their scale (BLIP's towers are built with weights of 1e-10: logits of 1e-17, whose squares
+    an absolute floor would swamp)."""
+    top_made, top_ours = float(made.abs().max()), float(ours.abs().max())
+    if not (top_made > 0 and top_ours > 0 and math.isfinite(top_made) and math.isfinite(top_ours)):
+        return (0.0, 0.0) if top_made == 0 else (float("nan"), float("inf"))
+    made, ours = made / top_made, ours / top_ours
+    factor = float((made * ours).sum() / (ours * ours).sum())
+    residual = float((made - factor * ours).norm() / made.norm())
+    return factor * top_made / top_ours, residual
 
 
 def describe(adapter: TracedAdapter) -> str:
