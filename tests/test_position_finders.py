@@ -177,9 +177,33 @@ def test_tokens_that_carry_no_position_are_named_so_for_impulse_and_mimetic_stil
 
     message = check_rejected(ConvPositionMHA(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                              r"cannot infer the token grid of ConvPositionMHA: its tokens carry no position, since "
-                             r"the model holds no tensor of their width \(16\) outside its layers' weights")
+                             r"the model holds no tensor of their width \(16\) and more than one row outside its "
+                             r"layers' weights")
     assert "use 'mimetic', which needs neither" in message
     structinit.init_(ConvPositionMHA(), "mimetic", seed=0)  # mimetic needs no position
+
+
+class ClassTokenNoPosition(ConvPositionMHA):
+    """BEiT as Hugging Face builds it by default: a class token, and no absolute or relative
+    position anywhere (a (1, 1, D) token is the same for every position)."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__(dim)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+
+    def forward(self, img):
+        x = self.patch(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1)
+        n = self.norm(x)
+        x = x + self.attn(n, n, n, need_weights=False)[0]
+        return self.head(x[:, 0])
+
+
+def test_a_class_token_is_no_position_for_the_tokens_to_carry():
+    from rejection import check_rejected
+
+    check_rejected(ClassTokenNoPosition(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"cannot infer the token grid of ClassTokenNoPosition: its tokens carry no position")
 
 
 def test_a_position_embedding_kept_channels_first_is_not_called_no_position():

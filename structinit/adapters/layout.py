@@ -90,12 +90,14 @@ def infer_layout(
         first = survey.first_layer
         width = None if first is None else first[1].dim
         if (found.pos_embed is None and width and survey.attention.probed
-                and not token_candidates(model, width, any_axis=True)):
-            # Not a PE the finders miss: no free tensor of the tokens' width along any axis (position from convs),
-            # and the probe saw each layer's call, so no rotation handed to it either
+                and not [t for _, t in token_candidates(model, width, any_axis=True) if t.numel() > width]):
+            # Not a PE the finders miss: no free tensor of the tokens' width along any axis with more than one row (a
+            # class or mask token is one row: the same for every position), and the probe saw each layer's call,
+            # so no rotation handed to it either
             raise ValueError(
                 f"cannot infer the token grid of {type(model).__name__}: its tokens carry no position, since the "
-                f"model holds no tensor of their width ({width}) outside its layers' weights to add to them "
+                f"model holds no tensor of their width ({width}) and more than one row outside its layers' weights "
+                "to add to them "
                 "(its position, if any, comes from convolutions), and it states no image size; impulse builds each "
                 "head's map from position in q and k, so pass grid=(h, w) and pos_embed= if you add one it cannot "
                 "see, or use 'mimetic', which needs neither"
