@@ -31,6 +31,7 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import torch
+from torch import nn
 
 SCHEMES = ("impulse", "mimetic")
 # Refusal reasons that name what the scheme cannot realise on that layer, by words in the message.
@@ -212,26 +213,54 @@ def tower_class(config):
 
 def tower_call(model) -> dict | None:
     """The call of a vision tower whose forward takes each image's patches packed into one
-    sequence and their grid sizes (Qwen-VL's convention: (t·h·w, C·T·p·p) patches and
-    ``grid_thw`` = [[t, h, w]]), as the keyword arguments its processor would hand it: one image
-    of 8×8 patches (a multiple of any spatial merge). None for a forward that takes its images
-    alone, or whose extra arguments follow another convention (left to the probe, and said)."""
+    sequence and their grid sizes (Qwen-VL's convention: ``grid_thw`` = [[t, h, w]] and the
+    patches, flat or as small images), as its processor would hand it: one image of 8×8 (else
+    16×16) patches, the first layout the forward takes (:func:`_tower_calls`). None for a
+    forward that takes its images alone, or whose extra arguments follow another convention
+    (left to the probe, and said)."""
     sig = inspect.signature(model.forward)
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     grid = next((n for n in required if n.endswith("grid_thw")), None)
     if len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
         return None
+    was = model.training
+    model.eval()
+    try:
+        for call in _tower_calls(model, required[0], grid, "merge_sizes" in required):
+            try:
+                with torch.no_grad(), torch.random.fork_rng():
+                    model(**call)
+            except Exception:  # another layout: the next
+                continue
+            return call
+    finally:
+        model.train(was)
+    return None
+
+
+def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):
+    """Candidate calls, most likely first: patches flat (t·h·w, C·T·p·p) from the config's sizes
+    or the width of the tower's first Linear, or as (t·h·w, C, p, p) images for a patch
+    convolution; grids of 8×8 and 16×16 patches."""
     cfg = model.config
     channels = next((v for k in ("in_channels", "num_channels", "in_chans") if (v := getattr(cfg, k, None))), 3)
     patch, frames = getattr(cfg, "patch_size", 14), getattr(cfg, "temporal_patch_size", 1)
     merge = getattr(cfg, "spatial_merge_size", 1)
-    side = 8 if 8 % merge == 0 else 4 * merge
-    patches = torch.randn(side * side, channels * frames * patch * patch, generator=torch.Generator().manual_seed(0))
-    call = {required[0]: patches, grid: torch.tensor([[1, side, side]])}
-    if "merge_sizes" in required:
-        call["merge_sizes"] = torch.tensor([merge])
-    return call
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
+    shapes = [(channels * frames * patch * patch,)] + ([(first.in_features,)] if first is not None else [])
+    if conv is not None:
+        shapes.append((conv.in_channels, *conv.kernel_size))
+    for side in (8, 16):
+        side = side if side % merge == 0 else side * merge
+        for shape in dict.fromkeys(shapes):
+            gen = torch.Generator().manual_seed(0)
+            patches = torch.randn(side * side, *shape, generator=gen)
+            call = {patches_name: patches, grid: torch.tensor([[1, side, side]])}
+            if merge_sizes:
+                call["merge_sizes"] = torch.tensor([merge])
+            yield call
 
 
 def own_map(model, scheme: str, call: dict | None = None) -> float:
