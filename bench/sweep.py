@@ -222,12 +222,16 @@ def tower_call(model) -> dict | None:
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     grid = next((n for n in required if n.endswith("grid_thw")), None)
-    if len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
+    if {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
+        calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
+    elif len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
         return None
+    else:
+        calls = _tower_calls(model, required[0], grid, "merge_sizes" in required)
     was = model.training
     model.eval()
     try:
-        for call in _tower_calls(model, required[0], grid, "merge_sizes" in required):
+        for call in calls:
             try:
                 with torch.no_grad(), torch.random.fork_rng():
                     model(**call)
@@ -237,6 +241,17 @@ def tower_call(model) -> dict | None:
     finally:
         model.train(was)
     return None
+
+
+def _navit_calls(model, mask: bool):
+    """SigLIP-2's convention: (1, h·w, C·p·p) patches, ``spatial_shapes`` [[h, w]] and an
+    all-ones ``pixel_attention_mask``, for 8×8 patches (the width of the first Linear)."""
+    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    call = {"pixel_values": torch.randn(1, 64, first.in_features, generator=torch.Generator().manual_seed(0)),
+            "spatial_shapes": torch.tensor([[8, 8]])}
+    if mask:
+        call["pixel_attention_mask"] = torch.ones(1, 64, dtype=torch.long)
+    yield call
 
 
 def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):

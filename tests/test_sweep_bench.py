@@ -90,3 +90,22 @@ def test_a_tower_that_takes_packed_patches_is_called_as_its_processor_would_and_
     rows = sweep.run_one("tower", "transformers", _Tower, schemes=("mimetic",))
     assert [(r.outcome, r.call) for r in rows] == [("written", "hidden_states, grid_thw")]
     assert rows[0].own_map >= 0.5
+
+
+class _NaViT(nn.Module):
+    """SigLIP-2's convention: padded patches, each image's (h, w) and a mask of the real ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(12, 48)
+        self.attn = nn.MultiheadAttention(48, 3, batch_first=True)
+
+    def forward(self, pixel_values, pixel_attention_mask=None, spatial_shapes=None):
+        x = self.embed(pixel_values)
+        return self.attn(x, x, x, key_padding_mask=pixel_attention_mask == 0)[0]
+
+
+def test_a_navit_forward_is_called_with_padded_patches_their_shapes_and_mask():
+    call = sweep.tower_call(_NaViT())
+    assert call["pixel_values"].shape == (1, 64, 12) and call["spatial_shapes"].tolist() == [[8, 8]]
+    assert call["pixel_attention_mask"].shape == (1, 64)
