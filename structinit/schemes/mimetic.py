@@ -73,15 +73,6 @@ def plan_mimetic(
                              "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
                              "the layers that keep it")
     require_probe(survey, "mimetic")  # before the maths: a write that cannot be checked is not made
-    for name, ad in chosen:
-        verdict = survey.attention.verdict(name)
-        if verdict is not None and not verdict.checked:  # the probe could not read its maps' tokens
-            raise ValueError(
-                f"mimetic cannot check its write to layer {name!r} ({type(ad.module).__name__}): the tokens its "
-                "maps are made of are not the ones its adapter reads (it cuts its own windows from the maps it "
-                "receives, or its input holds NaN/inf), so its own logits cannot be compared with the q kᵀ "
-                "written; nothing was written. Register an adapter whose input_tokens returns those tokens, or "
-                "leave the layer out with layers=")
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
