@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.position import Discovery, square_side
-from structinit.adapters.probe import token_candidates
+from structinit.adapters.probe import _rows, token_candidates
 from structinit.adapters.rotary import find_rotary
 from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.utils import is_int
@@ -90,7 +90,7 @@ def infer_layout(
         first = survey.first_layer
         width = None if first is None else first[1].dim
         if (found.pos_embed is None and width and survey.attention.probed
-                and not [t for _, t in token_candidates(model, width, any_axis=True) if t.numel() > width]):
+                and not [t for _, t in token_candidates(model, width, any_axis=True) if _rows(t) > 1]):
             # Not a PE the finders miss: no free tensor of the tokens' width along any axis with more than one row (a
             # class or mask token is one row: the same for every position), and the probe saw each layer's call,
             # so no rotation handed to it either

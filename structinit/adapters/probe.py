@@ -60,10 +60,21 @@ def run_forward(model: nn.Module, inputs):
     return inputs(model) if isinstance(inputs, ModelCall) else model(inputs)
 
 
-def probe_tokens(model: nn.Module, dim: int, counts, count: int = 2) -> Iterator[torch.Tensor]:
-    """``count`` seeded N(0, 1) token sequences (count, T, ``dim``) for each T of ``counts``: the
-    probe of a model that takes tokens, not images (a block, a stack of them, an encoder)."""
-    for t in dict.fromkeys(counts):
+_TABLES_TRIED = 4  # row counts of token-width tables a token probe tries
+
+
+def probe_tokens(model: nn.Module, dim: int, grid: tuple[int, int] | None = None,
+                 count: int = 2) -> Iterator[torch.Tensor]:
+    """``count`` seeded N(0, 1) token sequences (count, T, ``dim``): the probe of a model that
+    takes tokens, not images (a block, a stack of them, an encoder). T is tried as the ``grid``
+    given with up to :data:`_MAX_ROW_SLACK` prefix tokens, the row counts of the model's
+    token-width tables (a position table it adds) and of its square (T, T) index or mask buffers,
+    and 16."""
+    tried = [] if grid is None else [grid[0] * grid[1] + p for p in range(_MAX_ROW_SLACK + 1)]
+    rows = {_rows(t) for _, t in token_candidates(model, dim)}
+    rows |= {b.shape[-1] for b in model.buffers() if not b.is_floating_point() and b.ndim >= 2
+             and b.shape[-1] == b.shape[-2]}
+    for t in dict.fromkeys([*tried, *sorted(rows - {1}, reverse=True)[:_TABLES_TRIED], 16]):
         tokens = torch.randn(count, t, dim, generator=torch.Generator().manual_seed(0))
         yield tokens.to(device=_device(model), dtype=model_dtype(model))
 
@@ -175,11 +186,12 @@ def probe_choices(model: nn.Module, candidates: list, count: int = 2) -> Iterato
 
 
 @torch.no_grad()
-def first_taken(model: nn.Module, choices) -> torch.Tensor | None:
+def first_taken(model: nn.Module, choices, errors: list | None = None) -> torch.Tensor | None:
     """The first of ``choices`` (probe tensors) that the model's forward takes, in eval mode
     with torch's random state forked; None when it takes none (a wrong size, or not an image
     model). Each one tried costs a forward: a survey tries them in its own forward instead
-    (:func:`structinit.adapters.verify.survey_attention`)."""
+    (:func:`structinit.adapters.verify.survey_attention`). ``errors``, when given, collects what
+    each refused choice raised."""
     was_training = model.training
     model.eval()
     try:
@@ -187,7 +199,9 @@ def first_taken(model: nn.Module, choices) -> torch.Tensor | None:
             try:
                 with torch.random.fork_rng(devices=[]):
                     run_forward(model, inputs)
-            except Exception:  # the wrong size or kind: try the next
+            except Exception as err:  # the wrong size or kind: try the next
+                if errors is not None:
+                    errors.append(err)
                 continue
             return inputs
     finally:

@@ -26,24 +26,11 @@ from torch import nn
 
 from structinit.adapters.position import Discovery, named_discovery, prefix_in_layers
 from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
-from structinit.adapters.probe import (
-    ModelCall,
-    _pair,
-    _rows,
-    as_call,
-    probe_at,
-    probe_choices,
-    probe_tokens,
-    run_forward,
-    token_candidates,
-)
+from structinit.adapters.probe import ModelCall, _pair, as_call, first_taken, probe_at, probe_choices, probe_tokens
 from structinit.adapters.registry import candidate_layers
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
 from structinit.adapters.trace import consistent, traced_discovery
 from structinit.adapters.verify import AttentionSurvey, survey_attention
-
-_PREFIX_TRIED = 8  # prefix tokens a token probe of a given grid tries (class, distillation, registers)
-_TABLES_TRIED = 4  # row counts of token-width tables a token probe tries
 
 
 class ModelSurvey:
@@ -67,17 +54,8 @@ class ModelSurvey:
         yield from probe_choices(self.model, candidates)
         if self.grid is not None and (at := probe_at(self.model, self.grid)) is not None:
             yield at
-        # A model that takes tokens: sequences of the grid given (with up to 8 prefix tokens), of the rows of
-        # its tables of the token width (a position table it adds) and of its square index buffers, and of 16.
-        dim = candidates[0][1].dim if candidates else None
-        if dim:
-            grid = [] if self.grid is None else [self.grid[0] * self.grid[1] + p for p in range(_PREFIX_TRIED + 1)]
-            rows = {_rows(t) for _, t in token_candidates(self.model, dim)}
-            # a square (T, T) index or mask buffer: a relative position index, a mask over T tokens
-            rows |= {b.shape[-1] for b in self.model.buffers() if not b.is_floating_point() and b.ndim >= 2
-                     and b.shape[-1] == b.shape[-2]}
-            rows = sorted(rows - {1}, reverse=True)
-            yield from probe_tokens(self.model, dim, [*grid, *rows[:_TABLES_TRIED], 16])
+        if candidates:  # a model that takes tokens, not images
+            yield from probe_tokens(self.model, candidates[0][1].dim, self.grid)
 
     @cached_property
     def _candidates(self):
@@ -194,17 +172,11 @@ class ModelSurvey:
 
 
 def _failure(model: nn.Module, call: ModelCall) -> str:
-    """What ``model``'s forward raises on ``call`` (eval mode, no gradients, random state forked)."""
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            run_forward(model, call)
-    except Exception as err:
-        return f"{type(err).__name__}: {str(err)[:200]}"
-    finally:
-        model.train(was)
-    return "its forward ran, but structinit saw no attention in it"
+    """What ``model``'s forward raises on ``call``, run as every probe is (:func:`first_taken`)."""
+    errors = []
+    if first_taken(model, [call], errors) is not None:
+        return "its forward ran, but structinit saw no attention in it"
+    return f"{type(errors[0]).__name__}: {str(errors[0])[:200]}"
 
 
 def as_survey(model: nn.Module | ModelSurvey) -> ModelSurvey:

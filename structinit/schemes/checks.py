@@ -130,7 +130,7 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
     def check() -> None:
         maps, calls, order = position_only_maps(survey, chosen, layouts, pos_embed)
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
-            _check_hits(name, ad, real, calls[ad.module], lay, offs, order if exact else False)
+            _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact)
     return check
 
 
@@ -150,12 +150,13 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
     return rates
 
 
-def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order=False) -> None:
+def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: torch.Tensor | None = None,
+                exact: bool = False) -> None:
     """The real maps of one layer on its design input hit each head's target as often as the
-    adapter's maps of the same tokens say they should; unless ``order`` is False (a solver that
-    fits approximately), those, put in grid order (``order``, None when the model keeps it),
-    must also put it there in at least :data:`MIN_DESIGNED_HIT` of the rows: a head whose offset
-    the solver cannot realise from the model's position input is not a silent success."""
+    adapter's maps of the same tokens say they should; with ``exact`` (a solver that promises
+    the argmax), those, put in grid order (``order``, None when the model keeps it), must also
+    put it there in at least :data:`MIN_DESIGNED_HIT` of the rows: a head whose offset the
+    solver cannot realise from the model's position input is not a silent success."""
     if real.probs.shape[-1] < layout.num_patches:
         raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
                          f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
@@ -165,11 +166,10 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order=F
         with torch.no_grad():
             ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
         want = _hit_rates(ours, real.open_pairs, layout, offsets)
-        reordered = isinstance(order, torch.Tensor) and tuple(order.shape) == (ours.shape[0], ours.shape[-1])
+        reordered = order is not None and tuple(order.shape) == (ours.shape[0], ours.shape[-1])
         in_grid = canonical(ours, order) if reordered else ours
         # the pairs the call masks (Swin's shifted windows) are no target; they are in the model's order
-        designed_rates = [] if order is False else _hit_rates(in_grid, None if reordered else real.open_pairs,
-                                                              layout, offsets)
+        designed_rates = _hit_rates(in_grid, None if reordered else real.open_pairs, layout, offsets) if exact else []
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = designed_rates = [1.0] * len(offsets)
     missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
