@@ -21,7 +21,6 @@ reason names a mechanism no init of its kind can shape (:data:`MECHANISMS`).
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import signal
@@ -31,7 +30,13 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
+from sweep_models import (  # noqa: F401 (smallest, tower_call: the sweep's API, tested here)
+    MAX_PARAMETERS,
+    smallest,
+    timm_entries,
+    tower_call,
+    transformers_entries,
+)
 
 SCHEMES = ("impulse", "mimetic")
 # Refusal reasons that name what the scheme cannot realise on that layer, by words in the message.
@@ -43,10 +48,6 @@ MECHANISMS = {
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
                 "not self-attention over its tokens"),
 }
-MAX_PARAMETERS = 60_000_000  # larger models take minutes a forward on a CPU core: skipped, and said so
-SMALL_NAMES = ("atto", "femto", "pico", "nano", "tiny", "ti", "t", "micro", "mini", "small", "xxs", "xs", "s")
-
-
 @dataclass
 class Row:
     model: str
@@ -64,218 +65,6 @@ class _Timeout(BaseException):  # not an Exception: the code under test must not
 
 def _alarm(signum, frame):
     raise _Timeout
-
-
-def smallest(names: list[str]) -> str:
-    """The name that sounds smallest: an early size word (alone, or before a depth of two digits:
-    ``s18``, not a stride: ``s8``), then the shortest name."""
-    def rank(name: str):
-        parts = [p.rstrip("0123456789") if len(p.rstrip("0123456789")) + 2 <= len(p) else p
-                 for p in name.replace("-", "_").split("_")]
-        hits = [i for i, w in enumerate(SMALL_NAMES) if w in parts]
-        return (min(hits) if hits else len(SMALL_NAMES), len(name), name)
-    return min(names, key=rank)
-
-
-def timm_entries() -> list[tuple[str, callable]]:
-    import timm
-
-    out = []
-    for module in sorted(timm.list_modules()):
-        names = timm.list_models(module=module)
-        if names:
-            name = smallest(names)
-            out.append((name, lambda name=name: _timm_build(timm, name)))
-    return out
-
-
-def _timm_build(timm, name):
-    """The model at 64 px where it takes that size, else at its own; a family whose smallest
-    model is still over :data:`MAX_PARAMETERS` is built with 2 blocks where it takes ``depth``."""
-    built = None
-    for size in ({"img_size": 64}, {}):
-        for depth in ({}, {"depth": 2}):
-            try:
-                model = timm.create_model(name, pretrained=False, num_classes=10, **size, **depth)
-                if size:  # built at 64 px, but some models then refuse 64 px images (CrossViT's second branch)
-                    with torch.no_grad():
-                        model.eval()
-                        model(torch.zeros(1, 3, 64, 64))
-            except Exception:  # a model whose size is fixed, or that takes no depth
-                continue
-            if depth or sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS:
-                return model
-            built = built or model
-    return built or timm.create_model(name, pretrained=False)
-
-
-_SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
-           "intermediate_size": 192, "image_size": 64, "patch_size": 8, "head_dim": 32, "num_heads": 3,
-           "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64,
-           "n_embd": 96, "n_layer": 2, "n_head": 3, "n_positions": 64, "n_inner": 192, "num_layers": 2,
-           # mixtures of experts: a few small ones (a default count of hundreds fills the memory)
-           "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
-           "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 96, "n_shared_experts": 1,
-           "zero_expert_num": 0, "expert_ffn_hidden_size": 96,
-           # encoder-decoder models name their sizes after each side
-           "d_model": 96, "encoder_layers": 2, "decoder_layers": 2, "num_decoder_layers": 2,
-           "encoder_attention_heads": 3, "decoder_attention_heads": 3, "encoder_ffn_dim": 192,
-           "decoder_ffn_dim": 192, "d_ff": 192}
-
-
-_HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "encoder_attention_heads",
-          "decoder_attention_heads")
-
-
-def shrink(config, width: int = 96) -> None:
-    """Every scalar size field of ``config`` and its sub-configs set small (:data:`_SHRINK`,
-    widths to ``width``), so each architecture builds in a second: 3 heads of 32 channels at
-    width 96; a width 3 does not divide gets 4 heads (width 64: 4 heads of 16)."""
-    heads = 3 if width % 3 == 0 else 4
-    ids = [v for k, v in vars(config).items() if k.endswith("token_id") and isinstance(v, int)]
-    sizes = {"head_dim": width // heads, "vocab_size": max([_SHRINK["vocab_size"], *(i + 1 for i in ids)]),
-             **{k: heads for k in _HEADS}}
-    for key, value in list(vars(config).items()):
-        if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            shrink(value, width)
-        elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
-            setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd", "d_model") else
-                    2 * width if key in ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
-                                         "d_ff") else sizes.get(key, _SHRINK[key]))
-    if isinstance(getattr(config, "qk_rope_head_dim", None), int):  # latent attention (DeepSeek's MLA), in scale
-        r = width // heads
-        for key, value in (("qk_rope_head_dim", r // 2), ("qk_nope_head_dim", r // 2), ("v_head_dim", r),
-                           ("head_dim", r // 2), ("kv_lora_rank", r), ("q_lora_rank", width // 2)):
-            if isinstance(getattr(config, key, None), int):
-                setattr(config, key, value)
-    if hasattr(config, "use_cache"):  # one forward, no generation: a hybrid shrunk to 2 layers may hold no
-        config.use_cache = False      # attention layer for its cache to count
-
-
-def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:
-    import transformers
-    from transformers.models.auto import modeling_auto as auto
-
-    vision = set(auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)
-    out = []
-    for kind in sorted(transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES):
-        try:
-            config = transformers.AutoConfig.for_model(kind)
-        except Exception:
-            continue
-        if kind in vision:
-            out.append((kind, lambda kind=kind: _hf_build(transformers, kind, width, "classifier")))
-        elif getattr(config, "vision_config", None) is not None:
-            out.append((f"{kind}.vision", lambda kind=kind: _hf_build(transformers, kind, width, "tower")))
-        elif language and kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and "vision" not in kind:
-            out.append((kind, lambda kind=kind: _hf_build(transformers, kind, width, "language")))
-    return out
-
-
-def _hf_build(transformers, kind, width, role):
-    config = transformers.AutoConfig.for_model(kind)
-    shrink(config, width)
-    if role == "tower":
-        return tower_class(config)(config.vision_config)
-    auto = transformers.AutoModelForImageClassification if role == "classifier" else transformers.AutoModelForCausalLM
-    classes = auto._model_mapping[type(config)]  # several (DeiT's with and without a teacher): the first
-    model = (classes[0] if isinstance(classes, (tuple, list)) else classes)(config)
-    if role == "language":  # token ids are a language model's one input: a forward that fails on them is
-        try:                # the small config's fault (sizes the shrink left inconsistent), not the probe's
-            with torch.no_grad():
-                model.eval()(torch.randint(0, config.vocab_size, (1, 8)))
-        except Exception as err:
-            raise RuntimeError(f"its own forward fails on token ids at the small config: {type(err).__name__}: "
-                               f"{str(err)[:80]}") from err
-    return model
-
-
-def tower_class(config):
-    """The model class that takes ``config.vision_config``: the one ``AutoModel`` maps it to, else
-    the class of the family's own modeling module whose ``config_class`` it is (most vision
-    configs are not in ``AutoModel``'s map), a ``…VisionModel`` first, abstract bases left out."""
-    import importlib
-    import inspect
-
-    import transformers
-
-    vision = type(config.vision_config)
-    if vision in transformers.models.auto.modeling_auto.MODEL_MAPPING:
-        return transformers.models.auto.modeling_auto.MODEL_MAPPING[vision]
-    module = importlib.import_module(type(config).__module__.replace("configuration_", "modeling_"))
-    found = [c for name, c in sorted(vars(module).items()) if inspect.isclass(c)
-             and issubclass(c, transformers.PreTrainedModel) and c.config_class is vision
-             and not name.endswith("PreTrainedModel")]
-    if not found:
-        raise ValueError(f"no model class of {type(config).__module__} takes a {vision.__name__}")
-    return min(found, key=lambda c: (not c.__name__.endswith("VisionModel"), len(c.__name__)))
-
-
-def tower_call(model) -> dict | None:
-    """The call of a vision tower whose forward takes each image's patches packed into one
-    sequence and their grid sizes (Qwen-VL's convention: ``grid_thw`` = [[t, h, w]] and the
-    patches, flat or as small images), as its processor would hand it: one image of 8×8 (else
-    16×16) patches, the first layout the forward takes (:func:`_tower_calls`). None for a
-    forward that takes its images alone, or whose extra arguments follow another convention
-    (left to the probe, and said)."""
-    sig = inspect.signature(model.forward)
-    required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    grid = next((n for n in required if n.endswith("grid_thw")), None)
-    if {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
-        calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
-    elif len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
-        return None
-    else:
-        calls = _tower_calls(model, required[0], grid, "merge_sizes" in required)
-    was = model.training
-    model.eval()
-    try:
-        for call in calls:
-            try:
-                with torch.no_grad(), torch.random.fork_rng():
-                    model(**call)
-            except Exception:  # another layout: the next
-                continue
-            return call
-    finally:
-        model.train(was)
-    return None
-
-
-def _navit_calls(model, mask: bool):
-    """SigLIP-2's convention: (1, h·w, C·p·p) patches, ``spatial_shapes`` [[h, w]] and an
-    all-ones ``pixel_attention_mask``, for 8×8 patches (the width of the first Linear)."""
-    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
-    call = {"pixel_values": torch.randn(1, 64, first.in_features, generator=torch.Generator().manual_seed(0)),
-            "spatial_shapes": torch.tensor([[8, 8]])}
-    if mask:
-        call["pixel_attention_mask"] = torch.ones(1, 64, dtype=torch.long)
-    yield call
-
-
-def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):
-    """Candidate calls, most likely first: patches flat (t·h·w, C·T·p·p) from the config's sizes
-    or the width of the tower's first Linear, or as (t·h·w, C, p, p) images for a patch
-    convolution; grids of 8×8 and 16×16 patches."""
-    cfg = model.config
-    channels = next((v for k in ("in_channels", "num_channels", "in_chans") if (v := getattr(cfg, k, None))), 3)
-    patch, frames = getattr(cfg, "patch_size", 14), getattr(cfg, "temporal_patch_size", 1)
-    merge = getattr(cfg, "spatial_merge_size", 1)
-    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
-    conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
-    shapes = [(channels * frames * patch * patch,)] + ([(first.in_features,)] if first is not None else [])
-    if conv is not None:
-        shapes.append((conv.in_channels, *conv.kernel_size))
-    for side in (8, 16):
-        side = side if side % merge == 0 else side * merge
-        for shape in dict.fromkeys(shapes):
-            gen = torch.Generator().manual_seed(0)
-            patches = torch.randn(side * side, *shape, generator=gen)
-            call = {patches_name: patches, grid: torch.tensor([[1, side, side]])}
-            if merge_sizes:
-                call["merge_sizes"] = torch.tensor([merge])
-            yield call
 
 
 def own_map(model, scheme: str, call: dict | None = None) -> float:
