@@ -131,6 +131,46 @@ class WindowAttention(_Records):
         return out.view(b, hh // s, ww // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c)
 
 
+class ShiftedWindowAttention(_Records):
+    """torchvision's Swin: (B, H, W, D) maps padded to whole ``window``×``window`` windows, rolled
+    by ``shift``, cut into windows inside the module and put back after; its projections applied
+    with ``F.linear`` on their weights (no submodule call), and the pairs the roll brought together
+    masked with −100, a mask built inside the forward. ``misread`` offsets every key by one token,
+    a layer whose maps are not softmax(q kᵀ) of its tokens."""
+
+    def __init__(self, dim, heads, window=3, shift=0):
+        super().__init__()
+        self.h, self.window, self.shift, self.misread = heads, window, shift, False
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, hh, ww, c = x.shape
+        s, t = self.window, self.window ** 2
+        x = F.pad(x, (0, 0, 0, (-ww) % s, 0, (-hh) % s))
+        big_h, big_w = x.shape[1:3]
+        x = torch.roll(x, (-self.shift, -self.shift), (1, 2)) if self.shift else x
+        win = x.view(b, big_h // s, s, big_w // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, t, c)
+        n = win.shape[0]
+        q, k, v = F.linear(win, self.qkv.weight, self.qkv.bias).reshape(n, t, 3, self.h, c // self.h).permute(2, 0, 3,
+                                                                                                              1, 4)
+        if self.misread:
+            k = k.roll(1, -2)
+        logits = q @ k.transpose(-2, -1) * (c // self.h) ** -0.5
+        if self.shift:  # regions the roll brought into one window do not see each other
+            edges = (slice(0, -s), slice(-s, -self.shift), slice(-self.shift, None))
+            region = torch.zeros(big_h, big_w)
+            for i, (ys, xs) in enumerate((ys, xs) for ys in edges for xs in edges):
+                region[ys, xs] = i
+            region = region.view(big_h // s, s, big_w // s, s).permute(0, 2, 1, 3).reshape(-1, t)
+            apart = (region[:, :, None] != region[:, None, :]).repeat(b, 1, 1)[:, None]
+            logits = logits.masked_fill(apart, -100.0)
+        probs = self.keep(logits, logits.softmax(-1))
+        out = F.linear((probs @ v).transpose(1, 2).reshape(n, t, c), self.proj.weight, self.proj.bias)
+        out = out.view(b, big_h // s, big_w // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, big_h, big_w, c)
+        out = torch.roll(out, (self.shift, self.shift), (1, 2)) if self.shift else out
+        return out[:, :hh, :ww]
+
+
 class PackedAttention(_Records):
     """Several images' tokens packed into one (1, ΣT, D) sequence, their boundaries in
     ``cu_seqlens``; the module builds a block-diagonal mask from them and hands it to
@@ -207,20 +247,22 @@ class ChannelNorm(nn.LayerNorm):
 
 class StyledViT(nn.Module):
     """A small pre-norm ViT on 16×16 images (patch 2: an 8×8 grid, a learned PE) whose attention
-    is one of :data:`STYLES`, ``windows`` or ``packed``; ``conv-maps`` keeps the tokens as
-    (B, D, H, W) maps throughout, ``windows`` as (B, H, W, D), ``packed`` as one sequence of
-    every image's tokens."""
+    is one of :data:`STYLES`, ``windows``, ``shifted-windows`` or ``packed``; ``conv-maps`` keeps the
+    tokens as (B, D, H, W) maps throughout, ``windows`` and ``shifted-windows`` as (B, H, W, D),
+    ``packed`` as one sequence of every image's tokens."""
 
     def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
         super().__init__()
-        self.maps, self.grid, self.packed = style == "conv-maps", style == "windows", style == "packed"
+        self.maps, self.packed = style == "conv-maps", style == "packed"
+        self.grid = style in ("windows", "shifted-windows")
         self.cut = style == "cut-windows"  # 2×2 windows of 4×4 tokens, cut by the model before each call
         self.patch = nn.Conv2d(3, dim, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
         make = (WindowAttention if self.grid else PackedAttention if self.packed
                 else CutWindowsAttention if self.cut else STYLES[style])
-        self.attns = nn.ModuleList(make(dim, heads) for _ in range(depth))
+        self.attns = nn.ModuleList(ShiftedWindowAttention(dim, heads, shift=i % 2) if style == "shifted-windows"
+                                   else make(dim, heads) for i in range(depth))
         self.head = nn.Linear(dim, classes)
 
     def forward(self, images):

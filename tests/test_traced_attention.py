@@ -352,3 +352,53 @@ def test_the_trace_reads_a_layer_whatever_the_scale_of_its_weights(scale):
     with torch.no_grad():
         model(_images())
     assert all((diagonal_strength(attn.last_logits) > 0.25).all() for attn in model.attns)
+
+
+class _WindowAdapter(structinit.AttentionAdapter):
+    """A name adapter for the test's window layers: its fused qkv and proj, nothing about windows."""
+
+    def __init__(self, module):
+        self.module, self.num_heads = module, module.h
+        self.dim = module.qkv.in_features
+        self.head_dim, self.scale = self.dim // module.h, (self.dim // module.h) ** -0.5
+
+    def linear_views(self):
+        from structinit.adapters.attention import split_views
+
+        m = self.module
+        return split_views(m.qkv.weight, m.qkv.bias, self.dim) | {"o": (m.proj.weight, m.proj.bias)}
+
+
+@pytest.fixture
+def window_adapter():
+    from attention_styles import ShiftedWindowAttention
+
+    structinit.register_adapter(ShiftedWindowAttention, _WindowAdapter)
+    yield
+    structinit.unregister_adapter(ShiftedWindowAttention)
+
+
+def test_a_layer_that_pads_shifts_and_cuts_its_own_windows_is_judged_on_its_projections_tokens(window_adapter):
+    """torchvision's Swin receives (B, H, W, D) maps and pads, rolls and cuts them into windows
+    itself, with a mask built inside: the tokens its maps are made of are the ones its q projection
+    receives, and its output before the windows are put back is its output projection's. Read so,
+    the layer is judged (checked) and mimetic's check after the write runs on it: a layer that then
+    misreads its keys is caught, where it used to be passed unchecked."""
+    from structinit.adapters.survey import ModelSurvey
+    from structinit.schemes.checks import mimetic_check
+
+    model = StyledViT("shifted-windows")
+    survey = ModelSurvey(model)
+    assert [(v.kind, v.checked) for v in survey.attention.verdicts] == [("self", True)] * 2
+    structinit.init_(model, "mimetic", seed=0)
+    assert all(v.checked for v in ModelSurvey(model).attention.verdicts)
+    model.attns[1].misread = True
+    with pytest.raises(ValueError, match=r"head \d of layer 'attns\.1' .* shows a diagonal of strength"):
+        mimetic_check(ModelSurvey(model), [(v.name, v.adapter) for v in survey.attention.verdicts])()
+
+
+def test_a_window_layer_whose_maps_are_not_its_projections_is_refused_untouched(window_adapter):
+    model = StyledViT("shifted-windows")
+    model.attns[1].misread = True
+    check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"layer 'attns\.1' \(ShiftedWindowAttention\): its q kᵀ is not that of the projections")

@@ -83,6 +83,10 @@ class ModuleCall:
     output: object = None
     done: bool = False
     source: torch.Tensor | None = None  # the tokens as the model passed them (before a substitution)
+    # What the layer's own q projection received and its output projection returned: the tokens
+    # of its maps and its output in their rows, for a layer that cuts (pads, shifts) its own windows
+    q_input: torch.Tensor | None = None
+    o_output: torch.Tensor | None = None
 
 
 def _detached(value):
@@ -143,15 +147,17 @@ def _mha_map(args: tuple, kwargs: dict) -> AttentionMap | None:
 class _Spy(TorchFunctionMode):
     """Files every attention-shaped map under the innermost running module (module doc)."""
 
-    def __init__(self, stack: list[nn.Module], sink):
+    def __init__(self, stack: list[nn.Module], sink, on_linear=None):
         super().__init__()
-        self.stack, self.sink = stack, sink
+        self.stack, self.sink, self.on_linear = stack, sink, on_linear
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.stack:
             return out
+        if func is F.linear and self.on_linear is not None:
+            self.on_linear(args, kwargs, out)
         found = None
         if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3:
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
@@ -208,6 +214,20 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
 
     handles = [nn.modules.module.register_module_forward_pre_hook(push),
                nn.modules.module.register_module_forward_hook(pop)]
+    projections = {id(calls[module]): _projection_storages(adapter) for module, _, adapter in watched}
+
+    def on_linear(args, kwargs, out):
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not isinstance(weight, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return
+        ptr = weight.untyped_storage().data_ptr()
+        for call in active:
+            q_ptr, o_ptr = projections[id(call)]
+            if ptr == q_ptr and call.q_input is None:
+                call.q_input = args[0].detach()
+            elif ptr == o_ptr and call.o_output is None:
+                call.o_output = out.detach()
+
     for module, input_module, adapter in watched:
         call = calls[module]
 
@@ -251,7 +271,7 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
     was_training = model.training
     model.eval()
     try:
-        with torch.random.fork_rng(devices=[]), _Spy(stack, sink):
+        with torch.random.fork_rng(devices=[]), _Spy(stack, sink, on_linear):
             torch.manual_seed(seed)
             run_forward(model, inputs)
     finally:
@@ -259,6 +279,16 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
             handle.remove()
         model.train(was_training)
     return calls, by_module
+
+
+def _projection_storages(adapter) -> tuple[int | None, int | None]:
+    """The storages of an adapter's q and output projection weights (a fused qkv's q rows share
+    the storage of the weight the layer hands ``F.linear``), or None where it has none."""
+    try:
+        views = adapter.linear_views()
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return None, None
+    return tuple(views[role][0].untyped_storage().data_ptr() if role in views else None for role in "qo")
 
 
 def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, adapter) -> tuple[tuple, dict]:
@@ -302,6 +332,14 @@ def forms_no_attention(model: nn.Module) -> bool:
                                             for m in model.get_submodule(node.target).modules()):
             return False
     return True
+
+
+def call_rows(call: ModuleCall, tokens: int, rows: int) -> torch.Tensor | None:
+    """The tokens of a recorded call's maps as (``rows``, ``tokens``, D) (:func:`map_rows`): those
+    its input module received, else those its own q projection received (a layer that cuts, pads
+    or shifts its own windows hands its projection the tokens its maps are made of)."""
+    x = map_rows(call.x, tokens, rows)
+    return x if x is not None else map_rows(call.q_input, tokens, rows)
 
 
 def map_rows(x: torch.Tensor | None, tokens: int, rows: int) -> torch.Tensor | None:

@@ -13,7 +13,7 @@ import torch
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers, in_matrix
-from structinit.adapters.observe import map_rows, observe, real_maps
+from structinit.adapters.observe import call_rows, observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
 from structinit.adapters.survey import ModelSurvey
@@ -161,7 +161,7 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
         raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
                          f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
     got = _hit_rates(real.probs, real.open_pairs, layout, offsets)
-    x = map_rows(call.x, real.probs.shape[-1], real.probs.shape[0])
+    x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
     if x is not None:
         with torch.no_grad():
             ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
@@ -233,9 +233,10 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
     def check() -> None:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
         for (name, ad), real in zip(chosen, real_maps(model, inputs, chosen, calls)):
-            x = map_rows(calls[ad.module].x, real.probs.shape[-1], real.probs.shape[0])
-            if x is None:
-                continue  # a windowed layer that cuts its own windows: its tokens are not the map's
+            x = call_rows(calls[ad.module], real.probs.shape[-1], real.probs.shape[0])
+            if x is None:  # the survey judged every chosen layer on these tokens; one that changed since is not passed
+                raise ValueError(f"mimetic: after the write, layer {name!r} ({type(ad.module).__name__}) no longer "
+                                 "shows maps of the tokens it was judged on; the write was undone")
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
             # No diagonal to see (masked), or too few tokens to measure one against the rest: the maps
             # must then be the ones the written q kᵀ give.
@@ -243,11 +244,12 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                 _check_same_maps(name, ad, real, x, terms)
                 continue
             with torch.no_grad():
-                wrote = diagonal_strength(adapter_logits(ad, x.float(), terms))
+                wrote = diagonal_strength(_closed(adapter_logits(ad, x.float(), terms), real.open_pairs))
             if not bool((wrote >= MIN_DESIGNED_DIAGONAL).any()):  # no head's diagonal to measure: the maps then
                 _check_same_maps(name, ad, real, x, terms)          # must be those of the q kᵀ written
                 continue
-            got = diagonal_strength(real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log())
+            own = real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log()
+            got = diagonal_strength(_closed(own, real.open_pairs))
             weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
                     and not got[h] >= MIN_DIAGONAL_SHARE * wrote[h]]  # NaN is no diagonal: it fails
             if weak:
@@ -258,6 +260,14 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                     f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone. The layer mixes or transforms "
                     "q kᵀ in a way that hides the structure (register an adapter that models it)")
     return check
+
+
+def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` with the pairs the layer's call masks (a mask it builds inside, whose −100 is no
+    logit) at −∞, so that a diagonal is measured on the keys each row can attend."""
+    if open_pairs is None or open_pairs.shape[0] != logits.shape[0]:
+        return logits
+    return logits.masked_fill(~open_pairs, float("-inf"))
 
 
 def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
