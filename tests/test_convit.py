@@ -129,3 +129,16 @@ def test_local_init_in_any_dtype(dtype):
         if isinstance(m, GPSA):
             assert torch.equal(m.v.weight, torch.eye(m.v.in_features, dtype=dtype))
             assert torch.equal(m.gating_param, torch.ones_like(m.gating_param))
+
+
+def test_mimetic_checks_a_gated_mixture_against_the_mixture_it_models():
+    """GPSA's map is a gated mixture of its content softmax and a positional one, and no logits of
+    the mixture exist: the check after a mimetic write compares the diagonal of the log of the
+    model's own map with that of the mixture the adapter models for the q kᵀ written (on a 4×4
+    grid the positional part dominates; compared with the bare q kᵀ the write used to be undone)."""
+    from structinit.adapters.survey import ModelSurvey
+
+    model = structinit.create_model("convit_cpu_patch4_32", img_size=16)
+    structinit.init_(model, "mimetic", seed=0)
+    gpsa = [v for v in ModelSurvey(model).attention.verdicts if isinstance(v.adapter.module, GPSA)]
+    assert gpsa and all(v.kind == "self" and v.checked for v in gpsa)

@@ -243,8 +243,10 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
             if ad.masks_self or real.probs.shape[-1] < MIN_DIAGONAL_TOKENS:
                 _check_same_maps(name, ad, real, x, terms)
                 continue
-            with torch.no_grad():
-                wrote = diagonal_strength(_closed(adapter_logits(ad, x.float(), terms), real.open_pairs))
+            with torch.no_grad():  # like with like: logits against logits, else the log of both maps (a mixture)
+                designed = (adapter_logits(ad, x.float(), terms) if real.logits is not None
+                            else ad.attention_probs(x.float(), terms).clamp_min(1e-30).log())
+                wrote = diagonal_strength(_closed(designed, real.open_pairs))
             if not bool((wrote >= MIN_DESIGNED_DIAGONAL).any()):  # no head's diagonal to measure: the maps then
                 _check_same_maps(name, ad, real, x, terms)          # must be those of the q kᵀ written
                 continue
