@@ -104,7 +104,7 @@ def test_the_token_order_of_tokens_mixed_before_the_layer_is_unread():
 
 
 def test_a_model_is_proved_free_of_attention_only_by_a_graph_that_shows_none():
-    from structinit.adapters.observe import forms_no_attention
+    from structinit.adapters.survey import forms_no_attention
 
     assert forms_no_attention(structinit.create_model("convmixer_cpu_128_6"))
     assert not forms_no_attention(structinit.create_model("vit_cpu_patch4_32"))  # a softmax in its graph

@@ -22,7 +22,6 @@ token order (an MAE-style shuffle) from one probe to the next.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import math
 from collections.abc import Callable, Iterable
@@ -30,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from structinit.adapters.probe import run_forward
+from structinit.adapters.probe import call_copy, detach_all, replaced_tokens, run_forward
 from structinit.adapters.relative import reachable
 
 if TYPE_CHECKING:
@@ -87,33 +85,6 @@ class ModuleCall:
     # of its maps and its output in their rows, for a layer that cuts (pads, shifts) its own windows
     q_input: torch.Tensor | None = None
     o_output: torch.Tensor | None = None
-
-
-def _detached(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detached(v) for v in value)
-    return value
-
-
-def call_copy(value, detach: bool = True):
-    """An argument of a call as it was when the call began, to call again with: tensors detached
-    (kept as they are with ``detach=False``), and a stateful object copied (a key/value cache
-    grows with every call; a second call on the object the first one filled would see twice the
-    keys). Modules, and what cannot be copied, are passed as they are."""
-    if isinstance(value, torch.Tensor):
-        return value.detach() if detach else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(call_copy(v, detach) for v in value)
-    if isinstance(value, dict):
-        return {k: call_copy(v, detach) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str, nn.Module, torch.dtype, torch.device)):
-        return value
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # an object that refuses copying: the caller gets the object itself
-        return value
 
 
 def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
@@ -228,46 +199,7 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
             elif ptr == o_ptr and call.o_output is None:
                 call.o_output = out.detach()
 
-    for module, input_module, adapter in watched:
-        call = calls[module]
-
-        def enter(mod, args, kwargs, call=call):
-            if not call.done and call not in active:
-                call.args, call.kwargs = call_copy(args), call_copy(kwargs)
-                active.append(call)
-
-        def leave(mod, args, kwargs, output, call=call):
-            if call in active:
-                active.remove(call)
-                call.output, call.done = _detached(output), True
-
-        swap_tokens = substitute.get(module)
-
-        def grab(mod, args, kwargs, call=call, adapter=adapter, swap=swap_tokens):
-            if call not in active or call.x is not None:
-                return None
-            try:
-                call.x = adapter.input_tokens(args, kwargs).detach()
-            except (StopIteration, AttributeError, TypeError, IndexError):
-                return None
-            if swap is None:
-                return None
-            call.source = adapter.input_tokens(args, kwargs)
-            call.x = swap(call.x)
-            return _replaced(args, kwargs, call.source, call.x, adapter)
-
-        def follow(mod, args, kwargs, call=call, adapter=adapter):
-            # k/v projections that read the same tokens as q (a q Linear beside a kv Linear, after a
-            # norm inside the module) read the substituted tokens too
-            if call not in active or call.source is None:
-                return None
-            return _replaced(args, kwargs, call.source, call.x, adapter)
-
-        handles += [module.register_forward_pre_hook(enter, with_kwargs=True),
-                    input_module.register_forward_pre_hook(grab, with_kwargs=True),
-                    module.register_forward_hook(leave, with_kwargs=True)]
-        if swap_tokens is not None:
-            handles += [m.register_forward_pre_hook(follow, with_kwargs=True) for m in adapter.sibling_inputs]
+    handles += _watch_calls(watched, calls, active, substitute)
     was_training = model.training
     model.eval()
     try:
@@ -291,47 +223,51 @@ def _projection_storages(adapter) -> tuple[int | None, int | None]:
     return tuple(views[role][0].untyped_storage().data_ptr() if role in views else None for role in "qo")
 
 
-def _replaced(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, adapter) -> tuple[tuple, dict]:
-    """``args``/``kwargs`` with every tensor that holds the tokens ``old`` (as the adapter reads
-    them, possibly batch-first of a sequence-first input) replaced by ``new``."""
-    def swap(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        if value is old or (value.shape == old.shape and value.data_ptr() == old.data_ptr()):
-            return new.to(value.dtype)
-        if value.ndim == 3 and value.transpose(0, 1).shape == old.shape and torch.equal(value.transpose(0, 1), old):
-            return new.transpose(0, 1).to(value.dtype)  # nn.MultiheadAttention, sequence first
-        if value.ndim == old.ndim - 1 and value.unsqueeze(0).shape == old.shape and torch.equal(value[None], old):
-            return new[0].to(value.dtype)  # an unbatched (T, D) call
-        if value.ndim == 4 and old.ndim == 3 and value.flatten(2).transpose(1, 2).shape == old.shape \
-                and torch.equal(value.flatten(2).transpose(1, 2), old):  # (B, D, H, W) maps, pixels as tokens
-            return new.transpose(1, 2).reshape(value.shape).to(value.dtype)
-        if value.ndim > old.ndim and value.numel() == old.numel() and value.shape[-1] == old.shape[-1] \
-                and torch.equal(value.reshape(old.shape), old):  # channels last, windows of (h, w) tokens
-            return new.reshape(value.shape).to(value.dtype)
-        return value
-    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+def _watch_calls(watched: list, calls: dict[nn.Module, ModuleCall], active: list[ModuleCall], substitute: dict) -> list:
+    """Hooks that record each watched module's first call in ``calls`` (in ``active`` while it
+    runs) and substitute its tokens (:func:`observe`); their handles, for the caller to remove."""
+    handles = []
+    for module, input_module, adapter in watched:
+        call = calls[module]
 
+        def enter(mod, args, kwargs, call=call):
+            if not call.done and call not in active:
+                call.args, call.kwargs = call_copy(args), call_copy(kwargs)
+                active.append(call)
 
-def forms_no_attention(model: nn.Module) -> bool:
-    """Whether ``model`` provably forms no attention map, read without running it: its torch.fx
-    graph (a symbolic trace: Python runs on placeholders, no tensor is computed and nothing in
-    the model changes) calls no softmax, ``scaled_dot_product_attention`` or multi-head attention,
-    and no module holding ``nn.MultiheadAttention`` or ``nn.Softmax``. False whenever that cannot
-    be told so (a forward whose Python branches on its tensors does not trace): ask the forward."""
-    try:
-        graph = torch.fx.symbolic_trace(model).graph
-    except Exception:  # dynamic control flow, unusual inputs: no proof
-        return False
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target in (*_SOFTMAX, _SDPA, _MHA):
-            return False
-        if node.op == "call_method" and node.target == "softmax":
-            return False
-        if node.op == "call_module" and any(isinstance(m, (nn.MultiheadAttention, nn.Softmax))
-                                            for m in model.get_submodule(node.target).modules()):
-            return False
-    return True
+        def leave(mod, args, kwargs, output, call=call):
+            if call in active:
+                active.remove(call)
+                call.output, call.done = detach_all(output), True
+
+        swap_tokens = substitute.get(module)
+
+        def grab(mod, args, kwargs, call=call, adapter=adapter, swap=swap_tokens):
+            if call not in active or call.x is not None:
+                return None
+            try:
+                call.x = adapter.input_tokens(args, kwargs).detach()
+            except (StopIteration, AttributeError, TypeError, IndexError):
+                return None
+            if swap is None:
+                return None
+            call.source = adapter.input_tokens(args, kwargs)
+            call.x = swap(call.x)
+            return replaced_tokens(args, kwargs, call.source, call.x, adapter)
+
+        def follow(mod, args, kwargs, call=call, adapter=adapter):
+            # k/v projections that read the same tokens as q (a q Linear beside a kv Linear, after a
+            # norm inside the module) read the substituted tokens too
+            if call not in active or call.source is None:
+                return None
+            return replaced_tokens(args, kwargs, call.source, call.x, adapter)
+
+        handles += [module.register_forward_pre_hook(enter, with_kwargs=True),
+                    input_module.register_forward_pre_hook(grab, with_kwargs=True),
+                    module.register_forward_hook(leave, with_kwargs=True)]
+        if swap_tokens is not None:
+            handles += [m.register_forward_pre_hook(follow, with_kwargs=True) for m in adapter.sibling_inputs]
+    return handles
 
 
 def call_rows(call: ModuleCall, tokens: int, rows: int) -> torch.Tensor | None:
@@ -359,6 +295,24 @@ def map_rows(x: torch.Tensor | None, tokens: int, rows: int) -> torch.Tensor | N
     return None
 
 
+def map_tokens(x: torch.Tensor | None, maps: list[AttentionMap], heads: int) -> torch.Tensor | None:
+    """``x`` as the (rows, T, D) tokens of one of a layer's square ``maps``: itself when it is 3-D
+    (T tokens of its own count, or its maps are not square), windows received already cut read as
+    :func:`map_rows` reads them; None when no split gives them (a layer that cuts its own windows)."""
+    if x is None:
+        return None
+    square = [m for m in maps if m.queries == m.keys and m.probs.numel() % (heads * m.keys ** 2) == 0]
+    if x.ndim == 3:
+        return x
+    return next((r for m in square if (r := map_rows(x, m.keys, m.probs.numel() // (heads * m.keys ** 2)))
+                 is not None), None)
+
+
+def fits_maps(x: torch.Tensor | None, maps: list[AttentionMap]) -> bool:
+    """Whether ``x`` (rows, T, D) holds the T tokens of one of ``maps``, a square one."""
+    return x is not None and any(m.queries == m.keys == x.shape[-2] for m in maps)
+
+
 def module_output(call: ModuleCall) -> torch.Tensor | None:
     """The tensor a recorded call returned (the first one of a tuple, as Hugging Face's
     attention and ``nn.MultiheadAttention`` return (output, weights)), or None."""
@@ -380,6 +334,18 @@ class RealMap:
 
 
 MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
+
+
+def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
+    """Whether the real maps are the adapter's with some pairs closed and every row renormalised
+    over the others: a mask the layer builds inside its forward (Swin's shifted windows, when the
+    module makes it itself), a logit term that does not depend on content."""
+    open_pairs = real > MASKED_PROB
+    if bool(open_pairs.all()) or not bool(open_pairs.any(-1).all()):
+        return False
+    kept = ours.masked_fill(~open_pairs, 0)
+    kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
+    return float((real - kept).abs().max()) <= atol
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ and their grid sizes) is probed with the call its user hands over (:class:`Model
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -263,3 +264,53 @@ def probe_at(model: nn.Module, grid: tuple[int, int], count: int = 2) -> torch.T
     if patch is None:
         return None
     return probe_images(model, count, (_channels(model, patch), grid[0] * patch[0], grid[1] * patch[1]))
+
+
+def detach_all(value):
+    """``value`` with every tensor in it (or in its tuples and lists) detached."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(detach_all(v) for v in value)
+    return value
+
+
+def call_copy(value, detach: bool = True):
+    """An argument of a call as it was when the call began, to call again with: tensors detached
+    (kept as they are with ``detach=False``), and a stateful object copied (a key/value cache
+    grows with every call; a second call on the object the first one filled would see twice the
+    keys). Modules, and what cannot be copied, are passed as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if detach else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(call_copy(v, detach) for v in value)
+    if isinstance(value, dict):
+        return {k: call_copy(v, detach) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str, nn.Module, torch.dtype, torch.device)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # an object that refuses copying: the caller gets the object itself
+        return value
+
+
+def replaced_tokens(args: tuple, kwargs: dict, old: torch.Tensor, new: torch.Tensor, adapter) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every tensor that holds the tokens ``old`` (as the adapter reads
+    them, possibly batch-first of a sequence-first input) replaced by ``new``."""
+    def swap(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value is old or (value.shape == old.shape and value.data_ptr() == old.data_ptr()):
+            return new.to(value.dtype)
+        if value.ndim == 3 and value.transpose(0, 1).shape == old.shape and torch.equal(value.transpose(0, 1), old):
+            return new.transpose(0, 1).to(value.dtype)  # nn.MultiheadAttention, sequence first
+        if value.ndim == old.ndim - 1 and value.unsqueeze(0).shape == old.shape and torch.equal(value[None], old):
+            return new[0].to(value.dtype)  # an unbatched (T, D) call
+        if value.ndim == 4 and old.ndim == 3 and value.flatten(2).transpose(1, 2).shape == old.shape \
+                and torch.equal(value.flatten(2).transpose(1, 2), old):  # (B, D, H, W) maps, pixels as tokens
+            return new.transpose(1, 2).reshape(value.shape).to(value.dtype)
+        if value.ndim > old.ndim and value.numel() == old.numel() and value.shape[-1] == old.shape[-1] \
+                and torch.equal(value.reshape(old.shape), old):  # channels last, windows of (h, w) tokens
+            return new.reshape(value.shape).to(value.dtype)
+        return value
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from structinit.adapters.observe import _SDPA, _SOFTMAX, call_copy
+from structinit.adapters.observe import _SDPA, _SOFTMAX
+from structinit.adapters.probe import call_copy
 from structinit.utils.state import ModuleState
 
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}

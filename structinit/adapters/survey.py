@@ -22,8 +22,10 @@ import dataclasses
 from functools import cached_property
 
 import torch
+import torch.fx
 from torch import nn
 
+from structinit.adapters.observe import _MHA, _SDPA, _SOFTMAX
 from structinit.adapters.position import Discovery, named_discovery, prefix_in_layers
 from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
 from structinit.adapters.probe import ModelCall, _pair, as_call, first_taken, probe_at, probe_choices, probe_tokens
@@ -218,3 +220,24 @@ def find_position_embedding(model: nn.Module | ModelSurvey) -> Discovery:
 def layer_relative_bias(model: nn.Module | ModelSurvey, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
     """The relative position bias attention layer ``name`` uses (:meth:`ModelSurvey.relative_bias`)."""
     return as_survey(model).relative_bias(name, adapter)
+
+
+def forms_no_attention(model: nn.Module) -> bool:
+    """Whether ``model`` provably forms no attention map, read without running it: its torch.fx
+    graph (a symbolic trace: Python runs on placeholders, no tensor is computed and nothing in
+    the model changes) calls no softmax, ``scaled_dot_product_attention`` or multi-head attention,
+    and no module holding ``nn.MultiheadAttention`` or ``nn.Softmax``. False whenever that cannot
+    be told so (a forward whose Python branches on its tensors does not trace): ask the forward."""
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception:  # dynamic control flow, unusual inputs: no proof
+        return False
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in (*_SOFTMAX, _SDPA, _MHA):
+            return False
+        if node.op == "call_method" and node.target == "softmax":
+            return False
+        if node.op == "call_module" and any(isinstance(m, (nn.MultiheadAttention, nn.Softmax))
+                                            for m in model.get_submodule(node.target).modules()):
+            return False
+    return True

@@ -33,7 +33,15 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, in_matrix, out_matrix, self_mask
-from structinit.adapters.observe import MASKED_PROB, AttentionMap, ModuleCall, map_rows, module_output, observe
+from structinit.adapters.observe import (
+    AttentionMap,
+    ModuleCall,
+    fits_maps,
+    map_tokens,
+    masked_inside,
+    module_output,
+    observe,
+)
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_tokens import tokens_of_call
 from structinit.adapters.traced import CallTokens
@@ -224,8 +232,8 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
         return Verdict(name, adapter, "refused", NO_MAP,
                        "it forms no softmax(q kᵀ) map over its tokens (linear or factorised attention): there "
                        "is no map to shape")
-    x, out = _map_tokens(call.x, maps, adapter.num_heads), module_output(call)
-    if not _fits(x, maps) and _fits(rows := _map_tokens(call.q_input, maps, adapter.num_heads), maps):
+    x, out = map_tokens(call.x, maps, adapter.num_heads), module_output(call)
+    if not fits_maps(x, maps) and fits_maps(rows := map_tokens(call.q_input, maps, adapter.num_heads), maps):
         x, out = rows, call.o_output  # a layer that cuts its own windows: its maps' rows are what its projections see
     # No tokens of its maps to read, or NaN/inf in the model already: the probe can tell nothing.
     if x is None or not bool(torch.isfinite(x).all()):
@@ -248,7 +256,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     ours = adapter.attention_probs(x.float(), terms)
     real = adapter.observed_probs([m.probs for m in square], ours.shape)
     if real is None or (float((real - ours).abs().max()) > tolerance(dtype)
-                        and not _masked_inside(real, ours, tolerance(dtype))):
+                        and not masked_inside(real, ours, tolerance(dtype))):
         best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
                    if _as(m.probs, ours.shape) is not None else float("inf"))
         if _as(best.probs, ours.shape) is None:
@@ -265,36 +273,6 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it masks each token's logit on itself (a masked diagonal, as in LSA), a logit term that does "
                        "not depend on content: a head cannot attend to its own token, impulse's centre offset")
     return Verdict(name, adapter, "self")
-
-
-def _map_tokens(x: torch.Tensor | None, maps: list[AttentionMap], heads: int) -> torch.Tensor | None:
-    """``x`` as the (rows, T, D) tokens of one of a layer's square ``maps``: itself when it is 3-D
-    (T tokens of its own count, or its maps are not square), windows received already cut read as
-    :func:`map_rows` reads them; None when no split gives them (a layer that cuts its own windows)."""
-    if x is None:
-        return None
-    square = [m for m in maps if m.queries == m.keys and m.probs.numel() % (heads * m.keys ** 2) == 0]
-    if x.ndim == 3:
-        return x
-    return next((r for m in square if (r := map_rows(x, m.keys, m.probs.numel() // (heads * m.keys ** 2)))
-                 is not None), None)
-
-
-def _fits(x: torch.Tensor | None, maps: list[AttentionMap]) -> bool:
-    """Whether ``x`` (rows, T, D) holds the T tokens of one of ``maps``, a square one."""
-    return x is not None and any(m.queries == m.keys == x.shape[-2] for m in maps)
-
-
-def _masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
-    """Whether the real maps are the adapter's with some pairs closed and every row renormalised
-    over the others: a mask the layer builds inside its forward (Swin's shifted windows, when the
-    module makes it itself), a logit term that does not depend on content."""
-    open_pairs = real > MASKED_PROB
-    if bool(open_pairs.all()) or not bool(open_pairs.any(-1).all()):
-        return False
-    kept = ours.masked_fill(~open_pairs, 0)
-    kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
-    return float((real - kept).abs().max()) <= atol
 
 
 def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],

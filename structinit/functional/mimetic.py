@@ -88,6 +88,21 @@ def circular_factors(
     """
     check_number("alpha", alpha)
     check_number("beta", beta)
+    size, mag, phi, start = _sorted_blocks(dim, alpha, beta, heads, generator)
+    cols = min(dim, rank + 1)  # a block cut by the rank boundary needs its second direction
+    # The first cols columns of Haar-random orthogonal matrices. The Gaussian draws are float32
+    # (faster than float64 on CPU, and as good a Gaussian for this).
+    q = _orthonormalise(torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32).double())
+    left, right = _balanced_factors(q, rank, size, mag, phi, start)
+    if not with_target:
+        return left, right, None
+    q = torch.cat([q, _haar_complement(q, generator)], 2)
+    return left, right, q @ _block_matrix(dim, size, mag, phi, start) @ q.transpose(1, 2)
+
+
+def _sorted_blocks(dim: int, alpha: float, beta: float, heads: int, generator: torch.Generator | None):
+    """The blocks of M = α Z + β I in Z's eigenbasis, for :func:`circular_factors`: (size, s,
+    φ, start), each (heads, blocks), largest s first; draws the sign of an odd D's real eigenvalue."""
     pairs, odd = dim // 2, dim % 2
     rho, theta = circular_spectrum(pairs)
     rho, theta = rho.expand(heads, pairs), theta.expand(heads, pairs)
@@ -104,11 +119,13 @@ def circular_factors(
     # after the blocks before it.
     order = torch.sort(mag, dim=1, descending=True, stable=True).indices
     size, mag, phi = size.gather(1, order), mag.gather(1, order), phi.gather(1, order)
-    start = size.cumsum(1) - size
-    cols = min(dim, rank + 1)  # a block cut by the rank boundary needs its second direction
-    # The first cols columns of Haar-random orthogonal matrices. The Gaussian draws are float32
-    # (faster than float64 on CPU, and as good a Gaussian for this).
-    q = _orthonormalise(torch.randn(heads, dim, cols, generator=generator, dtype=torch.float32).double())
+    return size, mag, phi, size.cumsum(1) - size
+
+
+def _balanced_factors(q: torch.Tensor, rank: int, size, mag, phi, start) -> tuple[torch.Tensor, torch.Tensor]:
+    """L (heads, D, rank) and R (heads, rank, D) of :func:`circular_factors` from the first
+    columns ``q`` of Q and the sorted blocks."""
+    heads, cols = q.shape[0], q.shape[2]
     kept = start < rank
     # S^{½} per factor column, and R = (Q K)ᵀ where K (cols × rank) has two non-zeros per column:
     # for a pair at columns (a, a+1), K's block is S^{½}·R(φ)ᵀ = √s [[cos φ, sin φ], [−sin φ, cos φ]];
@@ -136,10 +153,13 @@ def circular_factors(
     if cols > rank:  # a pair cut by the rank boundary reaches one column past it
         qk[..., -1] += q[..., rank] * u[:, None, -1]
     qk[..., 1:] += q[..., : rank - 1] * low[:, None, 1:]
-    right = qk.transpose(1, 2)
-    if not with_target:
-        return left, right, None
-    q = torch.cat([q, _haar_complement(q, generator)], 2)
+    return left, qk.transpose(1, 2)
+
+
+def _block_matrix(dim: int, size, mag, phi, start) -> torch.Tensor:
+    """(heads, D, D): the sorted blocks s·R(φ) (a real eigenvalue's: s·cos φ) on the diagonal,
+    so that Q times it times Qᵀ is M."""
+    heads = size.shape[0]
     blocks = torch.zeros(heads, dim, dim, dtype=torch.float64)
     for h in range(heads):
         for j in range(size.shape[1]):
@@ -149,7 +169,7 @@ def circular_factors(
                     [[math.cos(f), -math.sin(f)], [math.sin(f), math.cos(f)]], dtype=torch.float64)
             else:
                 blocks[h, at, at] = s_ * math.cos(f)
-    return left, right, q @ blocks @ q.transpose(1, 2)
+    return blocks
 
 
 def _orthonormalise(g: torch.Tensor, space: int | None = None) -> torch.Tensor:

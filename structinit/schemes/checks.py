@@ -243,15 +243,10 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
             if ad.masks_self or real.probs.shape[-1] < MIN_DIAGONAL_TOKENS:
                 _check_same_maps(name, ad, real, x, terms)
                 continue
-            with torch.no_grad():  # like with like: logits against logits, else the log of both maps (a mixture)
-                designed = (adapter_logits(ad, x.float(), terms) if real.logits is not None
-                            else ad.attention_probs(x.float(), terms).clamp_min(1e-30).log())
-                wrote = diagonal_strength(_closed(designed, real.open_pairs))
+            wrote, got = diagonals(ad, real, x, terms)
             if not bool((wrote >= MIN_DESIGNED_DIAGONAL).any()):  # no head's diagonal to measure: the maps then
                 _check_same_maps(name, ad, real, x, terms)          # must be those of the q kᵀ written
                 continue
-            own = real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log()
-            got = diagonal_strength(_closed(own, real.open_pairs))
             weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
                     and not got[h] >= MIN_DIAGONAL_SHARE * wrote[h]]  # NaN is no diagonal: it fails
             if weak:
@@ -262,6 +257,21 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                     f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone. The layer mixes or transforms "
                     "q kᵀ in a way that hides the structure (register an adapter that models it)")
     return check
+
+
+@torch.no_grad()
+def diagonals(ad, real, x: torch.Tensor, terms) -> tuple[torch.Tensor, torch.Tensor]:
+    """(written, own): per head, the :func:`diagonal_strength` of the q kᵀ the adapter reads on
+    the tokens ``x`` of one layer's recorded call, and of the layer's own maps ``real`` on them.
+    Like with like: logits against the softmax's own input where that was seen, else the log of
+    both maps (a mixture, as ConViT's, has no logits); pairs the call masks are left out of both."""
+    if real.logits is not None:
+        written, own = adapter_logits(ad, x.float(), terms), real.logits
+    else:
+        written = ad.attention_probs(x.float(), terms).clamp_min(1e-30).log()
+        own = real.probs.clamp_min(1e-30).log()
+    return (diagonal_strength(_closed(written, real.open_pairs)),
+            diagonal_strength(_closed(own.float(), real.open_pairs)))
 
 
 def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tensor:

@@ -3,7 +3,32 @@ convolution on the token grid. The maths and the solvers live in
 :mod:`structinit.functional`; this module checks the request and the layers, then hands them
 to the planner of the way the layers carry position (:data:`IMPULSE_CARRIERS`: an absolute
 embedding, a relative bias, a rotation), and finishes every plan alike (the value path, the
-reservation, the check after the write)."""
+reservation, the check after the write).
+
+Solver options (passed to :func:`plan_impulse` by keyword, beside its own):
+    analytic: ``target_mass=0.5`` the mean attention on the target with the position-only
+        pseudo input (the sharpness); ``signed=True`` a kernel whose target logit is > 0
+        and every other < 0, so that with the reservation the argmax is exact on any
+        content (``False``: the cosine kernel alone); ``pe_scale=1.0`` writes pe_scale × the
+        2-D sin-cos table into the grid rows of the model's position embedding (learned or fixed; ``None``
+        keeps the model's PE and reads the structure out of it); ``ridge=2e-3``.
+        ``pe_scale=4`` keeps the maps sharper on real images but drowns the content.
+    closed_form: ``pe_scale=18`` (applied to a learned PE only), ``qk_norm=7``,
+        ``logit_scale=1000``, ``noise=3``, ``pinv_rank=head_dim``.
+    gd: ``steps=10000``, ``lr=1e-4``, ``renorm_every=100``, ``pseudo='pe'`` (or
+        'uniform', 'gaussian', 'pe+uniform', 'pe+gaussian'), ``share_solution=True`` (one
+        fit copied to every layer), ``callback(step, loss)``.
+
+Attention with a relative position bias (Swin's window attention, BEiT) carries position
+in its table, not in the tokens: there each head's impulse is the table entry of its offset,
+solved for ``target_mass`` with content logits at zero, every other entry 0; q/k keep their
+weights, no solver runs, and options about a position embedding are refused (see
+:mod:`structinit.schemes.relative_impulse`). The grid is each layer's window.
+
+Prefix (class/register) tokens are not on the grid: their rows and columns get whatever
+the written q/k weights give their inputs (a zero class token gives logit 0, a uniform
+row and an ordinary column); no head targets them and fidelity ignores their rows.
+"""
 
 from __future__ import annotations
 
@@ -87,29 +112,7 @@ def plan_impulse(
             reserves nothing; ``'none'`` reserves nothing. Default: the solver's (``'auto'``
             for analytic, ``'none'`` for the published closed_form and gd).
 
-    Solver options:
-        analytic: ``target_mass=0.5`` the mean attention on the target with the position-only
-            pseudo input (the sharpness); ``signed=True`` a kernel whose target logit is > 0
-            and every other < 0, so that with the reservation the argmax is exact on any
-            content (``False``: the cosine kernel alone); ``pe_scale=1.0`` writes pe_scale × the
-            2-D sin-cos table into the grid rows of the model's position embedding (learned or fixed; ``None``
-            keeps the model's PE and reads the structure out of it); ``ridge=2e-3``.
-            ``pe_scale=4`` keeps the maps sharper on real images but drowns the content.
-        closed_form: ``pe_scale=18`` (applied to a learned PE only), ``qk_norm=7``,
-            ``logit_scale=1000``, ``noise=3``, ``pinv_rank=head_dim``.
-        gd: ``steps=10000``, ``lr=1e-4``, ``renorm_every=100``, ``pseudo='pe'`` (or
-            'uniform', 'gaussian', 'pe+uniform', 'pe+gaussian'), ``share_solution=True`` (one
-            fit copied to every layer), ``callback(step, loss)``.
-
-    Attention with a relative position bias (Swin's window attention, BEiT) carries position
-    in its table, not in the tokens: there each head's impulse is the table entry of its offset,
-    solved for ``target_mass`` with content logits at zero, every other entry 0; q/k keep their
-    weights, no solver runs, and options about a position embedding are refused (see
-    :mod:`structinit.schemes.relative_impulse`). The grid is each layer's window.
-
-    Prefix (class/register) tokens are not on the grid: their rows and columns get whatever
-    the written q/k weights give their inputs (a zero class token gives logit 0, a uniform
-    row and an ordinary column); no head targets them and fidelity ignores their rows.
+    Solver options, and how relative-bias layers and prefix tokens are treated: see the module docstring.
 
     The offsets are remembered on each attention module (``module.structinit_impulse``) for
     :func:`structinit.impulse_fidelity` (see :func:`structinit.get_record`). Returns the
@@ -121,6 +124,23 @@ def plan_impulse(
         >>> bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
         True
     """
+    solver_obj, value_init, reserve_mode = _check_options(survey, solver, solver_options, kernel_size, grid,
+                                                          value_init, reserve)
+    chosen, skipped, biases = _check_layers(survey, layers, offsets, kernel_size, per_layer_offsets)
+    request = ImpulseRequest(survey, chosen, biases, solver, solver_obj, solver_options, kernel_size, offsets,
+                             per_layer_offsets, grid, num_prefix_tokens, pos_embed, generator, seed, reserve_mode,
+                             reserve)
+    plan = Plan()
+    placed = IMPULSE_CARRIERS[position_carrier(chosen, biases)](request, plan)
+    _check_causal_targets(placed)
+    _finish_impulse(plan, survey, placed, skipped, value_init, vo_gamma, vo_delta, pos_embed, solver_obj.exact)
+    return plan
+
+
+def _check_options(survey: ModelSurvey, solver: str, solver_options: dict, kernel_size: int,
+                   grid: tuple[int, int] | None, value_init: str | None, reserve: str | None):
+    """The checks of :func:`plan_impulse`'s options, which read no layer: (the solver, the
+    value init, the reserve mode), the last two with the solver's defaults filled in."""
     # Options are checked before anything else; an unknown one lists the solver's options and ours.
     own = [p.name for p in inspect.signature(plan_impulse).parameters.values()
            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "survey"]
@@ -129,7 +149,6 @@ def plan_impulse(
     solver_obj = make_impulse_solver(solver, **solver_options)
     value_init = check_choice("value_init", solver_obj.default_value_init if value_init is None else value_init,
                               VALUE_INITS)
-    reserve_given = reserve
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
     if grid is None and survey.takes_token_ids:  # before anything is read: a sequence has no grid to shape
@@ -137,6 +156,12 @@ def plan_impulse(
                          "no grid of image tokens, and impulse shapes attention as convolutions on a 2-D grid; "
                          "nothing was written. Use 'mimetic' (it needs no grid), or pass grid=(h, w) if the ids are "
                          "an image's tokens in row-major order")
+    return solver_obj, value_init, reserve
+
+
+def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_layer_offsets: bool):
+    """The chosen attention layers (name, adapter), those skipped, and each one's relative bias
+    (or None), once every chosen layer is known to take an impulse."""
     chosen = select_layers(survey.layers(), layers)
     skipped = survey.attention.skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
@@ -151,13 +176,13 @@ def plan_impulse(
                 "normalised after their projections (q_norm/k_norm), and the impulse solvers design q kᵀ before "
                 "any norm, so the maps would miss their targets; nothing was written. Use 'mimetic', or build "
                 "the model without the q/k norm for the init")
-    biases = [survey.relative_bias(name, ad) for name, ad in chosen]
-    request = ImpulseRequest(survey, chosen, biases, solver, solver_obj, solver_options, kernel_size, offsets,
-                             per_layer_offsets, grid, num_prefix_tokens, pos_embed, generator, seed, reserve,
-                             reserve_given)
-    plan = Plan()
-    placed = IMPULSE_CARRIERS[position_carrier(chosen, biases)](request, plan)
-    _check_causal_targets(placed)
+    return chosen, skipped, [survey.relative_bias(name, ad) for name, ad in chosen]
+
+
+def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, value_init: str, vo_gamma: float,
+                    vo_delta: float, pos_embed: torch.Tensor | None, exact: bool) -> None:
+    """What every carrier's plan gets alike: the value path, the reservation and the check
+    after the write."""
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
         for _, ad in placed.chosen:
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta,
@@ -165,10 +190,8 @@ def plan_impulse(
             plan.add(ad.vo_writes(wv, wo))
     if placed.reservation is not None:
         placed.reservation.plan(plan)
-    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed,
-                                     exact=solver_obj.exact))
+    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
-    return plan
 
 
 def _check_causal_targets(placed) -> None:

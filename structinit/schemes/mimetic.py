@@ -65,26 +65,13 @@ def plan_mimetic(
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
     check_settable(survey, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
-    for name, ad in chosen:
-        out = tuple(out_matrix(ad.linear_views()["o"][0]).shape)
-        if out != (ad.dim, ad.num_heads * ad.head_dim):
-            raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "
-                             f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "
-                             "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
-                             "the layers that keep it")
+    _check_width_kept(chosen)
     require_probe(survey, "mimetic")  # before the maths: a write that cannot be checked is not made
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
                 raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
-    reservation = None
-    if reserve != "none":
-        layout = infer_layout(survey)
-        pe = grid_pos_embed(survey, layout)
-        if pe is not None:
-            check_finite("pos_embed", pe)
-            pe = pe.detach().reshape(pe.shape[-2], -1).double().cpu()
-        reservation = resolve_reservation(survey, chosen, pe, reserve, "mimetic", layout)
+    reservation = None if reserve == "none" else _reservation(survey, chosen, reserve)
     gen = make_generator(generator, seed)
     plan = Plan()
     for _, ad in chosen:
@@ -102,6 +89,29 @@ def plan_mimetic(
     plan.checks.append(mimetic_check(survey, chosen))
     finish_plan(plan, survey, "mimetic", chosen, survey.attention.skipped() if layers is None else [])
     return plan
+
+
+def _check_width_kept(chosen) -> None:
+    """Refuse a chosen layer whose output projection changes the token width: the value path
+    mimetic writes, x ↦ x (γZ − δI), keeps it."""
+    for name, ad in chosen:
+        out = tuple(out_matrix(ad.linear_views()["o"][0]).shape)
+        if out != (ad.dim, ad.num_heads * ad.head_dim):
+            raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "
+                             f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "
+                             "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
+                             "the layers that keep it")
+
+
+def _reservation(survey: ModelSurvey, chosen, reserve: str):
+    """The reservation of the position embedding's subspace that ``reserve`` (not 'none') asks
+    for, read from the grid rows of the model's position embedding."""
+    layout = infer_layout(survey)
+    pe = grid_pos_embed(survey, layout)
+    if pe is not None:
+        check_finite("pos_embed", pe)
+        pe = pe.detach().reshape(pe.shape[-2], -1).double().cpu()
+    return resolve_reservation(survey, chosen, pe, reserve, "mimetic", layout)
 
 
 def _plan_grouped(plan: Plan, ad, alpha, beta, gamma, delta, noise, gen) -> None:

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from structinit.adapters import is_depthwise, is_ssm, is_token_mixing
-from structinit.adapters.observe import forms_no_attention
-from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.survey import ModelSurvey, forms_no_attention
 from structinit.schemes.model_checks import check_model
 from structinit.schemes.plan import Plan
 from structinit.schemes.spec import parse_init_spec

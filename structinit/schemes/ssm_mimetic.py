@@ -74,7 +74,31 @@ def plan_ssm_mimetic(
         >>> model = Mamba(MambaConfig(d_model=16, n_layers=2))
         >>> _ = structinit.init_(model, "mimetic", seed=0)   # SSM layers, no attention: this scheme
     """
-    model = survey.model
+    a_log, delta, dt_weight_scale = _check_options(a_log, delta, dt_weight_scale, bc, alpha, beta, noise,
+                                                   conv_identity)
+    chosen = select_layers(find_ssm_layers(survey.model), layers, "SSM")
+    if bc:
+        _check_bc_fits(chosen)
+    # float64; a delta too large for the model's dtype is caught by the registry
+    dt_bias = None if delta is None else softplus_inverse(delta)
+    gen = make_generator(generator, seed)
+    plan = Plan()
+    for _, ad in chosen:
+        if a_log is not None:
+            plan.add([(ad.A_log, torch.full_like(ad.A_log, a_log))])
+        if dt_bias is not None:
+            plan.add(_dt_writes(ad, dt_bias, dt_weight_scale, gen))
+        if bc:
+            w_b, w_c = mimetic_bc(ad.d_inner, ad.d_state, alpha, beta, noise=noise, generator=gen)
+            plan.add([(ad.w_b, w_b), (ad.w_c, w_c)])
+        if conv_identity:
+            _plan_conv_identity(plan, ad)
+    return plan
+
+
+def _check_options(a_log, delta, dt_weight_scale, bc, alpha, beta, noise, conv_identity):
+    """The checks of :func:`plan_ssm_mimetic`'s options, which read no layer: (a_log, delta,
+    dt_weight_scale) as numbers."""
     if a_log is not None:
         a_log = check_number("a_log", a_log, low=A_LOG_RANGE[0], high=A_LOG_RANGE[1])
     if delta is not None:
@@ -91,42 +115,40 @@ def plan_ssm_mimetic(
     if a_log is None and delta is None and not bc and not conv_identity:
         raise ValueError("a_log=None, delta=None, bc=False, conv_identity=False: every part of the SSM mimetic init "
                          "is switched off, so it would write nothing; switch at least one on (e.g. a_log=-8.0)")
-    chosen = select_layers(find_ssm_layers(model), layers, "SSM")
-    if bc:
-        for name, ad in chosen:
-            if ad.normalises_bc:
-                raise ValueError(f"bc=True: SSM layer {name!r} normalises B and C after x_proj (mambapy's "
-                                 "inner_layernorms=True), so the scan would not use the planned W_Cᵀ W_B; pass "
-                                 "bc=False, or build the model with inner_layernorms=False")
-            if ad.d_state > ad.d_inner:
-                raise ValueError(f"d_state={ad.d_state}: SSM layer {name!r} has d_state > d_inner = {ad.d_inner}, "
-                                 f"so W_Cᵀ W_B (rank ≤ d_inner) cannot hold a rank-{ad.d_state} truncation of αZ + "
-                                 "βI; pass bc=False to keep B/C as built, or build the model with d_state ≤ "
-                                 "expand·d_model")
-    # float64; a delta too large for the model's dtype is caught by the registry
-    dt_bias = None if delta is None else softplus_inverse(delta)
-    gen = make_generator(generator, seed)
-    plan = Plan()
-    for _, ad in chosen:
-        if a_log is not None:
-            plan.add([(ad.A_log, torch.full_like(ad.A_log, a_log))])
-        if dt_bias is not None:
-            if dt_weight_scale > 0:
-                w = (torch.rand(ad.dt_weight.shape, generator=gen, dtype=torch.float64) * 2 - 1) * dt_weight_scale
-            else:
-                w = torch.zeros_like(ad.dt_weight)
-            plan.add([(ad.dt_bias, torch.full(ad.dt_bias.shape, float(dt_bias), dtype=torch.float64)),
-                      (ad.dt_weight, w)])
-        if bc:
-            w_b, w_c = mimetic_bc(ad.d_inner, ad.d_state, alpha, beta, noise=noise, generator=gen)
-            plan.add([(ad.w_b, w_b), (ad.w_c, w_c)])
-        if conv_identity:
-            taps = torch.zeros_like(ad.conv_weight)
-            taps[..., -1] = 1
-            plan.add([(ad.conv_weight, taps)])
-            if ad.conv_bias is not None:
-                plan.add([(ad.conv_bias, torch.zeros_like(ad.conv_bias))])
-    return plan
+    return a_log, delta, dt_weight_scale
+
+
+def _check_bc_fits(chosen) -> None:
+    """Refuse bc=True on a chosen SSM layer whose scan would not use, or whose width cannot
+    hold, the planned W_Cᵀ W_B."""
+    for name, ad in chosen:
+        if ad.normalises_bc:
+            raise ValueError(f"bc=True: SSM layer {name!r} normalises B and C after x_proj (mambapy's "
+                             "inner_layernorms=True), so the scan would not use the planned W_Cᵀ W_B; pass "
+                             "bc=False, or build the model with inner_layernorms=False")
+        if ad.d_state > ad.d_inner:
+            raise ValueError(f"d_state={ad.d_state}: SSM layer {name!r} has d_state > d_inner = {ad.d_inner}, "
+                             f"so W_Cᵀ W_B (rank ≤ d_inner) cannot hold a rank-{ad.d_state} truncation of αZ + "
+                             "βI; pass bc=False to keep B/C as built, or build the model with d_state ≤ "
+                             "expand·d_model")
+
+
+def _dt_writes(ad, dt_bias: torch.Tensor, dt_weight_scale: float, gen: torch.Generator):
+    """Δ ≈ delta: dt_proj's bias softplus⁻¹(delta), its weight 0 or U(±dt_weight_scale)."""
+    if dt_weight_scale > 0:
+        w = (torch.rand(ad.dt_weight.shape, generator=gen, dtype=torch.float64) * 2 - 1) * dt_weight_scale
+    else:
+        w = torch.zeros_like(ad.dt_weight)
+    return [(ad.dt_bias, torch.full(ad.dt_bias.shape, float(dt_bias), dtype=torch.float64)), (ad.dt_weight, w)]
+
+
+def _plan_conv_identity(plan: Plan, ad) -> None:
+    """The depthwise conv passes the current token through: last tap 1, the other taps and the bias 0."""
+    taps = torch.zeros_like(ad.conv_weight)
+    taps[..., -1] = 1
+    plan.add([(ad.conv_weight, taps)])
+    if ad.conv_bias is not None:
+        plan.add([(ad.conv_bias, torch.zeros_like(ad.conv_bias))])
 
 
 ssm_mimetic_init_ = register_planner("mimetic", plan_ssm_mimetic, target="ssm", function_name="ssm_mimetic_init_")

@@ -1,4 +1,5 @@
-"""The training loop every run shares, top to bottom in one function (nanoGPT / airbench style).
+"""The training loop every run shares, top to bottom in :func:`_train` and the helpers it calls
+(nanoGPT / airbench style).
 
 A run is a config and a :class:`Task`, which knows its data, its loss and its evaluation; the
 loop does the rest the same way for every task: lock the run folder, resume from the last
@@ -190,40 +191,19 @@ def check_run(task: Task, where: Placement) -> torch.dtype | None:
 def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) -> dict[str, Any]:
     cfg, device = task.cfg, where.device
     out = Path(cfg.out_dir)
-    ckpt_path, result_path = out / CHECKPOINT, out / RESULT
+    ckpt_path = out / CHECKPOINT
     state = resume_state(ckpt_path, resume, cfg.to_dict(), task.state_keys, defaults=task.added_fields,
                          as_ran=lambda c: {**{k: v for k, v in c.items() if k not in task.free_fields},
                                            "precision": precision_name(resolve_precision(c["precision"], device))})
     model, plan = construct_and_plan(cfg, task.prepare(where))  # the one place a run's model is made
     plan.commit()
     fingerprint = init_fingerprint(model)
-    if state is not None:
-        with user_input("resume"):
-            check_same_init(state, fingerprint, ckpt_path)
-        if state.get("finished"):
-            saved = finished_result(result_path)
-            if (_is_this_run(saved, state, fingerprint, task.result(state["history"]))
-                    and _holds(out / WEIGHTS, state["model"])
-                    and (not cfg.ema_decay or (out / EMA_WEIGHTS).is_file())):
-                return saved
-            # The checkpoint holds the whole run: what is missing, unreadable or another run's is written again
-            # from it below, with no step trained (the result's device and versions are then this machine's).
-            if where.writes:
-                print(f"{out}: the run is finished, but its result.json or exported weights are missing, "
-                      f"unreadable or not this run's; writing them again from {ckpt_path}", file=sys.stderr, flush=True)
+    if state is not None and (saved := _finished_run(task, where, state, fingerprint)) is not None:
+        return saved
     model = model.to(device)
     chunks, total, warmup = task.schedule()
     train_step = TrainStep(model, task, where, dtype, total, warmup)
-    ema = train_step.ema
-    done, history, wall_before = 0, [], 0.0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        train_step.load_state(state)
-        history, wall_before = state["history"], state["wall_s"]
-        done = state["step"] if "step" in state else chunks[state["epoch"] - 1].last if state["epoch"] else 0
-    # The step each process that trained this run started from: [0] for a run never stopped,
-    # [0, 120] for one resumed from its step-120 checkpoint.
-    starts = [*(state.get("starts", []) if state else []), done]
+    done, history, wall_before, starts = _restore(state, model, train_step, chunks)
     log = MetricsLog(out, history) if where.writes else None
     if log is not None:
         log.flush()  # metric files agree with the checkpoint, even after a kill
@@ -231,42 +211,8 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
     writes = BackgroundWrites()
     try:
         for chunk in (c for c in chunks if c.first >= done):
-            loss_sum, right, scored = (torch.zeros((), device=device) for _ in range(3))
-            weight = 0
-            bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
-            t0 = time.perf_counter()
-            for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
-                loss, logits = train_step(step, x, y)
-                good, n, w = task.count(logits, y)
-                loss_sum += loss * w
-                right, scored, weight = right + good, scored + n, weight + w
-                if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
-                    bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
-                    bar.update(step + 1 - chunk.first - bar.n)
-            if bar is not None:
-                bar.close()
-            totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
-                                                   torch.tensor(float(weight), dtype=torch.float64, device=device)]))
-            totals = totals.cpu()  # waits for the chunk's last step: the time below is the device's too
-            seconds = time.perf_counter() - t0
-            lr = train_step.lr(chunk.last - 1)
-            if not math.isfinite(float(totals[0])):
-                raise NonFiniteLossError(
-                    f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not "
-                    f"finite (lr {lr:.3g}); stopped without overwriting {ckpt_path}, which holds the run up to step "
-                    f"{chunk.first}")
-            row = {**task.row(chunk), "step": chunk.last, "lr": lr, "train_loss": float(totals[0]) / float(totals[3]),
-                   "train_acc": float(totals[1]) / max(1.0, float(totals[2])),
-                   f"{task.examples}_per_s": (chunk.last - chunk.first) * cfg.batch_size / seconds,
-                   "wall_s": wall_before + time.perf_counter() - run_start}
-            if chunk.evaluate:
-                row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1], full=chunk.full)
-                if ema is not None:  # the averaged weights too, then the live ones back
-                    live = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                    model.load_state_dict(ema.state)
-                    scores = task.evaluate(model, dtype, where, False, robust=False, full=chunk.full)
-                    row |= {f"ema_{k}": v for k, v in scores.items() if k.endswith("_acc")}
-                    model.load_state_dict(live)
+            row = _chunk_row(task, where, dtype, train_step, chunks, chunk, progress,
+                             wall=lambda: wall_before + time.perf_counter() - run_start)
             history = [*history, row]
             if where.writes:
                 # Serialised now (the next step changes the tensors), written while the next chunk trains; the
@@ -283,8 +229,96 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
         writes.wait(raise_error=False)
         raise
     writes.wait()
+    return _write_result(task, where, dtype, model, train_step.ema, history, fingerprint, starts)
+
+
+def _finished_run(task: Task, where: Placement, state: dict, fingerprint: str) -> dict[str, Any] | None:
+    """Resuming from ``state`` (a checkpoint of this run's init, else a ValueError): the result of
+    a finished run whose result.json and exported weights are whole and its own, else None."""
+    out = Path(task.cfg.out_dir)
+    ckpt_path = out / CHECKPOINT
+    with user_input("resume"):
+        check_same_init(state, fingerprint, ckpt_path)
+    if not state.get("finished"):
+        return None
+    saved = finished_result(out / RESULT)
+    if (_is_this_run(saved, state, fingerprint, task.result(state["history"]))
+            and _holds(out / WEIGHTS, state["model"])
+            and (not task.cfg.ema_decay or (out / EMA_WEIGHTS).is_file())):
+        return saved
+    # The checkpoint holds the whole run: what is missing, unreadable or another run's is written again
+    # from it below, with no step trained (the result's device and versions are then this machine's).
+    if where.writes:
+        print(f"{out}: the run is finished, but its result.json or exported weights are missing, "
+              f"unreadable or not this run's; writing them again from {ckpt_path}", file=sys.stderr, flush=True)
+    return None
+
+
+def _restore(state: dict | None, model: nn.Module, train_step: TrainStep,
+             chunks: list[Chunk]) -> tuple[int, list[dict], float, list[int]]:
+    """(steps done, metric history, wall seconds before, starts) of a run, with the model and the
+    training state loaded from ``state`` when it resumes."""
+    done, history, wall_before = 0, [], 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        train_step.load_state(state)
+        history, wall_before = state["history"], state["wall_s"]
+        done = state["step"] if "step" in state else chunks[state["epoch"] - 1].last if state["epoch"] else 0
+    # The step each process that trained this run started from: [0] for a run never stopped,
+    # [0, 120] for one resumed from its step-120 checkpoint.
+    starts = [*(state.get("starts", []) if state else []), done]
+    return done, history, wall_before, starts
+
+
+def _chunk_row(task: Task, where: Placement, dtype, train_step: TrainStep, chunks: list[Chunk], chunk: Chunk,
+               progress: bool, wall) -> dict[str, Any]:
+    """Train ``chunk``, evaluate if it says so, and return its metric row (``wall()``: the run's
+    seconds so far, over every process that trained it)."""
+    device, model = where.device, train_step.model
+    loss_sum, right, scored = (torch.zeros((), device=device) for _ in range(3))
+    weight = 0
+    bar = _progress(chunk, len(chunks), task.unit, progress and where.writes)
+    t0 = time.perf_counter()
+    for step, (x, y) in zip(range(chunk.first, chunk.last), task.batches(chunk, where)):
+        loss, logits = train_step(step, x, y)
+        good, n, w = task.count(logits, y)
+        loss_sum += loss * w
+        right, scored, weight = right + good, scored + n, weight + w
+        if bar is not None and (step % 10 == 9 or step == chunk.last - 1):
+            bar.set_postfix(loss=f"{loss_sum.item() / weight:.3f}", acc=f"{right.item() / scored.item():.3f}")
+            bar.update(step + 1 - chunk.first - bar.n)
+    if bar is not None:
+        bar.close()
+    totals = where.all_reduce(torch.stack([loss_sum.double(), right.double(), scored.double(),
+                                           torch.tensor(float(weight), dtype=torch.float64, device=device)]))
+    totals = totals.cpu()  # waits for the chunk's last step: the time below is the device's too
+    seconds = time.perf_counter() - t0
+    lr = train_step.lr(chunk.last - 1)
+    if not math.isfinite(float(totals[0])):
+        raise NonFiniteLossError(
+            f"{task.unit} {chunk.number} (steps {chunk.first + 1}–{chunk.last}): the training loss is not "
+            f"finite (lr {lr:.3g}); stopped without overwriting {Path(task.cfg.out_dir) / CHECKPOINT}, which holds "
+            f"the run up to step {chunk.first}")
+    row = {**task.row(chunk), "step": chunk.last, "lr": lr, "train_loss": float(totals[0]) / float(totals[3]),
+           "train_acc": float(totals[1]) / max(1.0, float(totals[2])),
+           f"{task.examples}_per_s": (chunk.last - chunk.first) * task.cfg.batch_size / seconds, "wall_s": wall()}
+    if chunk.evaluate:
+        row |= task.evaluate(model, dtype, where, final=chunk is chunks[-1], full=chunk.full)
+        if train_step.ema is not None:  # the averaged weights too, then the live ones back
+            live = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(train_step.ema.state)
+            scores = task.evaluate(model, dtype, where, False, robust=False, full=chunk.full)
+            row |= {f"ema_{k}": v for k, v in scores.items() if k.endswith("_acc")}
+            model.load_state_dict(live)
+    return row
+
+
+def _write_result(task: Task, where: Placement, dtype, model: nn.Module, ema, history: list[dict], fingerprint: str,
+                  starts: list[int]) -> dict[str, Any]:
+    """The finished run's result; written with its exported weights by the process that writes."""
+    cfg, out = task.cfg, Path(task.cfg.out_dir)
     result = {"config": cfg.to_dict(), "seed": cfg.seed, "world_size": where.world, "versions": versions(),
-              "precision": precision_name(dtype), "device": describe_device(device),
+              "precision": precision_name(dtype), "device": describe_device(where.device),
               "wall_s": history[-1]["wall_s"] if history else 0.0, "history": history,
               "init_fingerprint": fingerprint, "starts": starts, **task.result(history)}
     result["run_id"] = run_id(result["config"], fingerprint, result.get("data", {}), task.free_fields)
@@ -298,7 +332,7 @@ def _train(task: Task, resume: bool, progress: bool, where: Placement, dtype) ->
         save_weights(out / WEIGHTS, model.state_dict(), metadata)
         if ema is not None:
             save_weights(out / EMA_WEIGHTS, ema.state, metadata)
-        write_json(result_path, result)
+        write_json(out / RESULT, result)
     return result
 
 
