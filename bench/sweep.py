@@ -70,16 +70,15 @@ def _alarm(signum, frame):
 def own_map(model, scheme: str, call: dict | None = None) -> float:
     """The write as the model's own maps show it (module doc): impulse's smallest head hit on
     the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
-    has a diagonal strength of at least 1 on a probe (a layer with none counts 1 when its maps
-    are those of the written q kᵀ within 1e-3, else 0), of the strength in the model's own logits
-    (its softmax's input; where that cannot be read, the log of its map against the log of the map
-    the adapter models: :func:`structinit.schemes.checks.diagonals`) to the written one (a head
-    whose truncation leaves no diagonal promises none)."""
+    has a diagonal strength of at least 1 on a probe (a layer with none, or with fewer than 3 keys,
+    counts 1 when its maps are those of the written q kᵀ within 1e-3, else 0), of the strength in
+    the model's own logits (its softmax's input; where that cannot be read, the log of its map
+    against the log of the map the adapter models: :func:`structinit.schemes.checks.diagonals`)
+    to the written one (a head whose truncation leaves no diagonal promises none)."""
     import structinit
     from structinit.adapters.observe import call_rows, observe, real_maps
     from structinit.adapters.survey import ModelSurvey
-    from structinit.adapters.verify import adapter_logits
-    from structinit.schemes.checks import diagonals
+    from structinit.schemes.checks import diagonals, maps_gap
 
     survey = ModelSurvey(model, example_inputs=call)  # the probe the init's own survey takes, and its layers
     if scheme == "impulse":
@@ -90,18 +89,15 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     for (_, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):
         call = calls[ad.module]
         x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
-        if x is None or x.shape[-2] < 3:
+        if x is None:
             continue
         terms = ad.call_terms(call.args, call.kwargs, x)
-        written, own = diagonals(ad, real, x, terms)
+        written, own = diagonals(ad, real, x, terms) if x.shape[-2] >= 3 else (torch.zeros(0), None)
         ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
         if not bool((written >= 1.0).any()):  # no diagonal to measure: the maps must be the written q kᵀ's
-            with torch.no_grad():
-                ours = adapter_logits(ad, x.float(), terms).softmax(-1).reshape(real.probs.shape)
-            gap = float((real.probs.float() - ours).abs().max())
-            ratios.append(1.0 if gap <= 1e-3 else 0.0)
+            ratios.append(1.0 if maps_gap(ad, real, x, terms) <= 1e-3 else 0.0)
     if not ratios:
-        raise ValueError("no head has a written diagonal to check, on maps of 3 or more keys")
+        raise ValueError("no layer's maps could be read on the tokens it was judged on")
     return min(ratios)
 
 

@@ -168,14 +168,19 @@ def tower_call(model) -> dict | None:
     """The call of a vision tower whose forward takes each image's patches packed into one
     sequence and their grid sizes (Qwen-VL's convention: ``grid_thw`` = [[t, h, w]] and the
     patches, flat or as small images), as its processor would hand it: one image of 8×8 (else
-    16×16) patches, the first layout the forward takes (:func:`_tower_calls`). None for a
+    16×16) patches, the first layout the forward takes (:func:`_tower_calls`); a video tower's
+    frames of one clip as a batch of images. None for a
     forward that takes its images alone, or whose extra arguments follow another convention
     (left to the probe, and said)."""
     sig = inspect.signature(model.forward)
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     grid = next((n for n in required if n.endswith("grid_thw")), None)
-    if {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
+    frames, size = getattr(model.config, "num_frames", None), getattr(model.config, "image_size", None)
+    if required == ["pixel_values"] and isinstance(frames, int) and isinstance(size, int):
+        # a video tower (X-CLIP's): one clip, its frames as a batch of images
+        calls = [{"pixel_values": torch.randn(frames, 3, size, size, generator=torch.Generator().manual_seed(0))}]
+    elif {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
         calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
     elif len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
         return None

@@ -285,8 +285,8 @@ class FixedSizeViT(HandedRopeViT):
 
 def test_a_grid_the_model_cannot_be_probed_on_is_refused():
     check_rejected(FixedSizeViT(k_bias_learned=True), lambda m: structinit.init_(m, "impulse", seed=0, grid=(5, 5)),
-                   ValueError, r"grid=\(5, 5\): on images of that many patches, layer 'blocks.0.attn' received no "
-                               "rotation")
+                   ValueError, r"grid=\(5, 5\): the model's rotation depends on its input, and its forward does not "
+                               r"take images of \(20, 20\) px")
 
 
 def test_learned_frequencies_are_read_again_when_the_model_is_initialised_again():

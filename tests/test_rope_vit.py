@@ -154,3 +154,27 @@ def test_head_dim_not_a_multiple_of_four_is_refused_at_construction():
 def test_the_token_layout_of_a_rope_model_comes_from_its_rotation(kw, prefix):
     layout = structinit.infer_layout(rope_vit(**kw))  # no position embedding to read it from
     assert layout.grid == (8, 8) and layout.num_prefix_tokens == prefix
+
+
+class _Cropping(nn.Module):
+    """A RoPE ViT that states 34 px images and takes only those: it crops them to the 32 px
+    its 4 px patches cover (as a 14 px patch conv drops the last 8 px of 64 px images), so
+    images built from its 8×8 grid (32 px) fail in its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.vit, self.img_size = rope_vit(), 34
+
+    def forward(self, x):
+        if x.shape[-2:] != (34, 34):
+            raise ValueError(f"Input height ({x.shape[-2]}) doesn't match model (34)")
+        return self.vit(x[..., 1:33, 1:33])
+
+
+def test_a_rotation_is_read_on_the_images_the_model_states_when_its_grid_is_theirs():
+    """The survey's probe (34 px) makes the 8×8 grid the impulse is designed for: its rotation is
+    used as read, with no second probe of images made from the grid (32 px, which this forward
+    refuses); the check after the write runs on the survey's probe too."""
+    model = _Cropping()
+    structinit.init_(model, "impulse", seed=0, target_mass=0.9)
+    assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())

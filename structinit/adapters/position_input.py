@@ -89,11 +89,14 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
     probed with zero tokens of the first layer's layout and width, as a model that takes tokens
     would be called. Returns (maps, calls, token order, None when the model keeps grid order),
     or None when neither probe runs through the model."""
-    # A rotation built at each call is probed on the grid the layouts were designed for.
     survey = as_survey(model)
     model = survey.model
-    rotary = chosen[0][1].rotary is not None and survey.example is None  # a caller's input fixes the grid
-    inputs = probe_at(model, layouts[0].grid, count=1) if rotary else None
+    # A rotation built at each call is probed on the grid the layouts were designed for, unless the
+    # survey's own probe made that grid (a caller's input fixes the grid).
+    surveyed = survey.attention.verdict(chosen[0][0])
+    probed = None if surveyed is None or surveyed.adapter.rotary is None else tuple(surveyed.adapter.rotary.grid)
+    regrid = chosen[0][1].rotary is not None and survey.example is None and probed != tuple(layouts[0].grid)
+    inputs = probe_at(model, layouts[0].grid, count=1) if regrid else None
     if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
         inputs = first_sample(survey.probe)
     order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].num_patches, inputs)

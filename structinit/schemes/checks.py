@@ -282,14 +282,21 @@ def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tens
     return logits.masked_fill(~open_pairs, float("-inf"))
 
 
+@torch.no_grad()
+def maps_gap(ad, real, x: torch.Tensor, terms) -> float:
+    """The largest difference between one layer's own maps ``real`` and the maps the adapter
+    gives its tokens ``x`` (inf when they do not have the same size)."""
+    ours = ad.attention_probs(x.float(), terms)
+    if real.probs.numel() != ours.numel():
+        return float("inf")
+    return float((real.probs.reshape(ours.shape).float() - ours).abs().max())
+
+
 def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
     """A layer whose diagonal is masked, or that sees fewer than :data:`MIN_DIAGONAL_TOKENS`
     tokens, shows no measurable diagonal; what the model computes must then be the map of the
     q kᵀ written."""
-    with torch.no_grad():
-        ours = ad.attention_probs(x.float(), terms)
-    real_probs = real.probs.reshape(ours.shape) if real.probs.numel() == ours.numel() else None
-    if real_probs is None or float((real_probs.float() - ours).abs().max()) > tolerance(x.dtype):
+    if maps_gap(ad, real, x, terms) > tolerance(x.dtype):
         raise ValueError(
             f"mimetic: after the write, the attention maps of layer {name!r} ({type(ad.module).__name__}) are not "
             "those of the q kᵀ written; the write was undone. The layer computes its attention in a way the "

@@ -101,6 +101,8 @@ def rotary_at_grid(survey: ModelSurvey, chosen, grid: tuple[int, int]) -> list:
     RvT, DINOv3) turns by other angles on another grid, one that states no image size was
     probed at a guessed one, and learned angles (mixed RoPE) move in training. A ValueError
     when the model cannot be probed so."""
+    if all(ad.rotary is not None and tuple(ad.rotary.grid) == tuple(grid) for _, ad in chosen):
+        return list(chosen)  # the survey's own probe made that grid: its angles are the model's now
     model = survey.model
     inputs = probe_at(model, grid) if survey.example is None else survey.example  # a caller's input fixes the grid
     if inputs is None:
@@ -109,6 +111,10 @@ def rotary_at_grid(survey: ModelSurvey, chosen, grid: tuple[int, int]) -> list:
     names = [n for n, _ in chosen]
     found = [(n, ad) for n, ad in candidate_layers(model)[0] if n in names]
     again = survey_attention(model, found, [inputs])  # a new forward: the angles of now, on this grid
+    if not again.probed:
+        raise ValueError(f"grid={grid}: the model's rotation depends on its input, and its forward does not take "
+                         f"images of {tuple(inputs.shape[-2:])} px, whose patches make that grid; pass the grid of "
+                         "patch tokens its images make")
     out = []
     for name, _ in chosen:
         verdict = again.verdict(name)
