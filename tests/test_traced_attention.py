@@ -402,3 +402,19 @@ def test_a_window_layer_whose_maps_are_not_its_projections_is_refused_untouched(
     model.attns[1].misread = True
     check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
                    r"layer 'attns\.1' \(ShiftedWindowAttention\): its q kᵀ is not that of the projections")
+
+
+def test_impulse_on_image_maps_channels_last_designs_and_checks_on_their_grid():
+    """SAM's ViT hands its attention (B, H, W, D) maps (a window as large as the grid): the
+    position-only input the design is checked on is the grid rows of LayerNorm(PE) in the map's
+    row-major order, not zeros (every head then missed its target: the write was undone)."""
+    from attention_styles import WindowAttention
+
+    model = StyledViT("windows")
+    model.attns = nn.ModuleList(WindowAttention(48, 3, window=8) for _ in model.attns)
+    structinit.register_adapter(WindowAttention, _WindowAdapter)  # named, as timm's SAM attention is
+    try:
+        structinit.init_(model, "impulse", seed=0)
+    finally:
+        structinit.unregister_adapter(WindowAttention)
+    assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())

@@ -66,16 +66,19 @@ def design_token_swap(model: nn.Module | ModelSurvey, name: str, adapter, layout
     def swap(x: torch.Tensor) -> torch.Tensor:
         if rotary:
             return torch.ones_like(x)
-        if relative or x.ndim != 3 or x.shape[-2] < layout.num_patches:
+        # (B, H, W, D) image maps, channels last (SAM's ViT): their tokens row-major, as the layer reads
+        # them, when they are the grid's (a map padded to a larger window is not: its tokens stay zero)
+        flat = x.reshape(x.shape[0], -1, x.shape[-1]) if x.ndim > 3 else x
+        if relative or flat.shape[-2] < layout.num_patches or (x.ndim > 3 and flat.shape[-2] != layout.num_patches):
             return torch.zeros_like(x)
-        out = x.clone()
+        out = flat.clone()
         design = x_design.to(x.dtype)[0]
-        if order is not None and order.shape == x.shape[:2]:
+        if order is not None and order.shape == flat.shape[:2]:
             on_grid = order >= 0
             out[on_grid] = design[order[on_grid]]
         else:
-            out[:, x.shape[-2] - layout.num_patches:] = design
-        return out
+            out[:, flat.shape[-2] - layout.num_patches:] = design
+        return out.reshape(x.shape)
     return swap
 
 
