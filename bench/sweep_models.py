@@ -39,8 +39,9 @@ def timm_entries() -> list[tuple[str, callable]]:
 
 
 def _timm_build(timm, name):
-    """The model at 64 px where it takes that size, else at its own; a family whose smallest
-    model is still over :data:`MAX_PARAMETERS` is built with 2 blocks where it takes ``depth``."""
+    """The model at 64 px where it takes that size and its patch grid is at least 3×3, else at its
+    own; a family whose smallest model is still over :data:`MAX_PARAMETERS` is built with 2
+    blocks where it takes ``depth``."""
     built = None
     for size in ({"img_size": 64}, {}):
         for depth in ({}, {"depth": 2}):
@@ -50,6 +51,9 @@ def _timm_build(timm, name):
                     with torch.no_grad():
                         model.eval()
                         model(torch.zeros(1, 3, 64, 64))
+                    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+                    if isinstance(grid, (tuple, list)) and min(grid) < 3:  # no 3×3 kernel fits: its own size
+                        continue
             except Exception:  # a model whose size is fixed, or that takes no depth
                 continue
             if depth or sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS:
@@ -176,7 +180,8 @@ def tower_call(model) -> dict | None:
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     grid = next((n for n in required if n.endswith("grid_thw")), None)
-    frames, size = getattr(model.config, "num_frames", None), getattr(model.config, "image_size", None)
+    config = getattr(model, "config", None)
+    frames, size = getattr(config, "num_frames", None), getattr(config, "image_size", None)
     if required == ["pixel_values"] and isinstance(frames, int) and isinstance(size, int):
         # a video tower (X-CLIP's): one clip, its frames as a batch of images
         calls = [{"pixel_values": torch.randn(frames, 3, size, size, generator=torch.Generator().manual_seed(0))}]

@@ -109,3 +109,22 @@ def test_a_navit_forward_is_called_with_padded_patches_their_shapes_and_mask():
     call = sweep.tower_call(_NaViT())
     assert call["pixel_values"].shape == (1, 64, 12) and call["spatial_shapes"].tolist() == [[8, 8]]
     assert call["pixel_attention_mask"].shape == (1, 64)
+
+
+class _VideoTower(StyledViT):
+    """X-CLIP's convention: a clip's frames as a batch of images, the batch a whole number of
+    clips (its config's ``num_frames``)."""
+
+    def __init__(self):
+        super().__init__("raw-linear")
+        self.config = type("Config", (), {"num_frames": 4, "image_size": 16})()
+
+    def forward(self, pixel_values):
+        if pixel_values.shape[0] % self.config.num_frames:
+            raise RuntimeError("shape '[0, 4, 48]' is invalid")
+        return super().forward(pixel_values)
+
+
+def test_a_video_tower_is_called_with_one_clips_frames():
+    call = sweep.tower_call(_VideoTower())
+    assert call["pixel_values"].shape == (4, 3, 16, 16)

@@ -135,15 +135,16 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
 
 
 def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) -> list[float]:
-    """Per head, the share of grid rows (open in the call) whose argmax among the grid tokens
-    is the head's target, for maps (B, H, T, T)."""
+    """Per head, the share of grid rows (open in the call) whose argmax is the head's target,
+    for maps (B, H, T, T): over every key, as :func:`structinit.impulse_fidelity` counts it (a
+    class token that takes a row's argmax leaves that row without its convolution)."""
     prefix = probs.shape[-1] - layout.num_patches
-    arg = probs[..., prefix:].argmax(-1)  # among the grid tokens: the design says nothing of prefix tokens
+    arg = probs.argmax(-1)
     rates = []
     for h, offset in enumerate(offsets):
         t = target_index(layout.grid, offset).to(probs.device)
         rows = torch.nonzero(t >= 0).squeeze(1)
-        hits = arg[:, h, rows + prefix] == t[rows]
+        hits = arg[:, h, rows + prefix] == t[rows] + prefix
         if open_pairs is not None:
             hits = hits[open_pairs[:, min(h, open_pairs.shape[1] - 1), rows + prefix, t[rows] + prefix]]
         rates.append(float(hits.double().mean()) if hits.numel() else 1.0)
@@ -175,13 +176,16 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
     missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
     if missed:
         h = missed[0]
+        why = ("in most rows it missed, a prefix token (a class or register token) took the argmax: the written "
+               "q/k give it a logit above the target's (keep the default reserve and pe_scale, which keep it below, "
+               "or use 'mimetic')" if _prefix_share(in_grid, layout, offsets[h], h) > 0.5 else
+               "the layer cannot attend those targets from its position input (it masks them, or its position input "
+               "cannot tell them apart); pass offsets= targets it can attend, or use 'mimetic'")
         raise ValueError(
             f"impulse: the q/k written to layer {name!r} ({type(ad.module).__name__}) put head {h}'s argmax on its "
             f"target offset {tuple(offsets[h])} in only {designed_rates[h]:.0%} of the grid rows of the position-only "
-            "input "
-            f"(heads missing theirs: {', '.join(map(str, missed))}); the write was undone. The layer cannot attend "
-            "those targets from its position input (it masks them, or its position input cannot tell them apart); "
-            "pass offsets= targets it can attend, or use 'mimetic'")
+            f"input (heads missing theirs: {', '.join(map(str, missed))}); the write was undone. {why[0].upper()}"
+            f"{why[1:]}")
     for h, (rate, designed) in enumerate(zip(got, want)):
         if rate < designed - HIT_SLACK:
             raise ValueError(
@@ -190,6 +194,17 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
                 f"position-only input, where the written q/k give {designed:.0%}; the write was undone. The layer "
                 "computes its attention in a way the adapter does not model; register an adapter for it "
                 "(structinit.register_adapter) or use 'mimetic'")
+
+
+def _prefix_share(probs: torch.Tensor, layout: TokenLayout, offset, h: int) -> float:
+    """Of head ``h``'s grid rows whose target exists and whose argmax misses it, the share whose
+    argmax is a prefix token (maps (B, H, T, T), the prefix tokens first)."""
+    prefix = probs.shape[-1] - layout.num_patches
+    t = target_index(layout.grid, offset).to(probs.device)
+    rows = torch.nonzero(t >= 0).squeeze(1)
+    arg = probs[:, h, rows + prefix].argmax(-1)
+    miss = arg != t[rows] + prefix
+    return float((arg[miss] < prefix).double().mean()) if bool(miss.any()) else 0.0
 
 
 MIN_DIAGONAL_TOKENS = 3  # a diagonal stands out of a spread: two logits besides it at least

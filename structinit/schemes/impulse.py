@@ -27,7 +27,10 @@ weights, no solver runs, and options about a position embedding are refused (see
 
 Prefix (class/register) tokens are not on the grid: their rows and columns get whatever
 the written q/k weights give their inputs (a zero class token gives logit 0, a uniform
-row and an ordinary column); no head targets them and fidelity ignores their rows.
+row and an ordinary column); no head targets them and fidelity ignores their rows. Their
+columns count: a grid row whose argmax is a prefix token misses its target, in the check after
+the write as in :func:`structinit.impulse_fidelity` (the reservation projects the prefix tokens
+off the position subspace, which keeps their logits below the targets').
 """
 
 from __future__ import annotations
