@@ -64,7 +64,7 @@ def _timm_build(timm, name):
 
 _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 3,
            "intermediate_size": 192, "image_size": 64, "patch_size": 8, "head_dim": 32, "num_heads": 3,
-           "window_size": 4, "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64,
+           "depth": 2, "embed_dim": 96, "vocab_size": 97, "max_position_embeddings": 64,
            "n_embd": 96, "n_layer": 2, "n_head": 3, "n_positions": 64, "n_inner": 192, "num_layers": 2,
            # mixtures of experts: a few small ones (a default count of hundreds fills the memory)
            "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
@@ -101,10 +101,15 @@ def shrink(config, width: int = 96) -> None:
                            ("head_dim", r // 2), ("kv_lora_rank", r), ("q_lora_rank", width // 2)):
             if isinstance(getattr(config, key, None), int):
                 setattr(config, key, value)
-    depths, window = getattr(config, "depths", None), getattr(config, "window_size", None)
-    if isinstance(depths, (list, tuple)) and isinstance(window, int) and isinstance(config.image_size, int):
-        # windowed stages (Swin) run only while each stage's grid holds a whole window: patches that small
-        config.patch_size = max(1, config.image_size // (window * 2 ** (len(depths) - 1)))
+    depths, size = getattr(config, "depths", None), getattr(config, "image_size", None)
+    if isinstance(depths, (list, tuple)) and isinstance(getattr(config, "window_size", None), int) \
+            and isinstance(size, int):
+        # windowed stages (Swin) run only while each stage's grid holds a whole window: windows of 4,
+        # patches small enough for that at the last stage
+        config.window_size = 4
+        config.patch_size = max(1, size // (4 * 2 ** (len(depths) - 1)))
+        if isinstance(getattr(config, "num_heads", None), (list, tuple)):  # heads that divide each stage's width
+            config.num_heads = [heads * 2**i for i in range(len(config.num_heads))]
     if hasattr(config, "use_cache"):  # one forward, no generation: a hybrid shrunk to 2 layers may hold no
         config.use_cache = False      # attention layer for its cache to count
 
