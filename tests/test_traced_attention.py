@@ -418,3 +418,36 @@ def test_impulse_on_image_maps_channels_last_designs_and_checks_on_their_grid():
     finally:
         structinit.unregister_adapter(WindowAttention)
     assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
+
+
+class _EinsumWindows(nn.Module):
+    """Cuts 4×4 windows out of the (B, 8, 8, D) maps it receives and projects them with einsum on
+    its own weights: no F.linear shows which tokens its maps are made of."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, hh, ww, c = x.shape
+        win = x.view(b, 2, 4, 2, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 16, c)
+        qkv = torch.einsum("ntc,oc->nto", win, self.qkv.weight) + self.qkv.bias
+        q, k, v = qkv.reshape(-1, 16, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        out = ((q @ k.transpose(-2, -1)) * (c // self.h) ** -0.5).softmax(-1) @ v
+        out = torch.einsum("ntc,oc->nto", out.transpose(1, 2).reshape(-1, 16, c), self.proj.weight) + self.proj.bias
+        return out.view(b, 2, 2, 4, 4, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c)
+
+
+def test_mimetic_refuses_a_layer_whose_maps_it_cannot_compare_before_writing():
+    """A name adapter on a layer that cuts its own windows and projects them with einsum: neither
+    its input nor an F.linear holds the tokens its maps are made of, so the probe cannot compare
+    them with the adapter's, and mimetic refuses before any write (it used to write it unchecked)."""
+    model = StyledViT("windows")
+    model.attns = nn.ModuleList(_EinsumWindows(48, 3) for _ in model.attns)
+    structinit.register_adapter(_EinsumWindows, _WindowAdapter)
+    try:
+        check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                       r"mimetic cannot check its write to layer 'attns\.0' \(_EinsumWindows\).*layers=")
+    finally:
+        structinit.unregister_adapter(_EinsumWindows)

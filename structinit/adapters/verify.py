@@ -233,8 +233,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it forms no softmax(q kᵀ) map over its tokens (linear or factorised attention): there "
                        "is no map to shape")
     x, out = map_tokens(call.x, maps, adapter.num_heads), module_output(call)
-    if not fits_maps(x, maps) and fits_maps(rows := map_tokens(call.q_input, maps, adapter.num_heads), maps):
-        x, out = rows, call.o_output  # a layer that cuts its own windows: its maps' rows are what its projections see
+    rows = None if fits_maps(x, maps) or call.o_output is None else map_tokens(call.q_input, maps, adapter.num_heads)
+    if fits_maps(rows, maps):  # a layer that cuts its own windows: its maps' rows are what its projections see
+        x, out = rows, call.o_output
     # No tokens of its maps to read, or NaN/inf in the model already: the probe can tell nothing.
     if x is None or not bool(torch.isfinite(x).all()):
         return Verdict(name, adapter, "self", checked=False)

@@ -114,6 +114,21 @@ def require_probe(survey: ModelSurvey, scheme: str) -> None:
         "keyword arguments), or, for a model of images that states no image size, grid=(h, w)")
 
 
+def require_judged(survey: ModelSurvey, chosen, scheme: str) -> None:
+    """Refuse, before any write, a chosen layer the probe ran through but could not compare with
+    its adapter (no tokens of its maps to read, or NaN/inf in its input): the check after the
+    write could not compare it either."""
+    for name, ad in chosen:
+        verdict = survey.attention.verdict(name)
+        if verdict is not None and not verdict.checked and survey.attention.probed:
+            raise ValueError(
+                f"{scheme} cannot check its write to layer {name!r} ({type(ad.module).__name__}): the probe ran "
+                "through it, but the tokens its maps are made of are neither the ones it receives nor the ones "
+                "its q projection receives (or its input holds NaN/inf), so its own maps cannot be compared with "
+                "the q kᵀ written; nothing was written. Register an adapter whose input_tokens returns those "
+                "tokens, or leave the layer out with layers=")
+
+
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
                   layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None,
                   exact: bool = False) -> Callable[[], None]:
@@ -249,7 +264,7 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
         calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen])
         for (name, ad), real in zip(chosen, real_maps(model, inputs, chosen, calls)):
             x = call_rows(calls[ad.module], real.probs.shape[-1], real.probs.shape[0])
-            if x is None:  # the survey judged every chosen layer on these tokens; one that changed since is not passed
+            if x is None:  # judged on these tokens before the write (require_judged): one that changed is not passed
                 raise ValueError(f"mimetic: after the write, layer {name!r} ({type(ad.module).__name__}) no longer "
                                  "shows maps of the tokens it was judged on; the write was undone")
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
@@ -318,4 +333,5 @@ def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
             "adapter does not model (register an adapter that models it)")
 
 
-__all__ = ["GROUPED", "TRANSFORMS", "check_settable", "impulse_check", "mimetic_check", "diagonal_strength"]
+__all__ = ["GROUPED", "TRANSFORMS", "check_settable", "diagonal_strength", "impulse_check", "mimetic_check",
+           "require_judged"]

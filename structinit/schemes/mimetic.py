@@ -11,7 +11,15 @@ from structinit.adapters import grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.attention import out_matrix
 from structinit.adapters.survey import ModelSurvey
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
-from structinit.schemes.checks import GROUPED, TRANSFORMS, check_settable, finish_plan, mimetic_check, require_probe
+from structinit.schemes.checks import (
+    GROUPED,
+    TRANSFORMS,
+    check_settable,
+    finish_plan,
+    mimetic_check,
+    require_judged,
+    require_probe,
+)
 from structinit.schemes.plan import Plan
 from structinit.schemes.registry import register_planner
 from structinit.schemes.reservation import RESERVE_MODES, resolve_reservation
@@ -67,6 +75,7 @@ def plan_mimetic(
     check_settable(survey, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
     _check_width_kept(chosen)
     require_probe(survey, "mimetic")  # before the maths: a write that cannot be checked is not made
+    require_judged(survey, chosen, "mimetic")
     if reference_layout:
         for name, ad in chosen:
             if ad.num_heads * ad.head_dim != ad.dim:
