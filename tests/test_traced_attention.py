@@ -451,3 +451,36 @@ def test_mimetic_refuses_a_layer_whose_maps_it_cannot_compare_before_writing():
                        r"mimetic cannot check its write to layer 'attns\.0' \(_EinsumWindows\).*layers=")
     finally:
         structinit.unregister_adapter(_EinsumWindows)
+
+
+class _GlobalQueryViT(nn.Module):
+    """GCViT's alternation: a self-attention layer, then one whose queries a global token makes
+    outside it and hands to it."""
+
+    def __init__(self, dim=48, heads=3):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
+        self.local, self.glob = RawLinearAttention(dim, heads), GlobalQuery(dim, heads)
+        self.make_query = nn.Linear(dim, dim)
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2) + self.pos_embed
+        x = x + self.local(x)
+        q_global = self.make_query(x.mean(1, keepdim=True)).expand_as(x)
+        return (x + self.glob(x, q_global)).mean(1)
+
+
+def test_a_layer_whose_queries_are_handed_to_it_is_left_alone_as_cross_attention():
+    """Its map is cross-attention from queries made elsewhere, not self-attention over its tokens:
+    the init writes the other layers and leaves it alone, saying so, as it does a pooling head
+    (the model was refused whole: 'no adapter understands')."""
+    model = _GlobalQueryViT()
+    kept = {k: v.clone() for k, v in model.glob.state_dict().items()}
+    local = model.local.w_in.detach().clone()
+    with pytest.warns(UserWarning, match=r"left alone: glob \(GlobalQuery: .*cross-attention from queries made "
+                                         r"outside it"):
+        structinit.init_(model, "mimetic", seed=0)
+    assert all(torch.equal(v, model.glob.state_dict()[k]) for k, v in kept.items())
+    assert not torch.equal(model.local.w_in, local)
+    assert [n for n, _ in structinit.get_record(model, "init")["skipped"]] == ["glob"]

@@ -49,6 +49,7 @@ from structinit.adapters.provenance_blocks import (
     lines_in_storage_order,
 )
 from structinit.adapters.provenance_record import (
+    HandedQueries,
     Operand,
     TraceError,
     causal_map,
@@ -144,9 +145,10 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     q, k, product, sdpa_scale, v = found
     owned = [role for role, op in (("q", q), ("k", k), ("v", v)) if not op.tensor.requires_grad]
     if owned:  # made outside the module and handed to it (GCViT's global query): no projection of its own
-        raise TraceError(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
-                         "parameters (handed to it, as a global query is), and structinit writes the projections a "
-                         "layer owns")
+        error = HandedQueries if "q" in owned else TraceError
+        raise error(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
+                    "parameters (handed to it, as a global query is), and structinit writes the projections a "
+                    "layer owns")
     r = q.channels
     if k.channels != r or v.channels != r:
         raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "

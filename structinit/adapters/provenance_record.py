@@ -32,6 +32,11 @@ class TraceError(ValueError):
     """Why a module's attention could not be followed back to its parameters."""
 
 
+class HandedQueries(TraceError):
+    """The module's queries are made outside it and handed to it (GCViT's global query): its map
+    is cross-attention from them to its tokens, not self-attention over its tokens."""
+
+
 Op = tuple  # (func, args, kwargs, out)
 
 

@@ -43,6 +43,7 @@ from structinit.adapters.observe import (
     observe,
 )
 from structinit.adapters.provenance import TraceError, trace_attention
+from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import tokens_of_call
 from structinit.adapters.traced import CallTokens
 
@@ -52,6 +53,7 @@ HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-n
 SELF_MASK = "self-mask"
 LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
 TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, SELF_MASK})
+HANDED = "cross-attention from queries made outside it"
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,9 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
     verdicts = [better.get(v.name, v) for v in verdicts]
     traced = [v for v in traced if v.name not in again]
-    unknown = [u for u in unknown if u[0] not in again]
+    # queries made elsewhere (a global query): cross-attention, left alone as a pooling head is
+    pooling += [u for u in unknown if u[0] not in again and HANDED in u[1]]
+    unknown = [u for u in unknown if u[0] not in again and HANDED not in u[1]]
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)
@@ -341,6 +345,9 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
         call = calls[module]
         try:
             adapter = trace_attention(module, call.args, call.kwargs) if call.done else None
+        except HandedQueries as err:
+            unknown.append((name, f"{what}; {HANDED}: {err}"))
+            continue
         except (TraceError, ValueError, RuntimeError, TypeError, IndexError, KeyError) as err:
             unknown.append((name, f"{what}; {err}"))
             continue
