@@ -53,7 +53,6 @@ HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-n
 SELF_MASK = "self-mask"
 LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
 TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, SELF_MASK})
-HANDED = "cross-attention from queries made outside it"
 
 
 @dataclass(frozen=True)
@@ -315,38 +314,38 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     # the trace's verdict replaces the adapter's only when it understands the layer.
     misread = {v.adapter.module: (v.name, "") for v in verdicts
                if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH)}
-    traced, unknown = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
+    traced, unknown, crossed = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
     again = {name for name, _ in misread.values()}
     better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
     verdicts = [better.get(v.name, v) for v in verdicts]
     traced = [v for v in traced if v.name not in again]
-    # queries made elsewhere (a global query): cross-attention, left alone as a pooling head is
-    pooling += [u for u in unknown if u[0] not in again and HANDED in u[1]]
-    unknown = [u for u in unknown if u[0] not in again and HANDED not in u[1]]
+    pooling += [c for c in crossed if c[0] not in again]  # left alone as a pooling head is
+    unknown = [u for u in unknown if u[0] not in again]
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)
 
 
 def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[str, str]],
-                    dtype: torch.dtype) -> tuple[list[Verdict], list[tuple[str, str]]]:
+                    dtype: torch.dtype) -> tuple[list[Verdict], list[tuple[str, str]], list[tuple[str, str]]]:
     """Attention that no adapter claims, read by provenance (:mod:`structinit.adapters.provenance`)
     from its call in a second probe and judged like any adapted layer; (verdicts, what stays
-    unknown, with why the trace could not read it)."""
+    unknown, with why the trace could not read it, and the cross-attention from queries made
+    outside the layer, with why)."""
     if not unclaimed:
-        return [], []
+        return [], [], []
     reader = CallTokens()
     try:
         calls, _ = observe(model, inputs, [(m, m, reader) for m in unclaimed])
     except Exception:  # the first probe ran: a second that fails says nothing more
-        return [], list(unclaimed.values())
-    verdicts, unknown = [], []
+        return [], list(unclaimed.values()), []
+    verdicts, unknown, crossed = [], [], []
     for module, (name, what) in unclaimed.items():
         call = calls[module]
         try:
             adapter = trace_attention(module, call.args, call.kwargs) if call.done else None
-        except HandedQueries as err:
-            unknown.append((name, f"{what}; {HANDED}: {err}"))
+        except HandedQueries as err:  # queries made elsewhere (a global query): cross-attention
+            crossed.append((name, f"{what}; cross-attention from queries made outside it: {err}"))
             continue
         except (TraceError, ValueError, RuntimeError, TypeError, IndexError, KeyError) as err:
             unknown.append((name, f"{what}; {err}"))
@@ -356,7 +355,7 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
             continue
         call.x = tokens_of_call(adapter, call.args, call.kwargs).detach()
         verdicts.append(dataclasses.replace(judge(name, adapter, call, dtype), tokens=_token_count(call)))
-    return verdicts, unknown
+    return verdicts, unknown, crossed
 
 
 def _token_count(call: ModuleCall) -> int | None:

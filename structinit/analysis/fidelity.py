@@ -19,7 +19,7 @@ from structinit.adapters.probe import first_sample
 from structinit.adapters.relative import reachable
 from structinit.adapters.survey import ModelSurvey, as_survey
 from structinit.adapters.token_order import canonical, out_of_order
-from structinit.functional.targets import Offset, enumerated_offsets, target_index
+from structinit.functional.targets import Offset, enumerated_offsets, target_index, target_pairs
 from structinit.models import create_model
 from structinit.schemes.records import get_record
 from structinit.schemes.registry import init_, schemes
@@ -138,9 +138,7 @@ def add_scores(sums: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, op
     prefix = probs.shape[-1] - num_patches
     arg = probs.argmax(-1)
     for h, t in enumerate(targets):
-        t = t.to(probs.device)
-        rows = torch.nonzero(t >= 0).squeeze(1) + prefix
-        cols = t[rows - prefix] + prefix
+        rows, cols = target_pairs(t.to(probs.device), prefix)
         on_target = probs[:, h, rows, cols]
         hits = (arg[:, h, rows] == cols).double()
         weight = (torch.ones_like(on_target, dtype=torch.float64) if open_pairs is None else

@@ -95,6 +95,15 @@ def target_index(grid: tuple[int, int], offset: Offset) -> torch.Tensor:
     return torch.where(inside, ty * w + tx, torch.full_like(ty, -1)).reshape(-1)
 
 
+def target_pairs(target: torch.Tensor, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, cols): the token index of every grid row whose target (``target``, from
+    :func:`target_index`) is on the grid, and of that target, in a sequence whose first
+    ``prefix`` tokens are off the grid (a class token). ``probs[..., rows, :].argmax(-1) == cols``
+    is a head's hit, with every key a candidate."""
+    rows = torch.nonzero(target >= 0).squeeze(1)
+    return rows + prefix, target[rows] + prefix
+
+
 def impulse_matrix(grid: tuple[int, int], offset: Offset, dtype=torch.float32) -> torch.Tensor:
     """The N×N matrix H of a one-hot filter at ``offset`` with zero padding (see module doc)."""
     n = grid[0] * grid[1]

@@ -19,7 +19,7 @@ from structinit.adapters.probe import first_sample
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
-from structinit.functional.targets import target_index
+from structinit.functional.targets import target_index, target_pairs
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
 _HINTS = {
@@ -157,11 +157,10 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
     arg = probs.argmax(-1)
     rates = []
     for h, offset in enumerate(offsets):
-        t = target_index(layout.grid, offset).to(probs.device)
-        rows = torch.nonzero(t >= 0).squeeze(1)
-        hits = arg[:, h, rows + prefix] == t[rows] + prefix
+        rows, cols = target_pairs(target_index(layout.grid, offset).to(probs.device), prefix)
+        hits = arg[:, h, rows] == cols
         if open_pairs is not None:
-            hits = hits[open_pairs[:, min(h, open_pairs.shape[1] - 1), rows + prefix, t[rows] + prefix]]
+            hits = hits[open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols]]
         rates.append(float(hits.double().mean()) if hits.numel() else 1.0)
     return rates
 
@@ -215,10 +214,9 @@ def _prefix_share(probs: torch.Tensor, layout: TokenLayout, offset, h: int) -> f
     """Of head ``h``'s grid rows whose target exists and whose argmax misses it, the share whose
     argmax is a prefix token (maps (B, H, T, T), the prefix tokens first)."""
     prefix = probs.shape[-1] - layout.num_patches
-    t = target_index(layout.grid, offset).to(probs.device)
-    rows = torch.nonzero(t >= 0).squeeze(1)
-    arg = probs[:, h, rows + prefix].argmax(-1)
-    miss = arg != t[rows] + prefix
+    rows, cols = target_pairs(target_index(layout.grid, offset).to(probs.device), prefix)
+    arg = probs[:, h, rows].argmax(-1)
+    miss = arg != cols
     return float((arg[miss] < prefix).double().mean()) if bool(miss.any()) else 0.0
 
 
