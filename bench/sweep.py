@@ -76,7 +76,8 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     against the log of the map the adapter models: :func:`structinit.schemes.checks.diagonals`)
     to the written one (a head whose truncation leaves no diagonal promises none)."""
     import structinit
-    from structinit.adapters.observe import call_rows, observe, real_maps
+    from structinit.adapters.observe import observe, real_maps
+    from structinit.adapters.provenance_tokens import call_rows
     from structinit.adapters.survey import ModelSurvey
     from structinit.schemes.checks import diagonals, maps_gap
 

@@ -178,7 +178,8 @@ def tower_call(model) -> dict | None:
     sequence and their grid sizes (Qwen-VL's convention: ``grid_thw`` = [[t, h, w]] and the
     patches, flat or as small images), as its processor would hand it: one image of 8×8 (else
     16×16) patches, the first layout the forward takes (:func:`_tower_calls`); a video tower's
-    frames of one clip as a batch of images. None for a
+    frames of one clip as a batch of images, or the clip itself where it takes clips; Pix2Struct's
+    flattened patches with their row and column ids (:func:`_flattened_calls`). None for a
     forward that takes its images alone, or whose extra arguments follow another convention
     (left to the probe, and said)."""
     sig = inspect.signature(model.forward)
@@ -190,6 +191,12 @@ def tower_call(model) -> dict | None:
     if required == ["pixel_values"] and isinstance(frames, int) and isinstance(size, int):
         # a video tower (X-CLIP's): one clip, its frames as a batch of images
         calls = [{"pixel_values": torch.randn(frames, 3, size, size, generator=torch.Generator().manual_seed(0))}]
+    elif "pixel_values_videos" in sig.parameters and isinstance(frames, int) and isinstance(size, int):
+        # a video tower that takes clips (VideoPrism's): one clip of (frames, C, H, W)
+        gen = torch.Generator().manual_seed(0)
+        calls = [{"pixel_values_videos": torch.randn(1, frames, 3, size, size, generator=gen)}]
+    elif "flattened_patches" in sig.parameters:  # Pix2Struct's: each patch's row and column ids, then its pixels
+        calls = _flattened_calls(model)
     elif {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
         calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
     elif len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
@@ -209,6 +216,17 @@ def tower_call(model) -> dict | None:
     finally:
         model.train(was)
     return None
+
+
+def _flattened_calls(model):
+    """Pix2Struct's convention: (1, 64, 2 + C·p·p) patches of an 8×8 grid, each row's first two
+    entries its 1-based row and column (0 is padding), the rest the width of the patch
+    projection (the first Linear), and an all-ones ``attention_mask``."""
+    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    rows, cols = torch.meshgrid(torch.arange(1, 9), torch.arange(1, 9), indexing="ij")
+    pixels = torch.randn(1, 64, first.in_features, generator=torch.Generator().manual_seed(0))
+    ids = torch.stack([rows.reshape(1, -1), cols.reshape(1, -1)], -1).float()
+    yield {"flattened_patches": torch.cat([ids, pixels], -1), "attention_mask": torch.ones(1, 64)}
 
 
 def _navit_calls(model, mask: bool):

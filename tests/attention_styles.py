@@ -1,8 +1,9 @@
 """Attention modules written in styles no adapter names: raw Parameters through ``F.linear``,
 ``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps, projections in a
 ``ModuleDict``, a ``Linear`` subclass, q, k and v packed per head, heads before the token
-blocks. Each records the softmax input and output its own forward formed (``last_logits``,
-``last_probs``), the ground truth the tests compare structinit against."""
+blocks, values wider than queries and keys. Each records the softmax input and output its own
+forward formed (``last_logits``, ``last_probs``), the ground truth the tests compare structinit
+against."""
 
 import math
 
@@ -233,9 +234,30 @@ class CutWindowsAttention(PerHeadPackedAttention):
         return super().forward(x.reshape(n, h * w, c)).reshape(n, h, w, c)
 
 
+class WideValuesAttention(_Records):
+    """LeViT's and EfficientFormer's layout: one Linear without a bias, then a per-channel gain and
+    shift (their BatchNorm in eval mode, fresh: a gain of one), packed per head as (B, T, heads,
+    r + r + 2·r): values twice as wide as queries and keys, an output projection from heads·2·r."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h, self.r = heads, dim // heads
+        self.qkv, self.proj = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(2 * dim, dim)
+        self.gain, self.shift = nn.Parameter(torch.ones(4 * dim)), nn.Parameter(torch.zeros(4 * dim))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        qkv = self.qkv(x) * self.gain + self.shift
+        q, k, v = qkv.reshape(b, t, self.h, 4 * self.r).transpose(1, 2).split([self.r, self.r, 2 * self.r], -1)
+        logits = q @ k.transpose(-2, -1) * self.r ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, t, -1))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
-          "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention}
+          "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention,
+          "wide-values": WideValuesAttention}
 
 
 class ChannelNorm(nn.LayerNorm):
@@ -312,3 +334,56 @@ class PackedTower(nn.Module):
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x), cu_seqlens=seqlens)
         return x[0]
+
+
+class LearnedQueries(RawLinearAttention):
+    """Queries made from a learned (T, D) Parameter, keys and values from the tokens: its q is not
+    computed from its input at all."""
+
+    def __init__(self, dim, heads, tokens=9):
+        super().__init__(dim, heads)
+        self.queries = nn.Parameter(torch.randn(tokens, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        w = self.w_in.reshape(3, self.h, d // self.h, d)
+        q = torch.einsum("td,hrd->htr", self.queries, w[0]).expand(b, -1, -1, -1)
+        k, v = (torch.einsum("btd,hrd->bhtr", x, w[i]) for i in (1, 2))
+        probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1) * 0.25).softmax(-1))
+        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+class PaddedWindowViT(nn.Module):
+    """SAM's image encoder in small: a learned (1, 8, 8, D) position embedding on an 8×8 grid of
+    channels-last tokens; each block's tokens normalised, padded with zeros to whole
+    ``window``×``window`` windows, cut into them before the attention call (:class:`CutWindowsAttention`)
+    and put back after; the blocks in ``global_blocks`` attend over the whole grid instead."""
+
+    def __init__(self, dim=48, heads=3, depth=3, window=3, global_blocks=(1,)):
+        super().__init__()
+        self.window, self.global_blocks = window, set(global_blocks)
+        self.patch = nn.Conv2d(3, dim, 2, stride=2)
+        self.pos_embed = nn.Parameter(torch.randn(1, 8, 8, dim) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(CutWindowsAttention(dim, heads) for _ in range(depth))
+        self.head = nn.Linear(dim, 10)
+
+    def windows(self, x):
+        """(B, 8, 8, D) → (B·windows, w, w, D), the grid padded with zeros to whole windows."""
+        b, h, _, d = x.shape
+        s, pad = self.window, (-h) % self.window
+        x = F.pad(x, (0, 0, 0, pad, 0, pad))
+        n = (h + pad) // s
+        return x.reshape(b, n, s, n, s, d).permute(0, 1, 3, 2, 4, 5).reshape(b * n * n, s, s, d)
+
+    def unwindows(self, x, b):
+        s, d = self.window, x.shape[-1]
+        n = math.isqrt(x.shape[0] // b)
+        return x.reshape(b, n, n, s, s, d).permute(0, 1, 3, 2, 4, 5).reshape(b, n * s, n * s, d)[:, :8, :8]
+
+    def forward(self, images):
+        x = self.patch(images).permute(0, 2, 3, 1) + self.pos_embed
+        for i, (norm, attn) in enumerate(zip(self.norms, self.attns)):
+            y = norm(x)
+            x = x + (attn(y) if i in self.global_blocks else self.unwindows(attn(self.windows(y)), x.shape[0]))
+        return self.head(x.mean((1, 2)))

@@ -128,3 +128,35 @@ class _VideoTower(StyledViT):
 def test_a_video_tower_is_called_with_one_clips_frames():
     call = sweep.tower_call(_VideoTower())
     assert call["pixel_values"].shape == (4, 3, 16, 16)
+
+
+class _ClipTower(_VideoTower):
+    """VideoPrism's convention: ``pixel_values_videos``, one (frames, C, H, W) clip per sample."""
+
+    def forward(self, pixel_values_videos=None):
+        b, t = pixel_values_videos.shape[:2]
+        return StyledViT.forward(self, pixel_values_videos.flatten(0, 1)).reshape(b, t, -1).mean(1)
+
+
+class _FlattenedTower(nn.Module):
+    """Pix2Struct's convention: each patch's 1-based row and column ids, then its pixels."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(12, 48)
+        self.rows, self.cols = nn.Embedding(9, 48), nn.Embedding(9, 48)
+        self.attn = nn.MultiheadAttention(48, 3, batch_first=True)
+
+    def forward(self, flattened_patches=None, attention_mask=None):
+        ids = flattened_patches[..., :2].long()
+        x = self.embed(flattened_patches[..., 2:]) + self.rows(ids[..., 0]) + self.cols(ids[..., 1])
+        return self.attn(x, x, x, key_padding_mask=attention_mask == 0)[0]
+
+
+def test_a_clip_tower_and_a_flattened_patch_tower_are_called_as_their_processors_would():
+    assert sweep.tower_call(_ClipTower())["pixel_values_videos"].shape == (1, 4, 3, 16, 16)
+    call = sweep.tower_call(_FlattenedTower())
+    patches = call["flattened_patches"]
+    assert patches.shape == (1, 64, 14) and call["attention_mask"].shape == (1, 64)
+    assert patches[0, :, 0].long().tolist() == [r for r in range(1, 9) for _ in range(8)]  # rows, then columns
+    assert patches[0, :, 1].long().tolist() == list(range(1, 9)) * 8

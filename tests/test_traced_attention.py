@@ -5,7 +5,7 @@ maps it records itself), not on structinit's recomputation."""
 
 import pytest
 import torch
-from attention_styles import STYLES, RawLinearAttention, StyledViT
+from attention_styles import STYLES, LearnedQueries, RawLinearAttention, StyledViT
 from torch import nn
 
 import structinit
@@ -143,6 +143,11 @@ def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, 
     after = module.state_dict()
     assert all(torch.equal(state[k], after[k]) for k in state) and float(after["calls"]) == 0
     assert [p.requires_grad for p in module.parameters()] == flags
+
+
+def test_queries_not_computed_from_the_input_are_named_not_an_autograd_error():
+    with pytest.raises(ValueError, match="q is not computed from the tokens it is called with"):
+        trace_attention(LearnedQueries(48, 3), (torch.randn(2, 9, 48),), {})
 
 
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])

@@ -4,9 +4,13 @@ projection receives and the output their output projection returns; those whose 
 compared are refused before any write; a map as large as the grid (SAM's ViT) is checked on the
 grid's own rows. Each test reads the layer's own softmax in its forward."""
 
+import math
+
 import pytest
 import torch
 from attention_styles import StyledViT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import structinit
@@ -110,3 +114,68 @@ def test_mimetic_refuses_a_layer_whose_maps_it_cannot_compare_before_writing():
                        r"mimetic cannot check its write to layer 'attns\.0' \(_EinsumWindows\).*layers=")
     finally:
         structinit.unregister_adapter(_EinsumWindows)
+
+
+def _window_hits(model, layer: int) -> torch.Tensor:
+    """Per head, the share of grid rows whose argmax in layer ``layer``'s own map is the token at
+    its offset, on the position-only input the test builds itself: the block's norm of the PE,
+    padded and cut as the model cuts it; rows whose target is off the grid or in another window
+    are not counted."""
+    with torch.no_grad():
+        attn = model.attns[layer]
+        attn(model.windows(model.norms[layer](model.pos_embed)))
+        probs = attn.last_probs  # (windows, heads, 9, 9), as the module computed them
+    s, n = model.window, math.ceil(8 / model.window)
+    hits = []
+    for h, (dy, dx) in enumerate(attn.structinit_impulse["offsets"]):
+        got = []
+        for w in range(n * n):
+            for t in range(s * s):
+                y, x = (w // n) * s + t // s, (w % n) * s + t % s
+                ty, tx = y + dy, x + dx
+                if y >= 8 or x >= 8 or not (0 <= ty < 8 and 0 <= tx < 8) or (ty // s, tx // s) != (y // s, x // s):
+                    continue
+                got.append(int(probs[w, h, t].argmax()) == (ty % s) * s + tx % s)
+        hits.append(sum(got) / len(got))
+    return torch.tensor(hits)
+
+
+def test_impulse_on_windows_padded_and_cut_from_a_grid_with_an_absolute_embedding_hits_in_each_window():
+    """SAM's layout: an absolute PE on the grid, windows cut (and padded) by the model before each
+    windowed layer's call. Which grid position each window token holds is read off the forward;
+    the layer's own maps on its position-only windows then hit every head's target wherever the
+    target shares the query's window, and impulse_fidelity, reading the same maps, agrees."""
+    from attention_styles import PaddedWindowViT
+
+    torch.manual_seed(0)
+    model = PaddedWindowViT()
+    structinit.init_(model, "impulse", seed=0)
+    for layer in (0, 2):  # the windowed layers (9 windows of 3×3, the last row and column padding)
+        assert (_window_hits(model, layer) == 1).all(), layer
+    assert (structinit.impulse_fidelity(model)["hit"] == 1).all()
+
+
+def _cut(h: int, w: int, s: int) -> torch.Tensor:
+    """The grid index of each token of the s×s windows of an h×w grid padded to whole windows
+    (−1 for padding), slices row-major: what SAM's partition hands each windowed layer."""
+    grid = torch.full(((h + s - 1) // s * s, (w + s - 1) // s * s), -1)
+    grid[:h, :w] = torch.arange(h * w).reshape(h, w)
+    ny, nx = grid.shape[0] // s, grid.shape[1] // s
+    return grid.reshape(ny, s, nx, s).permute(0, 2, 1, 3).reshape(ny * nx, s * s)
+
+
+@given(h=st.integers(1, 9), w=st.integers(1, 9), s=st.integers(1, 5), seed=st.integers(0, 99))
+@settings(max_examples=60, deadline=None)
+def test_windows_cut_from_a_grid_are_told_from_tokens_of_other_windows(h, w, s, seed):
+    from structinit.adapters.token_order import cut_from_grid
+
+    windows = _cut(h, w, s)
+    is_window = windows.shape[0] > 1 or bool((windows < 0).any())  # else the grid itself, not windows
+    assert cut_from_grid(windows, (h, w)) == is_window
+    shuffled = windows[:, torch.randperm(windows.shape[1], generator=torch.Generator().manual_seed(seed))]
+    assert cut_from_grid(shuffled, (h, w)) == is_window  # the order inside a window is free (Hiera's unrolled units)
+    if windows.shape[0] > 1:  # a token of the first window that holds a position of the last: not a window cut
+        real = torch.nonzero(windows[0] >= 0).flatten()
+        moved = windows.clone()
+        moved[0, real[seed % len(real)]] = windows[-1][windows[-1] >= 0][0]
+        assert not cut_from_grid(moved, (h, w))

@@ -63,6 +63,12 @@ class AttentionAdapter:
         raise NotImplementedError
 
     @property
+    def value_dim(self) -> int:
+        """Channels a head of v has, and of the context the output projection reads: ``head_dim``
+        but in a layer whose values are wider than its queries and keys (LeViT's, SHViT's)."""
+        return getattr(self, "_value_dim", None) or self.head_dim
+
+    @property
     def input_module(self) -> nn.Module:
         """The module whose first input is the (B, T, D) tokens q and k are computed from: the
         attention module itself, or its q/k projection when the module normalises its input

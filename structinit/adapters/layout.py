@@ -5,7 +5,7 @@ checked against what the model holds. Each function takes the model or its surve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,10 +19,14 @@ from structinit.utils import is_int
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """Tokens are ``num_prefix_tokens`` prefix tokens followed by an h×w grid, row-major."""
+    """Tokens are ``num_prefix_tokens`` prefix tokens followed by an h×w grid, row-major; or,
+    for a layer that attends within windows cut from the grid (SAM's ViT), ``windows`` (slices,
+    T): the grid index of each token of each window the layer receives, −1 for a padding token
+    (:func:`structinit.adapters.token_order.window_order`)."""
 
     grid: tuple[int, int]
     num_prefix_tokens: int = 0
+    windows: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_patches(self) -> int:
@@ -32,8 +36,15 @@ class TokenLayout:
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.num_patches
 
+    @property
+    def tokens_per_slice(self) -> int:
+        """The tokens one map of the layer spans: a window's, or prefix + grid."""
+        return self.num_tokens if self.windows is None else int(self.windows.shape[1])
+
     def check_tokens(self, count: int, where: str) -> None:
-        """Raise if ``count`` tokens (what ``where`` received) is not prefix + grid."""
+        """Raise if ``count`` tokens (what ``where`` received) is not prefix + grid (a window's)."""
+        if self.windows is not None and count == self.tokens_per_slice:
+            return
         if count != self.num_tokens:
             raise ValueError(
                 f"{where} received {count} tokens, but the layout has {self.num_prefix_tokens} prefix + "

@@ -23,7 +23,7 @@ token order (an MAE-style shuffle) from one probe to the next.
 from __future__ import annotations
 
 import inspect
-import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -59,6 +59,7 @@ class AttentionMap:
     source: str  # 'softmax', 'sdpa' or 'multihead'
     q: torch.Tensor | None = None  # what scaled_dot_product_attention received (B, H, Tq, r)
     k: torch.Tensor | None = None
+    applied: bool = True  # a softmax's map: whether the forward used it (False for one computed and dropped)
 
     @property
     def queries(self) -> int:
@@ -121,10 +122,13 @@ class _Spy(TorchFunctionMode):
     def __init__(self, stack: list[nn.Module], sink, on_linear=None):
         super().__init__()
         self.stack, self.sink, self.on_linear = stack, sink, on_linear
+        self.derived: dict[int, tuple[weakref.ref, AttentionMap]] = {}  # tensors made from a softmax's map
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self.derived:
+            self._follow(args, kwargs, out)
         if not self.stack:
             return out
         if func is F.linear and self.on_linear is not None:
@@ -133,7 +137,8 @@ class _Spy(TorchFunctionMode):
         if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3:
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is not None and dim % out.ndim == out.ndim - 1:
-                found = AttentionMap(out.detach().float(), args[0].detach().float(), "softmax")
+                found = AttentionMap(out.detach().float(), args[0].detach().float(), "softmax", applied=False)
+                self.derived[id(out)] = (weakref.ref(out), found)
         elif func is _SDPA:
             found = _sdpa_map(args, kwargs)
         elif func is _MHA:
@@ -141,6 +146,40 @@ class _Spy(TorchFunctionMode):
         if found is not None:
             self.sink(self.stack, found)
         return out
+
+
+    def _follow(self, args, kwargs, out) -> None:
+        """A softmax's map is applied when an op takes a tensor made from it together with
+        another tensor of two or more axes (its values, through a product or a mask); an op that
+        takes it alone (a cast, a dropout, a reshape) makes another tensor made from it."""
+        tensors = [t for t in _tensors_in((*args, *kwargs.values())) if t is not out]
+        made = [self._map_of(t) for t in tensors]
+        maps = [m for m in made if m is not None]
+        if not maps:
+            return
+        if any(t.ndim >= 2 and m is None for t, m in zip(tensors, made)):
+            for found in maps:  # applied: what it makes is the layer's output, followed no further
+                found.applied = True
+            return
+        for t in _tensors_in((out,)):
+            self.derived[id(t)] = (weakref.ref(t), maps[0])
+
+
+    def _map_of(self, t: torch.Tensor) -> AttentionMap | None:
+        """The map ``t`` was made from, or None (an id a freed tensor held is not ``t``'s)."""
+        entry = self.derived.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t and not entry[1].applied else None
+
+
+def _tensors_in(values) -> list[torch.Tensor]:
+    """The tensors among ``values``, one level into tuples and lists (einsum's operands)."""
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out += [t for t in v if isinstance(t, torch.Tensor)]
+    return out
 
 
 def _owner(stack: list[nn.Module]) -> nn.Module:
@@ -210,7 +249,11 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    return calls, by_module
+    # A map the forward computed and never used (Hugging Face's SAM 2 softmaxes each token's heads, then
+    # drops it) is no attention: left out, it cannot stand in for the map the layer applies.
+    for maps in (*by_module.values(), *(call.maps for call in calls.values())):
+        maps[:] = [m for m in maps if m.applied]
+    return calls, {module: maps for module, maps in by_module.items() if maps}
 
 
 def _projection_storages(adapter) -> tuple[int | None, int | None]:
@@ -268,58 +311,6 @@ def _watch_calls(watched: list, calls: dict[nn.Module, ModuleCall], active: list
         if swap_tokens is not None:
             handles += [m.register_forward_pre_hook(follow, with_kwargs=True) for m in adapter.sibling_inputs]
     return handles
-
-
-def call_rows(call: ModuleCall, tokens: int, rows: int) -> torch.Tensor | None:
-    """The tokens of a recorded call's maps as (``rows``, ``tokens``, D) (:func:`map_rows`): those
-    its input module received, else those its own q projection received (a layer that cuts, pads
-    or shifts its own windows hands its projection the tokens its maps are made of)."""
-    x = map_rows(call.x, tokens, rows)
-    return x if x is not None else map_rows(call.q_input, tokens, rows)
-
-
-def map_rows(x: torch.Tensor | None, tokens: int, rows: int) -> torch.Tensor | None:
-    """The tokens ``x`` (…, D) a layer received, as the rows (``rows``, ``tokens``, D) of its
-    maps (rows, heads, T, T): ``x`` itself when it is (B, T, D); windows the layer received
-    already cut, (…, windows, T, D) or (…, windows, h, w, D), read row-major, as the layer's own
-    reshape reads them; None when no split of its leading axes gives that (a layer that cuts its
-    own windows out of an image map: its tokens are not its maps' rows)."""
-    if x is None or x.ndim < 3:
-        return None
-    if x.ndim == 3:
-        return x if x.shape[-2] == tokens else None
-    lead = x.shape[:-1]
-    for k in range(1, len(lead)):
-        if math.prod(lead[:k]) == rows and math.prod(lead[k:]) == tokens:
-            return x.reshape(rows, tokens, x.shape[-1])
-    return None
-
-
-def map_tokens(x: torch.Tensor | None, maps: list[AttentionMap], heads: int) -> torch.Tensor | None:
-    """``x`` as the (rows, T, D) tokens of one of a layer's square ``maps``: itself when it is 3-D
-    (T tokens of its own count, or its maps are not square), windows received already cut read as
-    :func:`map_rows` reads them; None when no split gives them (a layer that cuts its own windows)."""
-    if x is None:
-        return None
-    square = [m for m in maps if m.queries == m.keys and m.probs.numel() % (heads * m.keys ** 2) == 0]
-    if x.ndim == 3:
-        return x
-    return next((r for m in square if (r := map_rows(x, m.keys, m.probs.numel() // (heads * m.keys ** 2)))
-                 is not None), None)
-
-
-def fits_maps(x: torch.Tensor | None, maps: list[AttentionMap]) -> bool:
-    """Whether ``x`` (rows, T, D) holds the T tokens of one of ``maps``, a square one."""
-    return x is not None and any(m.queries == m.keys == x.shape[-2] for m in maps)
-
-
-def module_output(call: ModuleCall) -> torch.Tensor | None:
-    """The tensor a recorded call returned (the first one of a tuple, as Hugging Face's
-    attention and ``nn.MultiheadAttention`` return (output, weights)), or None."""
-    out = call.output
-    if isinstance(out, (tuple, list)) and out:
-        out = out[0]
-    return out if isinstance(out, torch.Tensor) else None
 
 
 @dataclass

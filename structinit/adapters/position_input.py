@@ -66,6 +66,8 @@ def design_token_swap(model: nn.Module | ModelSurvey, name: str, adapter, layout
     def swap(x: torch.Tensor) -> torch.Tensor:
         if rotary:
             return torch.ones_like(x)
+        if layout.windows is not None:  # windows cut from the grid: each token its own position's row, padding zero
+            return _in_windows(x, layout.windows, x_design[0])
         # (B, H, W, D) image maps, channels last (SAM's ViT): their tokens row-major, as the layer reads
         # them, when they are the grid's (a map padded to a larger window is not: its tokens stay zero)
         flat = x.reshape(x.shape[0], -1, x.shape[-1]) if x.ndim > 3 else x
@@ -80,6 +82,18 @@ def design_token_swap(model: nn.Module | ModelSurvey, name: str, adapter, layout
             out[:, flat.shape[-2] - layout.num_patches:] = design
         return out.reshape(x.shape)
     return swap
+
+
+def _in_windows(x: torch.Tensor, windows: torch.Tensor, design: torch.Tensor) -> torch.Tensor:
+    """Tokens of ``x``'s shape, channels last, whose token i of window s is ``design``'s row
+    ``windows[s, i]`` (zero for −1, a padding token); zeros where ``x`` is not those windows."""
+    index = windows.reshape(-1).to(x.device)
+    if x.shape[-1] != design.shape[-1] or x.numel() != index.numel() * x.shape[-1]:
+        return torch.zeros_like(x)
+    out = x.new_zeros(index.numel(), x.shape[-1])
+    on_grid = index >= 0
+    out[on_grid] = design.to(x.dtype)[index[on_grid]]
+    return out.reshape(x.shape)
 
 
 def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: list[TokenLayout],

@@ -54,6 +54,7 @@ from structinit.adapters.provenance_record import (
     TraceError,
     causal_map,
     first_tensor,
+    logits_by_projection,
     map_operands,
     masked_pairs,
     record,
@@ -140,8 +141,10 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     ops = rec.ops
     found = map_operands(rec)
     if found is None:
-        raise TraceError("the trace cannot follow its softmax map back to a product of q and k and on to "
-                         "the product that applies it to v")
+        raise TraceError("its logits are a projection of each token alone (outlook attention), not a product of "
+                         "queries and keys: it forms no softmax(q kᵀ) map to shape" if logits_by_projection(rec) else
+                         "the trace cannot follow its softmax map back to a product of q and k and on to the "
+                         "product that applies it to v")
     q, k, product, sdpa_scale, v = found
     owned = [role for role, op in (("q", q), ("k", k), ("v", v)) if not op.tensor.requires_grad]
     if owned:  # made outside the module and handed to it (GCViT's global query): no projection of its own
@@ -149,10 +152,9 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         raise error(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
                     "parameters (handed to it, as a global query is), and structinit writes the projections a "
                     "layer owns")
-    r = q.channels
-    if k.channels != r or v.channels != r:
-        raise TraceError(f"its q, k and v have {r}, {k.channels} and {v.channels} channels a head; structinit "
-                         "reads heads of one width")
+    r, rv = q.channels, v.channels  # values may be wider than queries and keys (LeViT): only q kᵀ needs one r
+    if k.channels != r:
+        raise TraceError(f"its q and k have {r} and {k.channels} channels a head; a head's q kᵀ needs them equal")
     heads, group = heads_of(q, params)
     dim = _input_width(q, params)
     tokens_of = token_map(q, leaf, dim, heads)
@@ -168,9 +170,9 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
-        views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), r, dim, "in")
-    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, r, dim)
-    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs)
+        views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), operand.channels, dim, "in")
+    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv)
     if q.head is not None:  # the logits as the adapter's, heads after the other lead axes
         product = (product[0].movedim(q.head, -3), product[1])
     try:
@@ -224,9 +226,22 @@ def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[
     ones = grads_of(op.tensor, lead_cotangent(op, lead, False, token), params)
     labels = grads_of(op.tensor, lead_cotangent(op, lead, True, token), params)
     found = [decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
+    found = [{} if _scales_channels(e, g1) else e for e, g1 in zip(found, ones)]
     if not any(found):  # a norm's output sums to a constant: no gradient of the summed channels reaches it
         raise TraceError("no parameter feeds the attention through a projection alone")
     return found
+
+
+def _scales_channels(entries: dict[int, torch.Tensor], ones: torch.Tensor) -> bool:
+    """Whether a parameter feeding one entry per channel scales the channels rather than shifts
+    them (the weight of an eval-mode BatchNorm after the projection, LeViT's): a bias's gradient
+    under an all-ones cotangent is the token count on every channel, a scale's is the channel's
+    sum over the tokens. Left out of the views: the q kᵀ fit then holds only where the scale is
+    one number, which it absorbs, and refuses the layer otherwise."""
+    if not entries or any(len(ix) != 1 for ix in entries.values()):
+        return False
+    got = torch.stack([ones[tuple(ix[0].tolist())] for ix in entries.values()]).double()
+    return bool((got - got[0]).abs().max() > 1e-6 * got.abs().max())
 
 
 def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dict]]:

@@ -104,9 +104,8 @@ def restored(module: nn.Module, params: list[torch.Tensor]):
 
 def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     """The tokens of a call: its first tensor argument, else a tensor under a usual keyword."""
-    found = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if found is None:
-        found = next((kwargs[k] for k in _TOKEN_KEYS if isinstance(kwargs.get(k), torch.Tensor)), None)
+    given = [*args, *(kwargs.get(k) for k in _TOKEN_KEYS)]  # positional first, then the usual keywords
+    found = next((a for a in given if isinstance(a, torch.Tensor)), None)
     if found is None:
         raise ValueError("the call passes no tensor")
     return found
@@ -284,6 +283,26 @@ def _maps(rec: Record):
 
 _TRANSPOSES = {torch.transpose, torch.Tensor.transpose, torch.Tensor.mT.__get__, torch.swapaxes,
                torch.Tensor.swapaxes, torch.Tensor.permute, torch.permute}
+
+
+def logits_by_projection(rec: Record) -> bool:
+    """Whether a square map's logits come from a Linear or a convolution with no product of two
+    tensors before them in the module (VOLO's outlook attention: a token's weights over its
+    window project that token alone); heads mixed after q kᵀ (talking heads) are not that."""
+    producers = _producers(rec.ops)
+    for i, (func, args, _, out) in enumerate(rec.ops):
+        if func not in _SOFTMAX or not isinstance(out, torch.Tensor) or out.ndim < 3 or out.shape[-1] != out.shape[-2]:
+            continue
+        t, before, projected = args[0], i, False
+        while t is not None and (j := _made_before(producers, t, before)) is not None:
+            if rec.ops[j][0] in _PRODUCTS:
+                break
+            projected = projected or rec.ops[j][0] in (F.linear, F.conv1d, F.conv2d)
+            t, before = next((a for a in rec.ops[j][1] if isinstance(a, torch.Tensor)), None), j
+        else:
+            if projected:
+                return True
+    return False
 
 
 def _swaps_last_two(func, args, result: torch.Tensor) -> bool:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from structinit.adapters.provenance_record import Operand, first_tensor, restored
+
+if TYPE_CHECKING:
+    from structinit.adapters.observe import AttentionMap, ModuleCall
 
 
 class TokenError(ValueError):
@@ -74,7 +78,10 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
             moved = torch.zeros(q.moved_shape, dtype=q.tensor.dtype, device=q.tensor.device)
             # random over channels: a norm's output sums to a constant, which no gradient would pass
             moved[lead] = weights.to(moved)[:, None] * channel_weights.to(moved)
-            grads.append(torch.autograd.grad(q.tensor, leaf, q.unmove(moved), retain_graph=True)[0])
+            got = torch.autograd.grad(q.tensor, leaf, q.unmove(moved), retain_graph=True, allow_unused=True)[0]
+            if got is None:
+                raise TokenError("its q is not computed from the tokens it is called with")
+            grads.append(got)
         channel = _channel_axis(grads[0], dim) if channel is None else channel
         if channel is None:
             raise TokenError("its map's tokens do not read whole positions of its input")
@@ -206,3 +213,68 @@ def tokens_of_call(adapter, args: tuple, kwargs: dict) -> torch.Tensor:
         adapter.module.train(was)
         handle.remove()
     return seen["x"]
+
+
+# -- the tokens of a recorded call's maps (structinit.adapters.observe.ModuleCall) ------------------
+
+def call_rows(call: ModuleCall, tokens: int, rows: int) -> torch.Tensor | None:
+    """The tokens of a recorded call's maps as (``rows``, ``tokens``, D) (:func:`map_rows`): those
+    its input module received, else those its own q projection received (a layer that cuts, pads
+    or shifts its own windows hands its projection the tokens its maps are made of)."""
+    x = map_rows(call.x, tokens, rows)
+    return x if x is not None else map_rows(call.q_input, tokens, rows)
+
+
+def map_rows(x: torch.Tensor | None, tokens: int, rows: int) -> torch.Tensor | None:
+    """The tokens ``x`` (…, D) a layer received, as the rows (``rows``, ``tokens``, D) of its
+    maps (rows, heads, T, T): ``x`` itself when it is (B, T, D); windows the layer received
+    already cut, (…, windows, T, D) or (…, windows, h, w, D), read row-major, as the layer's own
+    reshape reads them; None when no split of its leading axes gives that (a layer that cuts its
+    own windows out of an image map: its tokens are not its maps' rows)."""
+    if x is None or x.ndim < 3:
+        return None
+    if x.ndim == 3:
+        return x if x.shape[-2] == tokens else None
+    lead = x.shape[:-1]
+    for k in range(1, len(lead)):
+        if math.prod(lead[:k]) == rows and math.prod(lead[k:]) == tokens:
+            return x.reshape(rows, tokens, x.shape[-1])
+    return None
+
+
+def map_tokens(x: torch.Tensor | None, maps: list[AttentionMap], heads: int) -> torch.Tensor | None:
+    """``x`` as the (rows, T, D) tokens of one of a layer's square ``maps``: itself when it is 3-D
+    (T tokens of its own count, or its maps are not square), windows received already cut read as
+    :func:`map_rows` reads them; None when no split gives them (a layer that cuts its own windows)."""
+    if x is None:
+        return None
+    square = [m for m in maps if m.queries == m.keys and m.probs.numel() % (heads * m.keys ** 2) == 0]
+    if x.ndim == 3:
+        return x
+    return next((r for m in square if (r := map_rows(x, m.keys, m.probs.numel() // (heads * m.keys ** 2)))
+                 is not None), None)
+
+
+def fits_maps(x: torch.Tensor | None, maps: list[AttentionMap]) -> bool:
+    """Whether ``x`` (rows, T, D) holds the T tokens of one of ``maps``, a square one."""
+    return x is not None and any(m.queries == m.keys == x.shape[-2] for m in maps)
+
+
+def module_output(call: ModuleCall) -> torch.Tensor | None:
+    """The tensor a recorded call returned (the first one of a tuple, as Hugging Face's
+    attention and ``nn.MultiheadAttention`` return (output, weights)), or None."""
+    out = call.output
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return out if isinstance(out, torch.Tensor) else None
+
+
+def token_count(call: ModuleCall) -> int | None:
+    """The tokens a layer's maps span in the probe: its (B, T, D) input's T, else (image maps,
+    windows) the keys of its first square map."""
+    x = call.x
+    if not call.done or x is None:
+        return None
+    if x.ndim == 3:
+        return int(x.shape[-2])
+    return next((m.keys for m in call.maps if m.probs.ndim >= 3 and m.queries == m.keys), None)

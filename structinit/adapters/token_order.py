@@ -1,6 +1,7 @@
 """Which grid position each token the first attention layer receives came from, read off the
 forward: an encoder may reorder its tokens after the position embedding is added (MAE's random
-masking shuffles them, even at mask ratio 0).
+masking shuffles them, even at mask ratio 0). The same reading names the grid position of each
+token of the windows a later layer attends within (:func:`window_order`).
 
 One forward runs with the position embedding's leaf tensor recording gradients, stopped at the
 first attention layer. Per probe sample, two cotangents go back from the tokens the layer
@@ -15,9 +16,13 @@ forward runs seeded, so a random order is the same as in any other probe of that
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
+from structinit.adapters.layout import TokenLayout
+from structinit.adapters.probe import first_sample, is_token_probe
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import tokens_at
 
@@ -34,17 +39,26 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     be read this way (it mixes tokens before the layer, or does not run). ``pos_embed`` is the
     model's own (…, R, D) tensor, its last ``num_patches`` rows the grid's; nothing of the
     model changes (one forward, module doc)."""
+    with _recording(pos_embed) as leaf:
+        x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
+        if x is None or x.ndim != 3 or not x.requires_grad:  # (B·windows, h, w, C): no row order
+            return None
+        return _read_order(x, leaf, pos_embed, num_patches)
+
+
+@contextlib.contextmanager
+def _recording(pos_embed: torch.Tensor):
+    """The tensor ``pos_embed`` views, recording gradients inside (its flag restored after);
+    None when it cannot (not floating point, or made by an op)."""
     leaf = _leaf(pos_embed)
     if not leaf.is_floating_point() or leaf.grad_fn is not None:
-        return None
+        yield None
+        return
     was = leaf.requires_grad
     try:
         leaf.requires_grad_(True)
         with torch.enable_grad():
-            x = tokens_at(model, adapter, inputs, seed, keep_graph=True)
-            if x is None or x.ndim != 3 or not x.requires_grad:  # (B·windows, h, w, C): no row order
-                return None
-            return _read_order(x, leaf, pos_embed, num_patches)
+            yield leaf
     finally:
         leaf.requires_grad_(was)
 
@@ -114,3 +128,128 @@ def canonical(probs: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     heads, t = probs.shape[1], probs.shape[-1]
     rows = torch.gather(probs, 2, perm[:, None, :, None].expand(-1, heads, -1, t))
     return torch.gather(rows, 3, perm[:, None, None, :].expand(-1, heads, t, -1))
+
+
+def layer_windows(survey: ModelSurvey, name: str, adapter, layout: TokenLayout) -> TokenLayout | None:
+    """``layout`` with the windows layer ``name`` attends within (:func:`window_order`), for a
+    layer whose maps span another count of tokens than prefix + grid (smaller windows, or one
+    padded past the grid) and whose position comes with the tokens (no relative bias, no
+    rotation); None when it is not such a layer or they cannot be read on the survey's probe."""
+    verdict = survey.attention.verdict(name)
+    tokens = None if verdict is None else verdict.tokens
+    probe = survey.probe
+    if (tokens is None or tokens == layout.num_tokens or probe is None or is_token_probe(probe)
+            or adapter.rotary is not None or survey.relative_bias(name, adapter) is not None):
+        return None
+    if getattr(getattr(adapter, "token_map", None), "windows", None) is not None:
+        return None  # it cuts its windows itself, from the grid it receives: its input is not the windows
+    others = [v.adapter.module for v in survey.attention.verdicts if v.adapter.module is not adapter.module]
+    order = window_order(survey, adapter, others, layout.num_patches, tokens, first_sample(probe))
+    if order is None or not cut_from_grid(order, layout.grid):
+        return None
+    return TokenLayout(layout.grid, layout.num_prefix_tokens, windows=order)
+
+
+def cut_from_grid(windows: torch.Tensor, grid: tuple[int, int]) -> bool:
+    """Whether ``windows`` (slices, T) are windows cut from the h×w ``grid``: each slice's grid
+    positions fill one rectangle of it (in any order: Hiera unrolls its mask units), the rest
+    padding; and they are windows indeed, more than one or one padded past the grid (a single
+    slice of every grid token and no padding, or with tokens that are not padding, is the grid
+    itself, with tokens the layout does not know)."""
+    placed = windows[windows >= 0]
+    padded = bool((windows == -1).any()) and not bool((windows == OFF_GRID).any())
+    if not (windows.shape[0] > 1 or padded) or placed.unique().numel() != len(placed):
+        return False  # the grid itself, with tokens the layout does not know; or a position in two windows
+    for order in windows:
+        index = order[order >= 0]
+        if len(index) == 0:
+            continue
+        gy, gx = index.div(grid[1], rounding_mode="floor"), index % grid[1]
+        height, width = int(gy.max() - gy.min()) + 1, int(gx.max() - gx.min()) + 1
+        if height * width != len(index):
+            return False
+    return True
+
+
+OFF_GRID = -2  # in a window order: a token no grid position feeds that is not padding (a class token)
+
+
+def window_order(survey: ModelSurvey, adapter, others: list[nn.Module], num_patches: int, tokens: int,
+                 inputs) -> torch.Tensor | None:
+    """(slices, ``tokens``) long: the grid index of each token of each window the layer of
+    ``adapter`` attends within, −1 for a window's padding (zero tokens no grid position feeds),
+    :data:`OFF_GRID` for another token no grid position feeds; None when it cannot be read so.
+    Read as :func:`token_order` reads the first layer's order, on one probe image, with the
+    output of every attention module in ``others`` (the model's other attention layers) zero
+    for the forward: the layers before then mix no tokens, and each grid row of the position
+    embedding reaches the one token it becomes (SAM's ViT pads its grid to whole windows and
+    cuts them before each windowed layer)."""
+    pe = survey.position.pos_embed
+    if pe is None:
+        return None
+    with _recording(pe) as leaf, _silenced(others):
+        x = None if leaf is None else tokens_at(survey.model, adapter, inputs, keep_graph=True)
+        if x is None or not x.requires_grad or x.numel() % (tokens * x.shape[-1]):
+            return None
+        flat = x.reshape(1, -1, x.shape[-1])
+        order = _read_order(flat, leaf, pe, num_patches)
+    if order is None:
+        return None
+    order[(order < 0) & flat.detach().ne(0).any(-1).cpu()] = OFF_GRID  # a token, not padding: a class token
+    return order.reshape(-1, tokens)
+
+
+@contextlib.contextmanager
+def _silenced(modules: list[nn.Module]):
+    """Every module in ``modules`` returns zeros of its output's shape (the first tensor of a
+    tuple) while the context lasts."""
+    def zero(module, args, out):
+        if isinstance(out, torch.Tensor):
+            return torch.zeros_like(out)
+        if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+            return (torch.zeros_like(out[0]), *out[1:])
+        return out
+    handles = [m.register_forward_hook(zero) for m in modules]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def windows_in_grid(probs: torch.Tensor, windows: torch.Tensor, num_patches: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window maps (B·slices, H, T, T) as maps over the grid, (B, H, 1 + N, 1 + N), and the
+    pairs open in them, (B, 1, 1 + N, 1 + N): row and column 1 + g are grid position g (its
+    window's row, its key in the same window); column 0 is the largest probability a row puts
+    on its window's padding, a key off the grid as a class token is (so an argmax there is a
+    miss); pairs across windows are closed. ``windows`` (slices, T) from :func:`window_order`,
+    the slices of one image, repeated image by image."""
+    slices = windows.shape[0]
+    batch, heads = probs.shape[0] // slices, probs.shape[1]
+    out = probs.new_zeros(batch, heads, 1 + num_patches, 1 + num_patches)
+    open_pairs = torch.zeros(batch, 1, 1 + num_patches, 1 + num_patches, dtype=torch.bool, device=probs.device)
+    for i in range(batch * slices):
+        b, order = i // slices, windows[i % slices].to(probs.device)
+        real = order >= 0
+        at = order[real] + 1
+        rows = probs[i][:, real]  # (H, real tokens, T)
+        out[b][:, at[:, None], at[None, :]] = rows[:, :, real]
+        open_pairs[b, 0, at[:, None], at[None, :]] = True
+        if bool((~real).any()):
+            out[b][:, at, 0] = rows[:, :, ~real].amax(-1)
+            open_pairs[b, 0, at, 0] = True
+    return out, open_pairs
+
+
+def maps_on_grid(probs: torch.Tensor, open_pairs: torch.Tensor | None,
+                 layout: TokenLayout) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's maps and open pairs over its grid (:func:`windows_in_grid`) when ``layout``
+    has windows, the pairs the call masked inside a window staying closed; as they are
+    otherwise."""
+    if layout.windows is None:
+        return probs, open_pairs
+    on_grid, open_grid = windows_in_grid(probs, layout.windows, layout.num_patches)
+    if open_pairs is not None:
+        inside, _ = windows_in_grid(open_pairs.expand_as(probs).to(probs.dtype), layout.windows, layout.num_patches)
+        open_grid = open_grid & (inside > 0)
+    return on_grid, open_grid

@@ -20,17 +20,20 @@ class TracedAdapter(AttentionAdapter):
     of: (B, T, D) tokens as they are, the pixels of (B, D, H, W) or (B, H, W, D) maps, the
     windows a module cuts from them (:mod:`structinit.adapters.provenance_tokens`). ``kv_of[h]``
     is the key/value head query head h reads: grouped-query attention has fewer key/value heads
-    than query heads (``kv_heads``), and the 'k' and 'v' views hold ``kv_heads`` of them.
+    than query heads (``kv_heads``), and the 'k' and 'v' views hold ``kv_heads`` of them. A head
+    of v may be wider than one of q and k (``value_dim``).
     """
 
     is_causal = False  # found by the trace: keys after the query are masked
 
     def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
                  token_map: TokenMap | None = None, param_names: dict[str, str] | None = None,
-                 kv_of: tuple[int, ...] | None = None, inputs: tuple[nn.Module, ...] = ()):
+                 kv_of: tuple[int, ...] | None = None, inputs: tuple[nn.Module, ...] = (),
+                 value_dim: int | None = None):
         self.module, self._views = module, views
         self._inputs = tuple(inputs)  # the submodules that read the tokens, when the module normalises them inside
         self.num_heads, self.head_dim = int(num_heads), int(head_dim)
+        self._value_dim = None if value_dim is None else int(value_dim)
         self.dim = int(views["q"][0].shape[-1]) if views else 0
         self.scale, self.token_map = float(scale), token_map or TokenMap(-1)
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
@@ -101,9 +104,9 @@ class TracedAdapter(AttentionAdapter):
 
     def head_values(self, v: torch.Tensor, heads: int) -> torch.Tensor | None:
         b, t, width = v.shape
-        if heads != self.num_heads or width != self.kv_heads * self.head_dim:
+        if heads != self.num_heads or width != self.kv_heads * self.value_dim:
             return None
-        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.value_dim).transpose(1, 2)
         return v[:, torch.tensor(self.kv_of)]
 
 

@@ -33,18 +33,10 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, head_mixers, in_matrix, out_matrix, self_mask
-from structinit.adapters.observe import (
-    AttentionMap,
-    ModuleCall,
-    fits_maps,
-    map_tokens,
-    masked_inside,
-    module_output,
-    observe,
-)
+from structinit.adapters.observe import AttentionMap, ModuleCall, masked_inside, observe
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
-from structinit.adapters.provenance_tokens import tokens_of_call
+from structinit.adapters.provenance_tokens import fits_maps, map_tokens, module_output, token_count, tokens_of_call
 from structinit.adapters.traced import CallTokens
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -70,7 +62,7 @@ class Verdict:
     # Talking-heads mixers (names inside the module) that make it plain self-attention when set to
     # the identity: a scheme that writes the layer sets them so (structinit.schemes.checks.plain_heads).
     mixers: tuple[str, ...] = ()
-    tokens: int | None = None  # how many tokens the layer received in the probe, when it took (B, T, D)
+    tokens: int | None = None  # how many tokens the layer's maps span in the probe (its (B, T, D) input's T)
 
 
 @dataclass
@@ -294,7 +286,7 @@ def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdap
 
 def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=_token_count(calls[ad.module]))
+    verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=token_count(calls[ad.module]))
                 for n, ad in candidates]
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     names = {m: n for n, m in model.named_modules()}
@@ -354,13 +346,8 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
             unknown.append((name, what))
             continue
         call.x = tokens_of_call(adapter, call.args, call.kwargs).detach()
-        verdicts.append(dataclasses.replace(judge(name, adapter, call, dtype), tokens=_token_count(call)))
+        verdicts.append(dataclasses.replace(judge(name, adapter, call, dtype), tokens=token_count(call)))
     return verdicts, unknown, crossed
-
-
-def _token_count(call: ModuleCall) -> int | None:
-    x = call.x
-    return int(x.shape[-2]) if call.done and x is not None and x.ndim == 3 else None
 
 
 def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdict]:
@@ -394,6 +381,6 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
 
 
 def _pooling_words(m: AttentionMap) -> str:
-    kind = ("an attention-pooling or class-attention head" if m.queries < m.keys else
+    kind = ("an attention-pooling or class-attention head, or queries pooled to fewer tokens" if m.queries < m.keys else
             "learned queries, or keys pooled to fewer tokens")
     return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"

@@ -18,7 +18,7 @@ from structinit.adapters.position_input import layer_position_input, position_on
 from structinit.adapters.probe import first_sample
 from structinit.adapters.relative import reachable
 from structinit.adapters.survey import ModelSurvey, as_survey
-from structinit.adapters.token_order import canonical, out_of_order
+from structinit.adapters.token_order import canonical, layer_windows, maps_on_grid, out_of_order
 from structinit.functional.targets import Offset, enumerated_offsets, target_index, target_pairs
 from structinit.models import create_model
 from structinit.schemes.records import get_record
@@ -88,7 +88,8 @@ def layer_layouts(model: nn.Module | ModelSurvey, chosen, grid=None, num_prefix_
     """The token layout of each chosen layer: its window for a layer with a relative position
     bias (Swin, BEiT; :attr:`~structinit.AttentionAdapter.relative`), else the layout the
     impulse init recorded on it when every such layer has a record, else the model's layout
-    (:func:`recorded_layout`)."""
+    (:func:`recorded_layout`), with the windows a layer attends within where they are cut from
+    the grid (:func:`~structinit.adapters.token_order.layer_windows`)."""
     model = as_survey(model)
     biases = [model.relative_bias(name, ad) for name, ad in chosen]
     plain = [layer for layer, b in zip(chosen, biases) if b is None]
@@ -98,15 +99,17 @@ def layer_layouts(model: nn.Module | ModelSurvey, chosen, grid=None, num_prefix_
     else:
         own, model_layout = None, recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
     out = []
-    for rb in biases:
+    for (name, ad), rb in zip(chosen, biases):
         if rb is not None:
             out.append(TokenLayout(rb.grid, rb.num_prefix_tokens))
             _check_agrees(out[-1], grid, num_prefix_tokens, "the relative position bias fixes")
-        elif own is None:
+            continue
+        if own is None:
             out.append(model_layout)
         else:
             out.append(next(own))
             _check_agrees(out[-1], grid, num_prefix_tokens, "the impulse init recorded")
+        out[-1] = layer_windows(model, name, ad, out[-1]) or out[-1]  # windows cut from the grid (SAM's ViT)
     return out
 
 
@@ -182,6 +185,9 @@ def impulse_fidelity(
     window: its grid is the window, its queries are every window of every image, and a pair the
     call masks (Swin's shifted windows join regions that are not neighbours) is not a target;
     its position-only input is content-free zero tokens (so a shifted window's mask counts).
+    A layer that attends within windows cut from the grid of an absolute position embedding
+    (SAM's ViT) is scored on the grid: a row counts where its target shares its window, and an
+    argmax on the window's padding is a miss.
 
     Offsets and the token layout are read from each layer (recorded by
     :func:`structinit.impulse_init_`) unless ``offsets`` gives one list of (dy, dx) per head
@@ -199,6 +205,7 @@ def impulse_fidelity(
     targets = [[target_index(lay.grid, o) for o in layer] for lay, layer in zip(layouts, offs)]
 
     def reduce(i: int, probs: torch.Tensor, open_pairs: torch.Tensor | None) -> None:
+        probs, open_pairs = maps_on_grid(probs, open_pairs, layouts[i])  # a window's tokens by grid position
         sums[i], counts[i] = add_scores(sums[i], counts[i], probs, open_pairs, targets[i], layouts[i].num_patches)
 
     if images is None:
@@ -230,8 +237,10 @@ def position_only_layers(model: nn.Module | ModelSurvey, chosen, layouts, pos_em
             with torch.no_grad():
                 out.append((RealMap(ad.attention_probs(x.float(), terms), reachable(terms)), None))
         return out
-    maps, _, order = found
-    return [(dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order) for real in maps]
+    maps, _, order = found  # a layer attending within windows is put on its grid by its own windows instead
+    return [(real, None) if lay.windows is not None else
+            (dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order)
+            for real, lay in zip(maps, layouts)]
 
 
 def grid_order_maps(model: nn.Module | ModelSurvey, images: torch.Tensor, chosen, layouts, batch_size: int):
@@ -246,7 +255,9 @@ def grid_order_maps(model: nn.Module | ModelSurvey, images: torch.Tensor, chosen
         order = out_of_order(survey, chosen[0], layouts[0].num_patches, batch) if reorders else None
         for i, real in enumerate(real_maps(survey.model, batch, chosen)):
             layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
-            yield i, len(batch), dataclasses.replace(real, probs=_in_grid_order(real.probs, order))
+            ordered = real if layouts[i].windows is not None else dataclasses.replace(
+                real, probs=_in_grid_order(real.probs, order))
+            yield i, len(batch), ordered
 
 
 def _in_grid_order(probs: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:

@@ -13,11 +13,12 @@ import torch
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import head_mixers, in_matrix
-from structinit.adapters.observe import call_rows, observe, real_maps
+from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
+from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.token_order import canonical
+from structinit.adapters.token_order import canonical, maps_on_grid
 from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
 from structinit.functional.targets import target_index, target_pairs
 
@@ -172,27 +173,32 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
     the argmax), those, put in grid order (``order``, None when the model keeps it), must also
     put it there in at least :data:`MIN_DESIGNED_HIT` of the rows: a head whose offset the
     solver cannot realise from the model's position input is not a silent success."""
-    if real.probs.shape[-1] < layout.num_patches:
-        raise ValueError(f"impulse: layer {name!r} attends over {real.probs.shape[-1]} tokens, fewer than its "
-                         f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
-    got = _hit_rates(real.probs, real.open_pairs, layout, offsets)
     x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
+    probs, open_pairs = maps_on_grid(real.probs, real.open_pairs, layout)  # windows: their tokens by grid position
+    order = None if layout.windows is not None else order
+    if probs.shape[-1] < layout.num_patches:
+        raise ValueError(f"impulse: layer {name!r} attends over {probs.shape[-1]} tokens, fewer than its "
+                         f"{layout.grid[0]}×{layout.grid[1]} grid; the write was undone")
+    got = _hit_rates(probs, open_pairs, layout, offsets)
     if x is not None:
         with torch.no_grad():
             ours = ad.attention_probs(x.float(), ad.call_terms(call.args, call.kwargs, x))
-        want = _hit_rates(ours, real.open_pairs, layout, offsets)
+        ours = maps_on_grid(ours, None, layout)[0]
+        want = _hit_rates(ours, open_pairs, layout, offsets)
         reordered = order is not None and tuple(order.shape) == (ours.shape[0], ours.shape[-1])
         in_grid = canonical(ours, order) if reordered else ours
         # the pairs the call masks (Swin's shifted windows) are no target; they are in the model's order
-        designed_rates = _hit_rates(in_grid, None if reordered else real.open_pairs, layout, offsets) if exact else []
+        designed_rates = _hit_rates(in_grid, None if reordered else open_pairs, layout, offsets) if exact else []
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = designed_rates = [1.0] * len(offsets)
     missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
     if missed:
         h = missed[0]
-        why = ("in most rows it missed, a prefix token (a class or register token) took the argmax: the written "
-               "q/k give it a logit above the target's (keep the default reserve and pe_scale, which keep it below, "
-               "or use 'mimetic')" if _prefix_share(in_grid, layout, offsets[h], h) > 0.5 else
+        off_grid = ("a padding token of its window (zero, so its logit is the key bias's)" if layout.windows is not None
+                    else "a prefix token (a class or register token)")
+        why = (f"in most rows it missed, {off_grid} took the argmax: the written q/k give it a logit above the "
+               "target's (keep the default reserve and pe_scale, which keep it below, or use 'mimetic')"
+               if _prefix_share(in_grid, layout, offsets[h], h) > 0.5 else
                "the layer cannot attend those targets from its position input (it masks them, or its position input "
                "cannot tell them apart); pass offsets= targets it can attend, or use 'mimetic'")
         raise ValueError(

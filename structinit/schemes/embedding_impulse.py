@@ -15,6 +15,7 @@ import torch
 from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.token_order import layer_windows
 from structinit.functional.impulse_solvers import LayerSpec
 from structinit.functional.targets import check_kernel_size
 from structinit.schemes.impulse_request import ImpulseRequest, Placed
@@ -60,8 +61,9 @@ def plan_on_embedding(request: ImpulseRequest, plan: Plan) -> Placed:
 def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[TokenLayout]:
     """Per chosen layer, ``layout`` with the prefix tokens the layer really receives (the
     probe's count): a class token that joins in front of the grid after the first layers
-    (ConViT) is a prefix of the later ones. A layer that receives any other count is refused
-    before anything is written."""
+    (ConViT) is a prefix of the later ones; a layer that attends within windows cut from the
+    grid gets its windows (:func:`~structinit.adapters.token_order.layer_windows`). A layer that
+    receives any other count is refused before anything is written."""
     joining = survey.position.joining_prefix_tokens
     out, odd = [], []
     for name, ad in chosen:
@@ -71,9 +73,10 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
             out.append(layout)
         elif joining and tokens == layout.num_tokens + joining:
             out.append(TokenLayout(layout.grid, layout.num_prefix_tokens + joining))
-        else:
-            out.append(None)
-            odd.append((name, ad, tokens))
+        else:  # windows cut from the grid (SAM's ViT), each token's position read off the forward; else refused
+            out.append(layer_windows(survey, name, ad, layout))
+            if out[-1] is None:
+                odd.append((name, ad, tokens))
     if odd:
         name, ad, tokens = odd[0]
         index = {n: i for i, (n, _) in enumerate(survey.layers())}

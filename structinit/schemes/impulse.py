@@ -188,7 +188,7 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
     after the write."""
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
         for _, ad in placed.chosen:
-            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=vo_gamma, delta=vo_delta,
+            wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=vo_gamma, delta=vo_delta,
                                    generator=placed.gen)
             plan.add(ad.vo_writes(wv, wo))
     if placed.reservation is not None:

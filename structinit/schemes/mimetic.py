@@ -78,7 +78,7 @@ def plan_mimetic(
     require_judged(survey, chosen, "mimetic")
     if reference_layout:
         for name, ad in chosen:
-            if ad.num_heads * ad.head_dim != ad.dim:
+            if ad.num_heads * ad.value_dim != ad.dim:
                 raise ValueError(f"reference_layout=True needs square v/proj, layer {name!r} is not")
     reservation = None if reserve == "none" else _reservation(survey, chosen, reserve)
     gen = make_generator(generator, seed)
@@ -90,7 +90,7 @@ def plan_mimetic(
         wq, wk, _ = mimetic_qk(ad.dim, ad.num_heads, ad.head_dim, alpha=alpha, beta=beta, noise=noise, generator=gen,
                                with_target=False)
         plan.add_qk(ad, wq, wk)  # record=None clears a stale impulse record
-        wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.head_dim, gamma=gamma, delta=delta, noise=noise,
+        wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=gamma, delta=delta, noise=noise,
                                generator=gen, reference_layout=reference_layout, with_target=False)
         plan.add(ad.vo_writes(wv, wo))
     if reservation is not None:
@@ -105,7 +105,7 @@ def _check_width_kept(chosen) -> None:
     mimetic writes, x ↦ x (γZ − δI), keeps it."""
     for name, ad in chosen:
         out = tuple(out_matrix(ad.linear_views()["o"][0]).shape)
-        if out != (ad.dim, ad.num_heads * ad.head_dim):
+        if out != (ad.dim, ad.num_heads * ad.value_dim):
             raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "
                              f"is {out[1]} → {out[0]} for input tokens of width {ad.dim}, and the value path mimetic "
                              "writes, x ↦ x (γZ − δI), keeps the width; nothing was written. Pass layers= to choose "
@@ -129,11 +129,11 @@ def _plan_grouped(plan: Plan, ad, alpha, beta, gamma, delta, noise, gen) -> None
     width kv_heads·r, and each head of a group an equal share of its group's output rows."""
     wq, wk = mimetic_qk_grouped(ad.dim, ad.kv_of, ad.head_dim, alpha=alpha, beta=beta, noise=noise, generator=gen)
     plan.add_qk(ad, wq, wk)
-    wv, wo_kv, _ = mimetic_vo(ad.dim, ad.kv_heads * ad.head_dim, gamma=gamma, delta=delta, noise=noise,
+    wv, wo_kv, _ = mimetic_vo(ad.dim, ad.kv_heads * ad.value_dim, gamma=gamma, delta=delta, noise=noise,
                               generator=gen, with_target=False)
     share = torch.tensor([ad.kv_of.count(g) for g in ad.kv_of], dtype=wo_kv.dtype)
-    wo = wo_kv.reshape(ad.kv_heads, ad.head_dim, ad.dim)[torch.tensor(ad.kv_of)] / share[:, None, None]
-    plan.add(ad.vo_writes(wv, wo.reshape(ad.num_heads * ad.head_dim, ad.dim)))
+    wo = wo_kv.reshape(ad.kv_heads, ad.value_dim, ad.dim)[torch.tensor(ad.kv_of)] / share[:, None, None]
+    plan.add(ad.vo_writes(wv, wo.reshape(ad.num_heads * ad.value_dim, ad.dim)))
 
 
 mimetic_init_ = register_planner("mimetic", plan_mimetic, target="attention")

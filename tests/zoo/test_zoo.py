@@ -12,7 +12,8 @@ import zoo
 
 import structinit
 from rejection import check_rejected
-from structinit.adapters.observe import module_output, observe, real_maps
+from structinit.adapters.observe import observe, real_maps
+from structinit.adapters.provenance_tokens import module_output
 from structinit.adapters.survey import layer_relative_bias
 from structinit.schemes.checks import diagonal_strength
 
