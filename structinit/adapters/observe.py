@@ -160,6 +160,7 @@ class _Spy(TorchFunctionMode):
         if any(t.ndim >= 2 and m is None for t, m in zip(tensors, made)):
             for found in maps:  # applied: what it makes is the layer's output, followed no further
                 found.applied = True
+            self.derived = {k: entry for k, entry in self.derived.items() if not entry[1].applied}
             return
         for t in _tensors_in((out,)):
             self.derived[id(t)] = (weakref.ref(t), maps[0])
