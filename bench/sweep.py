@@ -46,7 +46,7 @@ MECHANISMS = {
                 "no attention layer found", "tokens carry no position", "without biasing other pairs",
                 "not self-attention over its tokens"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
-                "not self-attention over its tokens"),
+                "not self-attention over its tokens", "the value path is not linear"),
 }
 @dataclass
 class Row:

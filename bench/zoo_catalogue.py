@@ -145,7 +145,6 @@ class ShuffledEncoderViT(nn.Module):
 
 
 ROPE_NO_CHANNEL = r"rotates q and k by position \(RoPE\).*no learned q and k biases"
-NO_ADAPTER = "attention that no adapter understands"
 
 
 CATALOGUE: tuple[ZooModel, ...] = (
@@ -203,7 +202,7 @@ CATALOGUE: tuple[ZooModel, ...] = (
     ZooModel("timm_levit_128s", "timm", _timm("levit_128s"), 224,
              "LeViT: q/k/v and output through Linear + BatchNorm, learned attention biases, hard-swish before the "
              "output",
-             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
+             refused={"impulse": "without biasing other pairs", "mimetic": "the value path is not linear"}),
     ZooModel("timm_twins_pcpvt_small_64px", "timm", _timm("twins_pcpvt_small", img_size=64, depths=(1, 1, 1, 1)), 64,
              "Twins-PCPVT: reduced-key attention, positional depthwise convs, no position embedding",
              refused={"impulse": "cannot infer the token grid"},

@@ -47,6 +47,8 @@ from structinit.adapters.provenance_blocks import (
     heads_of,
     lead_cotangent,
     lines_in_storage_order,
+    output_block,
+    output_unread,
 )
 from structinit.adapters.provenance_record import (
     HandedQueries,
@@ -171,8 +173,15 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
         views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), operand.channels, dim, "in")
-    views["o"], names["o"] = _output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
+    try:
+        views["o"], names["o"] = output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
+        unread = None
+    except TraceError:  # an output path no projection is: named where it is a mechanism (q, k and v still read)
+        unread = output_unread(module, args, kwargs, v.product_index, ops[v.product_index][3])
+        if unread is None:
+            raise
     adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv)
+    adapter.output_unread = unread
     if q.head is not None:  # the logits as the adapter's, heads after the other lead axes
         product = (product[0].movedim(q.head, -3), product[1])
     try:
@@ -295,59 +304,6 @@ def _shared_heads(role: str, op: Operand, params, heads: int, dim: int) -> tuple
     keys = [_signature(e) for e in per_lead]
     order = list(dict.fromkeys(keys))
     return tuple(order.index(key) for key in keys), [per_lead[keys.index(key)] for key in order]
-
-
-# -- the output projection ---------------------------------------------------------------------------
-
-def _output_block(module, args, kwargs, ops, v: Operand, params, originals, heads, group, r, dim):
-    """The output projection: the module runs again with the context (map · v) replaced by zeros,
-    ones and labels 1 + h·r + c; the gradients of its summed output say which entries read which
-    head channel (module doc)."""
-    context = v.product_index
-    shape = ops[context][3].shape
-    lead_axes = v.context_lead_axes(len(shape))
-    ones = torch.ones(shape, dtype=ops[context][3].dtype, device=ops[context][3].device)
-    head = torch.zeros(shape, dtype=torch.long, device=ones.device)
-    for lead in _all_leads([shape[a] for a in lead_axes]):
-        index = [slice(None)] * len(shape)
-        for a, i in zip(lead_axes, lead):
-            index[a] = i
-        head[tuple(index)] = group(lead)
-    chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
-                                                        for a in range(len(shape))])
-    labels = (1 + head * r + chan).to(ones.dtype)
-    got = {name: _output_grads(module, args, kwargs, context, value, params)
-           for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
-    per_head = [[{} for _ in params] for _ in range(heads)]
-    bias = None
-    for i, (name, _) in enumerate(params):
-        g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
-        if bool(g0.ne(0).any()):
-            if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
-                raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
-            if bias is not None:
-                raise TraceError(f"the output has two biases ({name!r} is the second)")
-            bias = originals[name]
-            continue
-        for c, ix in decode(name, g1, gl, heads * r).items():
-            per_head[c // r][i][c % r] = ix
-    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, dim, "out")
-    return (weight, bias), weight_name
-
-
-def _all_leads(shape) -> list[tuple[int, ...]]:
-    out = [()]
-    for n in shape:
-        out = [(*lead, i) for lead in out for i in range(n)]
-    return out
-
-
-def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
-    out = record(module, args, kwargs, swap={context: value}).out
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(y, torch.Tensor) or not y.requires_grad:
-        raise TraceError("its output does not depend on the attention's context through its parameters")
-    return grads_of(y, torch.ones_like(y), params)
 
 
 # -- the softmax scale ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from structinit.adapters.provenance_record import Operand, TraceError
+from structinit.adapters.provenance_record import Operand, TraceError, record
 
 
 def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
@@ -193,3 +193,81 @@ def find_head(op: Operand, params) -> int:
 def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
     zeros = (0,) * (len(op.lead_shape) - 1)
     return [(*zeros, h) for h in range(heads)]
+
+
+# -- the output projection ---------------------------------------------------------------------------
+
+def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads, group, r, dim):
+    """The output projection: the module runs again with the context (map · v) replaced by zeros,
+    ones and labels 1 + h·r + c; the gradients of its summed output say which entries read which
+    head channel (module doc)."""
+    context = v.product_index
+    shape = ops[context][3].shape
+    lead_axes = v.context_lead_axes(len(shape))
+    ones = torch.ones(shape, dtype=ops[context][3].dtype, device=ops[context][3].device)
+    head = torch.zeros(shape, dtype=torch.long, device=ones.device)
+    for lead in _all_leads([shape[a] for a in lead_axes]):
+        index = [slice(None)] * len(shape)
+        for a, i in zip(lead_axes, lead):
+            index[a] = i
+        head[tuple(index)] = group(lead)
+    chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
+                                                        for a in range(len(shape))])
+    labels = (1 + head * r + chan).to(ones.dtype)
+    got = {name: _output_grads(module, args, kwargs, context, value, params)
+           for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
+    per_head = [[{} for _ in params] for _ in range(heads)]
+    bias = None
+    for i, (name, _) in enumerate(params):
+        g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
+        if bool(g0.ne(0).any()):
+            if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
+                raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
+            if bias is not None:
+                raise TraceError(f"the output has two biases ({name!r} is the second)")
+            bias = originals[name]
+            continue
+        for c, ix in decode(name, g1, gl, heads * r).items():
+            per_head[c // r][i][c % r] = ix
+    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, dim, "out")
+    return (weight, bias), weight_name
+
+
+def _all_leads(shape) -> list[tuple[int, ...]]:
+    out = [()]
+    for n in shape:
+        out = [(*lead, i) for lead in out for i in range(n)]
+    return out
+
+
+def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
+    out = record(module, args, kwargs, swap={context: value}).out
+    y = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        raise TraceError("its output does not depend on the attention's context through its parameters")
+    return grads_of(y, torch.ones_like(y), params)
+
+
+def output_unread(module, args, kwargs, context: int, made: torch.Tensor) -> str | None:
+    """Why the module's output is no projection of its attention's context, where that is a
+    mechanism no write to projections changes: it does not depend on the context (a scale after
+    the output projection that starts at zero: LeViT's BatchNorm), or not affinely (an
+    activation between them); None where it is affine in it (a layout the trace cannot read).
+    Read from the output with the context (``made``, the output of op ``context``) replaced by
+    0, c and 2c for a fixed random c."""
+    c = torch.randn(made.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(made)
+    y0, y1, y2 = (_first(record(module, args, kwargs, swap={context: k * c}).out).detach().double() for k in (0, 1, 2))
+    step = float((y1 - y0).abs().max())
+    if step <= 1e-6 * (float(y0.abs().max()) + 1e-30) and float((y2 - y0).abs().max()) <= step + 1e-30:
+        return ("its output does not depend on its attention's context (a scale after the output projection that "
+                "starts at zero)")
+    if float(((y2 - y1) - (y1 - y0)).abs().max()) > 1e-4 * step:
+        return "its attention's context passes a nonlinearity before the output projection"
+    return None
+
+
+def _first(out) -> torch.Tensor:
+    y = out[0] if isinstance(out, (tuple, list)) else out
+    if not isinstance(y, torch.Tensor):
+        raise TraceError("its output is not a tensor")
+    return y

@@ -87,6 +87,10 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
     its MLP output is not found."""
     out: list[Write] = []
     for name, adapter in layers:
+        if "o" not in adapter.linear_views():
+            raise ValueError(f"the reservation projects every write into the residual stream off the position "
+                             f"subspace, and attention layer {name!r} has no output projection structinit reads "
+                             f"({adapter.output_unread}); pass reserve='patch' or reserve='none'")
         weight, bias = adapter.linear_views()["o"]
         out.append((f"{name} (output projection)", weight, bias))
         if not in_parameters(adapter.module, weight):

@@ -25,6 +25,8 @@ class TracedAdapter(AttentionAdapter):
     """
 
     is_causal = False  # found by the trace: keys after the query are masked
+    # Why the output is no projection of the context (then there is no 'o' view): a mechanism, in words
+    output_unread: str | None = None
 
     def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
                  token_map: TokenMap | None = None, param_names: dict[str, str] | None = None,

@@ -44,6 +44,7 @@ from structinit.adapters.traced import CallTokens
 HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
 SELF_MASK = "self-mask"
 LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
+NO_PROJECTION = "no-output-projection"  # q, k and v read; the output is no projection of the context (a mechanism)
 TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, SELF_MASK})
 
 
@@ -258,6 +259,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
+    if getattr(adapter, "output_unread", None):  # its maps are the q kᵀ read; its value path has no V O to set
+        return Verdict(name, adapter, "refused", NO_PROJECTION,
+                       f"{adapter.output_unread}: the value path is not linear, so it has no W_v W_o to set")
     if not _value_path(adapter, real, x, adapter.output_tokens(out), rel=output_tolerance(dtype)):
         return Verdict(name, adapter, "refused", VALUE_PATH,
                        "its output is not its attention map applied to v through its output projection (heads "

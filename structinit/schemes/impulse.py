@@ -43,6 +43,7 @@ import torch
 
 from structinit.adapters import select_layers
 from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.verify import NO_PROJECTION
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import Offset, check_kernel_size
@@ -171,7 +172,8 @@ def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_la
         resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
-    check_settable(survey, chosen, "impulse")
+    # A layer whose output is no projection of its context (LeViT's): impulse sets its q and k alone
+    check_settable(survey, chosen, "impulse", accept=frozenset({NO_PROJECTION}))
     for name, ad in chosen:
         if ad.qk_normalised and survey.relative_bias(name, ad) is None:
             raise ValueError(
@@ -187,7 +189,11 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
     """What every carrier's plan gets alike: the value path, the reservation and the check
     after the write."""
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
-        for _, ad in placed.chosen:
+        for name, ad in placed.chosen:
+            if "o" not in ad.linear_views():
+                raise ValueError(f"impulse cannot set the value path of layer {name!r} ({type(ad.module).__name__}) "
+                                 f"with value_init='mimetic': {ad.output_unread}; nothing was written. Pass "
+                                 "value_init='keep'")
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=vo_gamma, delta=vo_delta,
                                    generator=placed.gen)
             plan.add(ad.vo_writes(wv, wo))

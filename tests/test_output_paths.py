@@ -1,0 +1,75 @@
+"""Attention whose output is no projection of its context: LeViT's passes an activation before
+its output projection, and a BatchNorm with a weight of zero after it. The trace still reads q,
+k and v, and names the output path: mimetic, whose W_v W_o has no product to set there, refuses
+the layer for that mechanism and leaves the model untouched; impulse, which sets q and k alone,
+writes them, and the layer's own maps hit each head's target."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from attention_styles import RawLinearAttention, StyledViT
+from torch import nn
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.provenance import trace_attention
+from structinit.functional.targets import target_index
+
+
+class ActivatedOutput(RawLinearAttention):
+    """The context passes a Hardswish, then the output projection (LeViT's ``proj``)."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return F.linear(F.hardswish((probs @ v).transpose(1, 2).reshape(b, t, d)), self.w_out, self.b_out)
+
+
+class ZeroScaledOutput(RawLinearAttention):
+    """The output projection followed by a per-channel scale that starts at zero (a BatchNorm
+    whose weight starts at zero, in eval mode), and a shift."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.gain, self.shift = nn.Parameter(torch.zeros(dim)), nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return super().forward(x) * self.gain + self.shift
+
+
+def _model(cls):
+    torch.manual_seed(0)
+    model = StyledViT("raw-linear")
+    model.attns = nn.ModuleList(cls(48, 3) for _ in model.attns)
+    return model
+
+
+@pytest.mark.parametrize(("cls", "words"), [(ActivatedOutput, "passes a nonlinearity"),
+                                            (ZeroScaledOutput, "does not depend on its attention's context")])
+def test_the_trace_reads_q_k_and_v_and_names_an_output_that_is_no_projection(cls, words):
+    ad = trace_attention(cls(48, 3), (torch.randn(2, 9, 48),), {})
+    assert set(ad.linear_views()) == {"q", "k", "v"} and words in ad.output_unread
+
+
+@pytest.mark.parametrize("cls", [ActivatedOutput, ZeroScaledOutput])
+def test_mimetic_refuses_a_value_path_that_is_not_linear_and_leaves_the_model_as_it_was(cls):
+    check_rejected(_model(cls), lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"mimetic cannot set the attention of layer 'attns.0'.*the value path is not linear.*impulse")
+
+
+@pytest.mark.parametrize("cls", [ActivatedOutput, ZeroScaledOutput])
+def test_impulse_sets_q_and_k_of_such_a_layer_and_its_own_maps_hit(cls):
+    model = _model(cls)
+    with pytest.warns(UserWarning, match="no output projection structinit reads"):  # reserve='auto': nothing reserved
+        structinit.init_(model, "impulse", seed=0)
+    with torch.no_grad():
+        for norm, attn in zip(model.norms, model.attns):
+            attn(norm(model.pos_embed.detach()))
+            for h, offset in enumerate(attn.structinit_impulse["offsets"]):
+                target = target_index((8, 8), offset)
+                rows = torch.nonzero(target >= 0).squeeze(1)
+                assert (attn.last_probs[0, h, rows].argmax(-1) == target[rows]).all()
+    with pytest.raises(ValueError, match="value_init='keep'"):
+        structinit.init_(_model(cls), "impulse", seed=0, reserve="none", value_init="mimetic")
