@@ -145,6 +145,7 @@ class ShuffledEncoderViT(nn.Module):
 
 
 ROPE_NO_CHANNEL = r"rotates q and k by position \(RoPE\).*no learned q and k biases"
+NO_ADAPTER = "attention that no adapter understands"
 
 
 CATALOGUE: tuple[ZooModel, ...] = (
@@ -203,6 +204,9 @@ CATALOGUE: tuple[ZooModel, ...] = (
              "LeViT: q/k/v and output through Linear + BatchNorm, learned attention biases, hard-swish before the "
              "output",
              refused={"impulse": "without biasing other pairs", "mimetic": "the value path is not linear"}),
+    ZooModel("timm_shvit_s1", "timm", _timm("shvit_s1"), 224,
+             "SHViT: single-head attention on a slice of each token's channels, convolutions with BatchNorm",
+             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
     ZooModel("timm_twins_pcpvt_small_64px", "timm", _timm("twins_pcpvt_small", img_size=64, depths=(1, 1, 1, 1)), 64,
              "Twins-PCPVT: reduced-key attention, positional depthwise convs, no position embedding",
              refused={"impulse": "cannot infer the token grid"},

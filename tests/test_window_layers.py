@@ -153,6 +153,12 @@ def test_impulse_on_windows_padded_and_cut_from_a_grid_with_an_absolute_embeddin
     for layer in (0, 2):  # the windowed layers (9 windows of 3×3, the last row and column padding)
         assert (_window_hits(model, layer) == 1).all(), layer
     assert (structinit.impulse_fidelity(model)["hit"] == 1).all()
+    # On images, a batch is scored image by image (each image's windows put on its own grid): the same as
+    # the images one at a time
+    images = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    together = structinit.impulse_fidelity(model, images)["hit"]
+    alone = torch.stack([structinit.impulse_fidelity(model, images[i:i + 1])["hit"] for i in range(3)]).mean(0)
+    assert torch.allclose(together, alone, atol=1e-6) and bool((together > 0.5).all())
 
 
 def _cut(h: int, w: int, s: int) -> torch.Tensor:

@@ -205,8 +205,14 @@ def impulse_fidelity(
     targets = [[target_index(lay.grid, o) for o in layer] for lay, layer in zip(layouts, offs)]
 
     def reduce(i: int, probs: torch.Tensor, open_pairs: torch.Tensor | None) -> None:
-        probs, open_pairs = maps_on_grid(probs, open_pairs, layouts[i])  # a window's tokens by grid position
-        sums[i], counts[i] = add_scores(sums[i], counts[i], probs, open_pairs, targets[i], layouts[i].num_patches)
+        # Windows are put on the grid one image at a time: an image's (heads, N, N) maps are what it holds at once
+        step = probs.shape[0] if layouts[i].windows is None else layouts[i].windows.shape[0]
+        for start in range(0, probs.shape[0], step):
+            whole = open_pairs is None or open_pairs.shape[0] != probs.shape[0]  # None, or one for every slice
+            part = open_pairs if whole else open_pairs[start:start + step]
+            grid_probs, grid_open = maps_on_grid(probs[start:start + step], part, layouts[i])
+            sums[i], counts[i] = add_scores(sums[i], counts[i], grid_probs, grid_open, targets[i],
+                                            layouts[i].num_patches)
 
     if images is None:
         for i, (real, _) in enumerate(position_only_layers(model, chosen, layouts, pos_embed)):
