@@ -147,7 +147,6 @@ class _Spy(TorchFunctionMode):
             self.sink(self.stack, found)
         return out
 
-
     def _follow(self, args, kwargs, out) -> None:
         """A softmax's map is applied when an op takes a tensor made from it together with
         another tensor of two or more axes (its values, through a product or a mask); an op that
@@ -164,7 +163,6 @@ class _Spy(TorchFunctionMode):
             return
         for t in _tensors_in((out,)):
             self.derived[id(t)] = (weakref.ref(t), maps[0])
-
 
     def _map_of(self, t: torch.Tensor) -> AttentionMap | None:
         """The map ``t`` was made from, or None (an id a freed tensor held is not ``t``'s)."""

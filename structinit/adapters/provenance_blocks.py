@@ -241,9 +241,8 @@ def _all_leads(shape) -> list[tuple[int, ...]]:
 
 
 def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
-    out = record(module, args, kwargs, swap={context: value}).out
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+    y = _first(record(module, args, kwargs, swap={context: value}).out)
+    if not y.requires_grad:
         raise TraceError("its output does not depend on the attention's context through its parameters")
     return grads_of(y, torch.ones_like(y), params)
 

@@ -24,7 +24,7 @@ from structinit.functional.targets import target_index, target_pairs
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
 _HINTS = {
-    "no-output-projection": "Use 'impulse', which sets q and k alone (with value_init='keep' and reserve='none')",
+    "no-output-projection": "Use impulse with value_init='keep', which sets q and k alone",
     "rotation": "Use 'mimetic', which sets only the projections",
     "qk-norm": "Use 'mimetic', or build the model without the q/k norm for the init",
     "head-mixing": "Build the model without head mixing, or use 'mimetic'",

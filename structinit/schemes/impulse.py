@@ -130,7 +130,7 @@ def plan_impulse(
     """
     solver_obj, value_init, reserve_mode = _check_options(survey, solver, solver_options, kernel_size, grid,
                                                           value_init, reserve)
-    chosen, skipped, biases = _check_layers(survey, layers, offsets, kernel_size, per_layer_offsets)
+    chosen, skipped, biases = _check_layers(survey, layers, offsets, kernel_size, per_layer_offsets, value_init)
     request = ImpulseRequest(survey, chosen, biases, solver, solver_obj, solver_options, kernel_size, offsets,
                              per_layer_offsets, grid, num_prefix_tokens, pos_embed, generator, seed, reserve_mode,
                              reserve)
@@ -163,17 +163,19 @@ def _check_options(survey: ModelSurvey, solver: str, solver_options: dict, kerne
     return solver_obj, value_init, reserve
 
 
-def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_layer_offsets: bool):
+def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_layer_offsets: bool, value_init: str):
     """The chosen attention layers (name, adapter), those skipped, and each one's relative bias
-    (or None), once every chosen layer is known to take an impulse."""
+    (or None), once every chosen layer is known to take an impulse (one whose output is no
+    projection of its context only with ``value_init='keep'``: impulse then sets its q and k alone)."""
     chosen = select_layers(survey.layers(), layers)
     skipped = survey.attention.skipped() if layers is None else []
     if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
         resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
-    # A layer whose output is no projection of its context (LeViT's): impulse sets its q and k alone
-    check_settable(survey, chosen, "impulse", accept=frozenset({NO_PROJECTION}))
+    # A layer whose output is no projection of its context (LeViT's): impulse sets its q and k alone, unless
+    # asked for the value path too
+    check_settable(survey, chosen, "impulse", accept=frozenset({NO_PROJECTION} if value_init == "keep" else ()))
     for name, ad in chosen:
         if ad.qk_normalised and survey.relative_bias(name, ad) is None:
             raise ValueError(
@@ -189,11 +191,7 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
     """What every carrier's plan gets alike: the value path, the reservation and the check
     after the write."""
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
-        for name, ad in placed.chosen:
-            if "o" not in ad.linear_views():
-                raise ValueError(f"impulse cannot set the value path of layer {name!r} ({type(ad.module).__name__}) "
-                                 f"with value_init='mimetic': {ad.output_unread}; nothing was written. Pass "
-                                 "value_init='keep'")
+        for _, ad in placed.chosen:
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=vo_gamma, delta=vo_delta,
                                    generator=placed.gen)
             plan.add(ad.vo_writes(wv, wo))
