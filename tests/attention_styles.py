@@ -387,3 +387,49 @@ class PaddedWindowViT(nn.Module):
             y = norm(x)
             x = x + (attn(y) if i in self.global_blocks else self.unwindows(attn(self.windows(y)), x.shape[0]))
         return self.head(x.mean((1, 2)))
+
+
+class TableEmbedding(nn.Module):
+    """Patches plus position rows the forward reads from a learned table, not one row per token:
+    ``resize``, a side×side ``nn.Embedding`` resized (bilinear, antialiased) to the image's grid,
+    as SigLIP-2's; ``gather``, rows of a flat table gathered at position ids 1 + y·side + x, as
+    Hunyuan-VL's; ``clamped``, those ids with the column clamped, so the grid's last two columns
+    read one row."""
+
+    def __init__(self, dim, read, side=16, patch=2):
+        super().__init__()
+        self.read, self.side = read, side
+        self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+        self.table = nn.Embedding(side * side + (read != "resize"), dim)
+
+    def positions(self, h, w):
+        """(h·w, D): the rows the tokens of an h×w grid get."""
+        if self.read == "resize":
+            table = self.table.weight.reshape(self.side, self.side, -1).permute(2, 0, 1)[None]
+            return F.interpolate(table, size=(h, w), mode="bilinear", antialias=True).flatten(2)[0].T
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        xs = xs.clamp(max=w - 2) if self.read == "clamped" else xs
+        return self.table(1 + (ys * self.side + xs).flatten())
+
+    def forward(self, images):
+        x = self.patch(images)
+        return x.flatten(2).transpose(1, 2) + self.positions(*x.shape[-2:])
+
+
+class TableViT(nn.Module):
+    """A pre-norm ViT on 16×16 images (an 8×8 grid) whose position comes from a table it reads
+    (:class:`TableEmbedding`), with attention no adapter names (:class:`RawLinearAttention`)."""
+
+    def __init__(self, read="resize", dim=48, heads=3, depth=2):
+        super().__init__()
+        self.image_size = 16
+        self.embeddings = TableEmbedding(dim, read)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(RawLinearAttention(dim, heads) for _ in range(depth))
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, images):
+        x = self.embeddings(images)
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x))
+        return self.head(x.mean(1))

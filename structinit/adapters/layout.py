@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from structinit.adapters.position import Discovery, square_side
+from structinit.adapters.position import Discovery, embedding_rows, square_side
 from structinit.adapters.probe import _rows, token_candidates
 from structinit.adapters.rotary import find_rotary
 from structinit.adapters.survey import ModelSurvey, as_survey
@@ -80,8 +80,7 @@ def infer_layout(
                 f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
             )
     prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
-    pos = found.pos_embed
-    rows = None if pos is None else int(pos.reshape(-1, pos.shape[-1]).shape[0])
+    rows = embedding_rows(found)
     grid = found.grid if grid is None else grid
     rotary = next((r for m in model.modules() if (r := find_rotary(m)) is not None), None)
     if grid is None and rotary is not None:  # RoPE: no position embedding, the rotation knows its grid
@@ -152,15 +151,16 @@ def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefi
 
 
 def grid_pos_embed(model: nn.Module | ModelSurvey, layout: TokenLayout) -> torch.Tensor | None:
-    """View (N, D) of the rows of the model's position embedding that belong to the grid (its
-    last N), or None if it has none. A PE with exactly N rows (timm's ``no_embed_class``) gives
-    prefix tokens no row; one with N + k rows, k < P, gives the first k prefix tokens a row
-    (Hugging Face's DINOv2 with registers: the class token has one, the registers none)."""
+    """(N, D) rows of the model's position embedding that belong to the grid (its last N), or
+    None if it has none: a view, or for a table the tokens read through a map (``pos_reader``)
+    what they read, computed (write it with :func:`pos_embed_writes`). A PE with exactly N rows
+    (timm's ``no_embed_class``) gives prefix tokens no row; one with N + k rows, k < P, gives the
+    first k prefix tokens a row (Hugging Face's DINOv2 with registers: the class token has one,
+    the registers none)."""
     found = as_survey(model).position
-    pos = found.pos_embed
-    if pos is None:
+    rows = _embedding_rows(found)
+    if rows is None:
         return None
-    rows = pos.reshape(-1, pos.shape[-1])
     n, p = layout.num_patches, layout.num_prefix_tokens
     if n <= rows.shape[0] <= n + p:  # the grid's rows come last; prefix tokens may have rows or not
         return rows[rows.shape[0] - n:]
@@ -168,12 +168,46 @@ def grid_pos_embed(model: nn.Module | ModelSurvey, layout: TokenLayout) -> torch
     raise AssertionError("unreachable")
 
 
+def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
+                     grid_rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination, value) writes that make the grid rows of the model's position embedding
+    ``grid_rows`` (N, D): into its view, or, for a table read through a map A
+    (``pos_reader``), the smallest change Δ of the table with A(T + Δ) = ``grid_rows``
+    (Δ = A⁺(``grid_rows`` − AT)). ValueError when the table cannot hold them (grid tokens that
+    read the same rows alike, but should differ)."""
+    found = as_survey(model).position
+    if found.pos_reader is None:
+        return [(grid_pos_embed(model, layout), grid_rows)]
+    table = found.pos_embed
+    flat = table.detach().reshape(-1, table.shape[-1]).double().cpu()
+    reader = found.pos_reader[found.pos_reader.shape[0] - layout.num_patches:]
+    target = grid_rows.detach().reshape(layout.num_patches, -1).double().cpu()
+    # the least-norm solution (unique; SVD-based, as A may have dependent rows whose targets still agree)
+    change = torch.linalg.lstsq(reader, target - reader @ flat, driver="gelsd").solution
+    if not bool((reader @ (flat + change) - target).abs().amax() <= 1e-6 * (1 + float(target.abs().amax()))):
+        raise ValueError(
+            f"the position table `{found.pos_embed_name}` is read so that some of the {layout.num_patches} grid "
+            "tokens get the same rows alike: no write of it gives each grid position a row of its own; pass "
+            "pe_scale=None to keep the model's position embedding")
+    return [(table, (flat + change).reshape(table.shape).to(table.device, table.dtype))]
+
+
+def _embedding_rows(found: Discovery) -> torch.Tensor | None:
+    pos = found.pos_embed
+    if pos is None:
+        return None
+    rows = pos.reshape(-1, pos.shape[-1])
+    if found.pos_reader is None:
+        return rows
+    return (found.pos_reader @ rows.detach().double().cpu()).to(pos.device, pos.dtype)
+
+
 def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
     """(name, view (P, D)) of the position-embedding rows of the prefix tokens, or None when
-    they have none."""
+    they have none (or read a table through a map: no view to write)."""
     found = as_survey(model).position
     pos = found.pos_embed
-    if pos is None or layout.num_prefix_tokens == 0:
+    if pos is None or layout.num_prefix_tokens == 0 or found.pos_reader is not None:
         return None
     rows = pos.reshape(-1, pos.shape[-1])
     with_rows = rows.shape[0] - layout.num_patches  # registers after the class token may have none

@@ -44,7 +44,10 @@ class Discovery:
     learned vectors they come from, and ``source`` the finder's name (for messages).
     ``joining_prefix_tokens`` counts the model's class tokens that join in front of the grid
     only after the first attention layers (ConViT), and so are prefix tokens of the later ones;
-    ``joining_tokens`` are their learned vectors."""
+    ``joining_tokens`` are their learned vectors. ``pos_reader`` (R', R) float64, when the
+    tokens read ``pos_embed`` through a map rather than one row each (a table resized to the
+    grid, or gathered at position ids): the R' tokens the table feeds get ``pos_reader`` @ its
+    (R, D) rows, as if those were the position embedding (:func:`structinit.adapters.trace.table_reader`)."""
 
     pos_embed: torch.Tensor | None = None
     pos_embed_name: str = "pos_embed"
@@ -54,6 +57,7 @@ class Discovery:
     source: str = "?"
     joining_prefix_tokens: int = 0
     joining_tokens: tuple[Token, ...] = field(default_factory=tuple)
+    pos_reader: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 NOT_FOUND = ("structinit found no position embedding in the model (it looks for timm's `pos_embed`, Hugging Face's "
@@ -123,7 +127,7 @@ def prefix_in_layers(found: Discovery, first_layer_tokens: int | None) -> Discov
     prefix of the first; ``joining_prefix_tokens`` keeps its count for the later ones."""
     if found.pos_embed is None or not found.num_prefix_tokens:
         return found
-    rows = found.pos_embed.shape[-2]
+    rows = embedding_rows(found)
     n = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else None
     if rows != n or first_layer_tokens != n:
         return found
@@ -234,6 +238,15 @@ def _patch_conv_grid(model: nn.Module) -> tuple[int, int] | None:
 
 for _name, _finder in (("timm", _timm), ("huggingface", _huggingface), ("generic", _generic)):
     POSITION_FINDERS.register(_name, _finder)
+
+
+def embedding_rows(found: Discovery) -> int | None:
+    """How many token rows the position embedding gives: its rows, or the tokens a read table
+    feeds (``pos_reader``); None without one."""
+    if found.pos_embed is None:
+        return None
+    pe = found.pos_embed
+    return int(found.pos_reader.shape[0]) if found.pos_reader is not None else int(pe.numel() // pe.shape[-1])
 
 
 def square_side(n: int) -> int | None:

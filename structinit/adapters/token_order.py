@@ -24,12 +24,7 @@ from torch import nn
 from structinit.adapters.layout import TokenLayout
 from structinit.adapters.probe import first_sample, is_token_probe
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.trace import tokens_at
-
-
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    """The tensor ``t`` views (a parameter, a buffer or a plain tensor attribute), or ``t``."""
-    return t if t._base is None else t._base
+from structinit.adapters.trace import recording, tokens_at
 
 
 def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches: int, inputs,
@@ -39,28 +34,11 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     be read this way (it mixes tokens before the layer, or does not run). ``pos_embed`` is the
     model's own (…, R, D) tensor, its last ``num_patches`` rows the grid's; nothing of the
     model changes (one forward, module doc)."""
-    with _recording(pos_embed) as leaf:
+    with recording(pos_embed) as leaf:
         x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
         if x is None or x.ndim != 3 or not x.requires_grad:  # (B·windows, h, w, C): no row order
             return None
         return _read_order(x, leaf, pos_embed, num_patches)
-
-
-@contextlib.contextmanager
-def _recording(pos_embed: torch.Tensor):
-    """The tensor ``pos_embed`` views, recording gradients inside (its flag restored after);
-    None when it cannot (not floating point, or made by an op)."""
-    leaf = _leaf(pos_embed)
-    if not leaf.is_floating_point() or leaf.grad_fn is not None:
-        yield None
-        return
-    was = leaf.requires_grad
-    try:
-        leaf.requires_grad_(True)
-        with torch.enable_grad():
-            yield leaf
-    finally:
-        leaf.requires_grad_(was)
 
 
 def _read_order(x: torch.Tensor, leaf: torch.Tensor, pos_embed: torch.Tensor, num_patches: int) -> torch.Tensor | None:
@@ -102,8 +80,8 @@ def out_of_order(survey: ModelSurvey, first: tuple, num_patches: int, inputs, se
     whose grid is its window)."""
     name, adapter = first
     pe = survey.position.pos_embed
-    if pe is None or survey.relative_bias(name, adapter) is not None:
-        return None
+    if pe is None or survey.position.pos_reader is not None or survey.relative_bias(name, adapter) is not None:
+        return None  # a read table gives its tokens in the order it feeds them
     order = token_order(survey.model, adapter, pe, num_patches, inputs, seed)
     return None if order is None or is_identity(order) else order
 
@@ -185,9 +163,9 @@ def window_order(survey: ModelSurvey, adapter, others: list[nn.Module], num_patc
     embedding reaches the one token it becomes (SAM's ViT pads its grid to whole windows and
     cuts them before each windowed layer)."""
     pe = survey.position.pos_embed
-    if pe is None:
+    if pe is None or survey.position.pos_reader is not None:
         return None
-    with _recording(pe) as leaf, _silenced(others):
+    with recording(pe) as leaf, _silenced(others):
         x = None if leaf is None else tokens_at(survey.model, adapter, inputs, keep_graph=True)
         if x is None or not x.requires_grad or x.numel() % (tokens * x.shape[-1]):
             return None

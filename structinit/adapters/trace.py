@@ -17,6 +17,8 @@ or else the side √N × patch size tried for every square N a candidate's row c
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import torch
@@ -46,20 +48,37 @@ def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0,
     the model does not take). Eval mode (restored after), torch's random state forked and
     seeded with ``seed``, as in every probe (:mod:`structinit.adapters.observe`). Without
     gradients, unless ``keep_graph`` (then the tokens keep theirs, for a backward)."""
+    return _stopped_at(model, adapter.input_module, lambda args, kwargs, out: adapter.input_tokens(args, kwargs),
+                       images, seed, keep_graph)
+
+
+def tensor_at(model: nn.Module, module: nn.Module, inputs, output: bool, keep_graph: bool = False):
+    """The first tensor ``module`` receives (``output=False``) or returns when ``inputs`` run
+    through ``model``, the forward stopped there (as :func:`tokens_at`); None when the forward
+    fails before, or what is there is no tensor."""
+    def grab(args, kwargs, out):
+        found = out if output else next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        found = found[0] if isinstance(found, (tuple, list)) and found else found
+        return found if isinstance(found, torch.Tensor) else None
+    return _stopped_at(model, module, grab, inputs, 0, keep_graph, output=output)
+
+
+def _stopped_at(model, module, grab, inputs, seed, keep_graph, output=False):
     seen = {}
 
-    def stop(module, args, kwargs):
-        x = adapter.input_tokens(args, kwargs)
-        seen["x"] = x if keep_graph else x.detach().clone()
+    def stop(mod, args, kwargs, out=None):
+        x = grab(args, kwargs, out)
+        seen["x"] = x if keep_graph or x is None else x.detach().clone()
         raise _Stop
 
-    handle = adapter.input_module.register_forward_pre_hook(stop, with_kwargs=True)
+    handle = (module.register_forward_hook(stop, with_kwargs=True) if output
+              else module.register_forward_pre_hook(stop, with_kwargs=True))
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
             torch.manual_seed(seed)
-            run_forward(model, images)
+            run_forward(model, inputs)
     except _Stop:
         pass
     except Exception:  # a probe of the wrong size or kind: the caller tries the next or gives up
@@ -68,6 +87,28 @@ def tokens_at(model: nn.Module, adapter, images: torch.Tensor, seed: int = 0,
         handle.remove()
         model.train(was_training)
     return seen.get("x")
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """The tensor ``t`` views (a parameter, a buffer or a plain tensor attribute), or ``t``."""
+    return t if t._base is None else t._base
+
+
+@contextlib.contextmanager
+def recording(pos_embed: torch.Tensor):
+    """The tensor ``pos_embed`` views, recording gradients inside (its flag restored after);
+    None when it cannot (not floating point, or made by an op)."""
+    leaf = _leaf(pos_embed)
+    if not leaf.is_floating_point() or leaf.grad_fn is not None:
+        yield None
+        return
+    was = leaf.requires_grad
+    try:
+        leaf.requires_grad_(True)
+        with torch.enable_grad():
+            yield leaf
+    finally:
+        leaf.requires_grad_(was)
 
 
 @torch.no_grad()
@@ -94,37 +135,44 @@ def traced_discovery(survey) -> Discovery | None:
     first = survey.first_layer
     if first is None:
         return None
-    adapter = first[1]
-    candidates = token_candidates(survey.model, adapter.dim)
-    return _trace(survey.model, adapter, candidates, survey.example) if candidates else None
+    candidates = token_candidates(survey.model, first[1].dim)
+    return _trace(survey.model, first, candidates, survey.example) if candidates else None
 
 
-def _trace(model, adapter, candidates, example: ModelCall | None = None) -> Discovery | None:
+def _trace(model, first, candidates, example: ModelCall | None = None) -> Discovery | None:
     # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike;
     # a caller's input is the only probe when given
     probes = ([(example, None)] if example is not None else
               ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
     for inputs, image in probes:
-        base = tokens_at(model, adapter, inputs)
+        base = tokens_at(model, first[1], inputs)
         if base is not None:
-            found = _classify(model, adapter, inputs, base, candidates)
+            found = _classify(model, first, inputs, base, candidates)
             if found is not None:
                 return _with_grid(model, *found, image)
     return None
 
 
-def _classify(model, adapter, images, base, candidates) -> tuple[Discovery, int] | None:
+def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] | None:
     """Sort the candidates by the rows they change into PE and prefix tokens (module doc)."""
-    rows = {name: changed_rows(model, adapter, images, base, t) for name, t in candidates}
+    rows = {name: changed_rows(model, first[1], images, base, t) for name, t in candidates}
     one_to_one = [(n, t) for n, t in candidates if rows[n] and len(rows[n]) == _rows(t)]
-    pes = [(n, t) for n, t in one_to_one if _rows(t) >= 4]
-    if not pes:
-        return None
+    pes, reader = [(n, t) for n, t in one_to_one if _rows(t) >= 4], None
     pes.sort(key=lambda nt: -_rows(nt[1]))
     if len(pes) > 1 and _rows(pes[0][1]) == _rows(pes[1][1]):
         return None  # two tables of the same size: ambiguous, the caller asks for hints
+    if not pes:  # a table the tokens read through a map (resized, gathered at position ids): the largest read
+        read = sorted(((n, t) for n, t in candidates if len(rows[n]) >= 4), key=lambda nt: -len(rows[nt[0]]))
+        for name, table in read[:1]:
+            reader = table_reader(model, images, name, table, first[0], base.shape[1])
+            pes = [] if reader is None else [(name, table)]
+        if not pes:
+            return None
     pe_name, pe = pes[0]
     pe_rows = set(rows[pe_name])
+    if reader is not None:  # the tokens the table feeds, by its reading, in token order
+        pe_rows = set(torch.nonzero(reader.abs().amax(1) > 0).flatten().tolist())
+        reader = reader[sorted(pe_rows)]
     tokens = [(n, t) for n, t in one_to_one if n != pe_name and set(rows[n]) <= pe_rows | set(range(len(base[0])))
               and len(rows[n]) < len(pe_rows)]
     token_rows = sorted(r for n, _ in tokens for r in rows[n])
@@ -137,7 +185,66 @@ def _classify(model, adapter, images, base, candidates) -> tuple[Discovery, int]
     # Tokens off the grid count as prefix tokens wherever they sit (vit-pytorch appends its registers
     # after the grid): what reads the maps puts them first (structinit.adapters.token_order).
     tokens.sort(key=lambda nt: min(rows[nt[0]]))
-    return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced"), len(grid_rows)
+    return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced", pos_reader=reader), len(grid_rows)
+
+
+def table_reader(model: nn.Module, inputs, name: str, table: torch.Tensor, layer: str,
+                 tokens: int) -> torch.Tensor | None:
+    """(T, R) float64 A such that the model's T tokens are content + A·``table`` (R, D), the same
+    A on every channel: how a table the tokens do not get one row each of is read (resized to the
+    call's grid as SigLIP-2's, gathered at position ids, a class row and a resized grid). Read
+    where the table's sum with the content is not yet normalised: the output of a module that
+    holds the table (nearest first), else the input of one that holds attention layer ``layer``;
+    A from one backward per D tokens (token t's cotangent one-hot on channel t mod D), then
+    checked on a random change of the table, restored bit for bit. None when no such place
+    shows a linear, per-channel reading."""
+    leaf = _leaf(table)
+    if leaf is not table or not table.is_floating_point():
+        return None  # a view or a computed tensor: no rows to write through
+    modules = dict(model.named_modules())
+    ancestors = lambda path: [p for p in (".".join(path.split(".")[:i]) for i in range(path.count(".") + 1, 0, -1))
+                              if p in modules]
+    sites = [(modules[p], True) for p in ancestors(name.rpartition(".")[0]) if not layer.startswith(p + ".")]
+    sites += [(modules[p], False) for p in ancestors(layer)]
+    for module, output in sites:
+        reader = _reading_at(model, inputs, table, module, output, tokens)
+        if reader is not None:
+            return reader
+    return None
+
+
+def _reading_at(model, inputs, table, module, output, tokens) -> torch.Tensor | None:
+    rows, width = _rows(table), table.shape[-1]
+    with recording(table) as leaf:
+        y = None if leaf is None else tensor_at(model, module, inputs, output, keep_graph=True)
+        y = y[None] if y is not None and y.ndim == 2 else y  # one packed sequence, (T, D)
+        if y is None or y.ndim != 3 or tuple(y.shape[1:]) != (tokens, width) or not y.requires_grad:
+            return None
+        reader = torch.zeros(tokens, rows, dtype=torch.float64)
+        for start in range(0, tokens, width):
+            span = torch.arange(start, min(start + width, tokens))
+            cot = torch.zeros_like(y)
+            cot[0, span, span - start] = 1
+            (g,) = torch.autograd.grad(y, leaf, cot, retain_graph=True, allow_unused=True)
+            if g is None:
+                return None
+            reader[span] = g.reshape(rows, width)[:, span - start].T.double()
+        base = y[0].detach().double()
+    with torch.no_grad():  # linear and the same on every channel: a random change moves the tokens by A·change
+        saved = table.detach().clone()
+        change = torch.randn(table.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        change *= float(saved.double().std(correction=0)) + 1.0
+        table.add_(change.to(table.dtype))
+        try:
+            after = tensor_at(model, module, inputs, output)
+        finally:
+            table.copy_(saved)
+    after = after[None] if after is not None and after.ndim == 2 else after
+    if after is None or after.shape != y.shape:
+        return None
+    moved, predicted = after[0].double() - base, reader @ change.reshape(rows, width)
+    ok = (moved - predicted).abs().amax() <= 1e-4 * (1 + float(predicted.abs().amax()) + float(base.abs().amax()))
+    return reader if bool(ok) and bool(reader.abs().amax() > 0) else None
 
 
 def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int] | None) -> Discovery:
@@ -148,7 +255,7 @@ def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int
     if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
         side = square_side(n)
         grid = (side, side) if side else None
-    return Discovery(pe, found.pos_embed_name, grid, found.num_prefix_tokens, found.prefix_tokens, "traced")
+    return dataclasses.replace(found, grid=grid, source="traced")
 
 
 def consistent(found: Discovery, first_layer_tokens: int | None) -> bool:

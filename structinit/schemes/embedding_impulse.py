@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout
+from structinit.adapters.layout import pos_embed_writes
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import layer_windows
@@ -113,7 +114,7 @@ def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> t
                 "pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
             )
         check_finite("pos_embed", pe)
-    learned = pos_embed is None and pe_dst is not None and pe_dst.requires_grad
+    learned = pos_embed is None and pe_dst is not None and survey.position.pos_embed.requires_grad
     new_pe = solver.position_embedding(pe, learned=learned, grid=layout.grid, dim=dim)
     if new_pe is None:
         return pe
@@ -127,5 +128,5 @@ def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> t
             f"solver={solver.name!r} with a pe_scale rewrites the model's position embedding, but it "
             "was passed in as pos_embed=; pass pe_scale=None to use it unchanged"
         )
-    plan.add([(pe_dst, new_pe)])
+    plan.add(pos_embed_writes(survey, layout, new_pe))
     return new_pe

@@ -1,0 +1,116 @@
+"""Position the forward reads from a table rather than adds one row per token: a table resized
+to the call's grid (SigLIP-2's), rows gathered at position ids from a larger table
+(Hunyuan-VL's). How the tokens read the table is measured off the forward (one linear map, the
+same on every channel); impulse writes the table so that the tokens read its design, and the
+layers' own softmax maps on what the model reads show it."""
+
+import pytest
+import torch
+from attention_styles import RawLinearAttention, TableViT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import structinit
+from rejection import check_rejected
+from structinit.adapters.survey import ModelSurvey
+
+
+def _own_hits(model: TableViT, layer: int) -> torch.Tensor:
+    """Per head, the share of grid rows whose argmax in layer ``layer``'s own map is the token at
+    its offset, on the position rows the model's own embedding reads (the block's norm of them);
+    rows whose target is off the 8×8 grid are not counted."""
+    with torch.no_grad():
+        attn = model.attns[layer]
+        attn(model.norms[layer](model.embeddings.positions(8, 8)[None]))
+        probs = attn.last_probs[0]  # (heads, 64, 64), as the module computed them
+    hits = []
+    for h, (dy, dx) in enumerate(attn.structinit_impulse["offsets"]):
+        got = [int(probs[h, y * 8 + x].argmax()) == (y + dy) * 8 + x + dx
+               for y in range(8) for x in range(8) if 0 <= y + dy < 8 and 0 <= x + dx < 8]
+        hits.append(sum(got) / len(got))
+    return torch.tensor(hits)
+
+
+@pytest.mark.parametrize("read", ["resize", "gather"])
+def test_impulse_on_a_table_the_tokens_read_through_a_map_hits_in_the_layers_own_maps(read):
+    torch.manual_seed(0)
+    model = TableViT(read)
+    found = ModelSurvey(model).position
+    assert found.pos_embed is model.embeddings.table.weight and found.grid == (8, 8)
+    assert found.pos_reader is not None and tuple(found.pos_reader.shape) == (64, model.embeddings.table.num_embeddings)
+    before = model.embeddings.table.weight.detach().clone()
+    structinit.init_(model, "impulse", seed=0, reserve="none")
+    for layer in range(2):
+        assert (_own_hits(model, layer) == 1).all(), layer
+    assert (structinit.impulse_fidelity(model)["hit"] == 1).all()
+    changed = (model.embeddings.table.weight != before).any(1)
+    if read == "gather":  # the least change: the 64 rows the grid reads, and no other
+        ids = 1 + (torch.arange(8)[:, None] * 16 + torch.arange(8)).flatten()
+        assert changed[ids].all() and int(changed.sum()) == 64
+    # Broken on purpose: one head's q replaced by a random one; its own maps and the fidelity miss
+    with torch.no_grad():
+        model.attns[0].w_in[:16] = torch.randn(16, 48, generator=torch.Generator().manual_seed(1))
+    assert _own_hits(model, 0)[0] < 0.5 and structinit.impulse_fidelity(model)["hit"][0, 0] < 0.5
+
+
+def test_a_table_whose_rows_several_grid_tokens_read_alike_is_refused_and_left_unchanged():
+    torch.manual_seed(0)
+    model = TableViT("clamped")  # the grid's last two columns read one row
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"), ValueError,
+                   r"position table `embeddings\.table\.weight` is read so that some of the 64 grid tokens get the "
+                   r"same rows alike.*pe_scale=None")
+
+
+class _Read(nn.Module):
+    """Tokens = patch content + ``read`` (T × R) @ table (R × D), or through a nonlinearity, or
+    with the table's channels mixed; then one attention layer."""
+
+    def __init__(self, read: torch.Tensor, width: int, how: str):
+        super().__init__()
+        self.how = how
+        self.register_buffer("read", read)
+        self.table = nn.Parameter(torch.randn(read.shape[1], width))
+        self.mix = nn.Parameter(torch.randn(width, width))
+        self.content = nn.Linear(3, width)
+
+    def forward(self, x):
+        rows = self.read @ self.table
+        rows = torch.tanh(rows) if self.how == "tanh" else rows @ self.mix if self.how == "mixed" else rows
+        return self.content(x) + rows
+
+
+class _ReadThenAttend(nn.Module):
+    def __init__(self, read, width, how):
+        super().__init__()
+        self.embeddings = _Read(read, width, how)
+        self.attn = RawLinearAttention(width, 2)
+
+    def forward(self, x):
+        return self.attn(self.embeddings(x))
+
+
+@given(tokens=st.integers(4, 40), rows=st.integers(4, 30), density=st.floats(0.05, 1.0), seed=st.integers(0, 999))
+@settings(max_examples=40, deadline=None)
+def test_the_reading_of_a_table_is_the_map_the_forward_applies(tokens, rows, density, seed):
+    """Any linear read of the table, the same on every channel (more tokens than channels, so it
+    takes several backwards), is recovered; a read through a nonlinearity or one that mixes the
+    table's channels is none."""
+    from structinit.adapters.trace import table_reader
+
+    gen = torch.Generator().manual_seed(seed)
+    read = torch.randn(tokens, rows, generator=gen) * (torch.rand(tokens, rows, generator=gen) < density)
+    read[torch.arange(tokens), torch.randint(0, rows, (tokens,), generator=gen)] = 1.0  # every token reads a row
+    inputs = torch.randn(2, tokens, 3, generator=gen)
+    width = 8
+    for how in ("linear", "tanh", "mixed"):
+        torch.manual_seed(seed)
+        model = _ReadThenAttend(read, width, how)
+        table = model.embeddings.table
+        before = table.detach().clone()
+        found = table_reader(model, inputs, "embeddings.table", table, "attn", tokens)
+        assert torch.equal(table, before)  # the probe's change is undone bit for bit
+        if how != "linear":
+            assert found is None, how
+            continue
+        assert found is not None and torch.allclose(found, read.double(), atol=1e-5)
