@@ -6,6 +6,7 @@ vision tower whose forward takes packed patches, the call its processor would ma
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import torch
 from torch import nn
@@ -73,7 +74,9 @@ _SHRINK = {"hidden_size": 96, "num_hidden_layers": 2, "num_attention_heads": 3, 
            # encoder-decoder models name their sizes after each side
            "d_model": 96, "encoder_layers": 2, "decoder_layers": 2, "num_decoder_layers": 2,
            "encoder_attention_heads": 3, "decoder_attention_heads": 3, "encoder_ffn_dim": 192,
-           "decoder_ffn_dim": 192, "d_ff": 192}
+           "decoder_ffn_dim": 192, "d_ff": 192,
+           # a layer inserted after one of the encoder's (MiniCPM-V's merger): within the 2 kept
+           "insert_layer_id": 0}
 
 
 _HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "encoder_attention_heads",
@@ -185,7 +188,8 @@ def tower_call(model) -> dict | None:
     sig = inspect.signature(model.forward)
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    grid = next((n for n in required if n.endswith("grid_thw")), None)
+    # each image's patch grid: (t, h, w) or (h, w), required or not (the forward then takes images of one size)
+    grid = next((n for n in sig.parameters if n.endswith(("grid_thw", "grid_hw")) or n == "target_sizes"), None)
     config = getattr(model, "config", None)
     frames, size = getattr(config, "num_frames", None), getattr(config, "image_size", None)
     if required == ["pixel_values"] and isinstance(frames, int) and isinstance(size, int):
@@ -199,10 +203,12 @@ def tower_call(model) -> dict | None:
         calls = _flattened_calls(model)
     elif {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
         calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
-    elif len(required) < 2 or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
+    elif not required or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
         return None
     else:
         calls = _tower_calls(model, required[0], grid, "merge_sizes" in required)
+        images = {required[0]: torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))}
+        calls = itertools.chain([images] if grid not in required else [], calls)  # images alone, if it takes them
     was = model.training
     model.eval()
     try:
@@ -243,22 +249,28 @@ def _navit_calls(model, mask: bool):
 def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):
     """Candidate calls, most likely first: patches flat (t·h·w, C·T·p·p) from the config's sizes
     or the width of the tower's first Linear, or as (t·h·w, C, p, p) images for a patch
-    convolution; grids of 8×8 and 16×16 patches."""
+    convolution, each also with a batch axis in front; merged patches channels last
+    (t·h·w / m², p·m, p·m, C) with the grid counted in merged tokens; a row of patches
+    (1, C, p, t·h·w·p) (MiniCPM-V's); grids of 8×8 and 16×16 patches, as (t, h, w) or (h, w)."""
     cfg = model.config
     channels = next((v for k in ("in_channels", "num_channels", "in_chans") if (v := getattr(cfg, k, None))), 3)
     patch, frames = getattr(cfg, "patch_size", 14), getattr(cfg, "temporal_patch_size", 1)
-    merge = getattr(cfg, "spatial_merge_size", 1)
+    merge = getattr(cfg, "spatial_merge_size", None) or 1
     first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == m.stride), None)
     shapes = [(channels * frames * patch * patch,)] + ([(first.in_features,)] if first is not None else [])
     if conv is not None:
         shapes.append((conv.in_channels, *conv.kernel_size))
+    sizes = (lambda t, h, w: [[t, h, w]]) if grid.endswith("thw") else (lambda t, h, w: [[h, w]])
     for side in (8, 16):
         side = side if side % merge == 0 else side * merge
-        for shape in dict.fromkeys(shapes):
-            gen = torch.Generator().manual_seed(0)
-            patches = torch.randn(side * side, *shape, generator=gen)
-            call = {patches_name: patches, grid: torch.tensor([[1, side, side]])}
+        gen = lambda: torch.Generator().manual_seed(0)
+        layouts = [(torch.randn(side * side, *shape, generator=gen()), side) for shape in dict.fromkeys(shapes)]
+        layouts += [(p[None], side) for p, _ in list(layouts)]
+        layouts += [(torch.randn(side * side // merge**2, patch * merge, patch * merge, channels, generator=gen()),
+                     side // merge), (torch.randn(1, channels, patch, side * side * patch, generator=gen()), side)]
+        for patches, counted in layouts:
+            call = {patches_name: patches, grid: torch.tensor(sizes(1, counted, counted))}
             if merge_sizes:
                 call["merge_sizes"] = torch.tensor([merge])
             yield call

@@ -193,6 +193,31 @@ class PackedAttention(_Records):
         return self.proj(out.transpose(1, 2).reshape(1, t, c))
 
 
+class SegmentAttention(_Records):
+    """Attention within segments of its tokens (``cu_seqlens``), one softmax per segment, as eager
+    attention over a packed sequence computes it (MiniCPM-V's window merger). Records each
+    segment's logits and map, in order (``last_logits``, ``last_probs``: lists). Laid out as
+    timm's attention (``qkv``, ``proj``, ``num_heads``), so that its name adapter claims it."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.num_heads = heads
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x, cu_seqlens):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        k = k.roll(1, dims=-2) if getattr(self, "misread", False) else k  # keys of the neighbouring tokens
+        outs, self.last_logits, self.last_probs = [], [], []
+        for start, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+            logits = q[..., start:end, :] @ k[..., start:end, :].transpose(-2, -1) * (c // self.num_heads) ** -0.5
+            probs = logits.softmax(-1)
+            self.last_logits.append(logits.detach())
+            self.last_probs.append(probs.detach())
+            outs.append(probs @ v[..., start:end, :])
+        return self.proj(torch.cat(outs, -2).transpose(1, 2).reshape(b, t, c))
+
+
 class PerHeadPackedAttention(_Records):
     """q, k and v from one Linear packed per head, (B, T, heads, 3·r) (MaxViT's and Hiera's
     layout): each role's rows are one block per head, the heads 3·r rows apart."""
@@ -278,11 +303,12 @@ class StyledViT(nn.Module):
         self.maps, self.packed = style == "conv-maps", style == "packed"
         self.grid = style in ("windows", "shifted-windows")
         self.cut = style == "cut-windows"  # 2×2 windows of 4×4 tokens, cut by the model before each call
+        self.segments = style == "segments"  # the same windows as segments of one sequence, window by window
         self.patch = nn.Conv2d(3, dim, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
         make = (WindowAttention if self.grid else PackedAttention if self.packed
-                else CutWindowsAttention if self.cut else STYLES[style])
+                else CutWindowsAttention if self.cut else SegmentAttention if self.segments else STYLES[style])
         self.attns = nn.ModuleList(ShiftedWindowAttention(dim, heads, shift=i % 2) if style == "shifted-windows"
                                    else make(dim, heads) for i in range(depth))
         self.head = nn.Linear(dim, classes)
@@ -299,6 +325,12 @@ class StyledViT(nn.Module):
             for norm, attn in zip(self.norms, self.attns):
                 x = x + attn(norm(x), cu_seqlens=seqlens)
             return self.head(x.reshape(b, 64, -1).mean(1))
+        if self.segments:  # tokens put in window order, each window one segment
+            order = torch.arange(64).reshape(2, 4, 2, 4).permute(0, 2, 1, 3).flatten()
+            x, seqlens = x[:, order], torch.arange(0, 65, 16)
+            for norm, attn in zip(self.norms, self.attns):
+                x = x + attn(norm(x), cu_seqlens=seqlens)
+            return self.head(x.mean(1))
         if self.cut:
             b, d = x.shape[0], x.shape[-1]
             cut = lambda y: y.reshape(b, 2, 4, 2, 4, d).permute(0, 1, 3, 2, 4, 5).reshape(b * 4, 4, 4, d)

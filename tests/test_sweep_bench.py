@@ -160,3 +160,39 @@ def test_a_clip_tower_and_a_flattened_patch_tower_are_called_as_their_processors
     assert patches.shape == (1, 64, 14) and call["attention_mask"].shape == (1, 64)
     assert patches[0, :, 0].long().tolist() == [r for r in range(1, 9) for _ in range(8)]  # rows, then columns
     assert patches[0, :, 1].long().tolist() == list(range(1, 9)) * 8
+
+
+class _BatchedPatchTower(nn.Module):
+    """PaddleOCR-VL's convention: (1, T, C, p, p) patches for a patch convolution and an optional
+    ``grid_thw``, without which the forward cannot tell the images apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"num_channels": 3, "patch_size": 2})()
+        self.conv, self.attn = nn.Conv2d(3, 48, 2, stride=2), nn.MultiheadAttention(48, 3, batch_first=True)
+        self.embed = nn.Linear(12, 48)
+
+    def forward(self, pixel_values, grid_thw=None):
+        if grid_thw is None or pixel_values.ndim != 5:
+            raise ValueError("patches and their grid_thw, please")
+        x = self.conv(pixel_values[0]).flatten(1)[None]
+        return self.attn(x, x, x)[0]
+
+
+class _RowOfPatchesTower(_BatchedPatchTower):
+    """MiniCPM-V's convention: the patches side by side in one (1, C, p, T·p) row, and each image's
+    (h, w) as optional ``target_sizes``."""
+
+    def forward(self, pixel_values, target_sizes=None):
+        if target_sizes is None or pixel_values.ndim != 4 or pixel_values.shape[-2] != 2:
+            raise ValueError("a row of patches and their target_sizes, please")
+        t = pixel_values.shape[-1] // 2
+        x = self.embed(pixel_values.reshape(1, 3, 2, t, 2).permute(0, 3, 1, 2, 4).reshape(1, t, 12))
+        return self.attn(x, x, x)[0]
+
+
+def test_towers_whose_grid_argument_is_optional_are_called_with_their_patches_and_grid():
+    call = sweep.tower_call(_BatchedPatchTower())
+    assert call["pixel_values"].shape == (1, 64, 3, 2, 2) and call["grid_thw"].tolist() == [[1, 8, 8]]
+    call = sweep.tower_call(_RowOfPatchesTower())
+    assert call["pixel_values"].shape == (1, 3, 2, 128) and call["target_sizes"].tolist() == [[8, 8]]

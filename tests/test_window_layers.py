@@ -15,6 +15,7 @@ from torch import nn
 
 import structinit
 from rejection import check_rejected
+from structinit.schemes.checks import diagonal_strength
 
 
 class _WindowAdapter(structinit.AttentionAdapter):
@@ -185,3 +186,55 @@ def test_windows_cut_from_a_grid_are_told_from_tokens_of_other_windows(h, w, s, 
         moved = windows.clone()
         moved[0, real[seed % len(real)]] = windows[-1][windows[-1] >= 0][0]
         assert not cut_from_grid(moved, (h, w))
+
+
+_WINDOW_ORDER = torch.arange(64).reshape(2, 4, 2, 4).permute(0, 2, 1, 3).flatten()  # StyledViT("segments")
+
+
+def _segment_hits(model, layer: int) -> torch.Tensor:
+    """Per head, the share of grid rows whose argmax in layer ``layer``'s own per-window maps is the
+    token at its offset, on the block's norm of the PE put in window order as the model puts its
+    tokens; rows whose target is off the grid or in another window are not counted."""
+    with torch.no_grad():
+        attn = model.attns[layer]
+        attn(model.norms[layer](model.pos_embed[:, _WINDOW_ORDER]), cu_seqlens=torch.arange(0, 65, 16))
+    hits = []
+    for h, (dy, dx) in enumerate(attn.structinit_impulse["offsets"]):
+        got = []
+        for w, probs in enumerate(attn.last_probs):  # window w: grid positions _WINDOW_ORDER[16w:16w + 16]
+            cells = _WINDOW_ORDER[16 * w:16 * w + 16].tolist()
+            for t, cell in enumerate(cells):
+                target = (cell // 8 + dy) * 8 + cell % 8 + dx
+                if 0 <= cell // 8 + dy < 8 and 0 <= cell % 8 + dx < 8 and target in cells:
+                    got.append(int(probs[0, h, t].argmax()) == cells.index(target))
+        hits.append(sum(got) / len(got))
+    return torch.tensor(hits)
+
+
+def test_attention_within_segments_one_softmax_each_is_one_map_with_the_pairs_across_closed():
+    """Eager attention over a packed sequence computes one softmax per segment (MiniCPM-V's window
+    merger: its tokens put in window order, each window a segment). Read as one map whose pairs
+    across segments are closed, the layer is plain attention: mimetic's diagonal shows in every
+    segment's own logits, and impulse's heads hit their targets in each window's own map, as the
+    test counts it and impulse_fidelity agrees; a layer whose segment maps are not its
+    projections' is refused, the model left as it was."""
+    from attention_styles import SegmentAttention
+
+    torch.manual_seed(0)
+    model = StyledViT("segments")
+    assert [(v.kind, v.checked) for v in structinit.adapters.attention_survey(model).verdicts] == [("self", True)] * 2
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)))
+    for attn in model.attns:
+        assert len(attn.last_logits) == 4 and all((diagonal_strength(lg) > 0.25).all() for lg in attn.last_logits)
+    torch.manual_seed(0)
+    model = StyledViT("segments")
+    structinit.init_(model, "impulse", seed=0, reserve="none")
+    for layer in range(2):
+        assert (_segment_hits(model, layer) == 1).all(), layer
+    assert (structinit.impulse_fidelity(model)["hit"] == 1).all()
+    broken = StyledViT("segments")
+    broken.attns[1].misread = True
+    assert isinstance(broken.attns[1], SegmentAttention)
+    check_rejected(broken, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError, r"attns\.1")

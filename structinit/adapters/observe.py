@@ -60,6 +60,7 @@ class AttentionMap:
     q: torch.Tensor | None = None  # what scaled_dot_product_attention received (B, H, Tq, r)
     k: torch.Tensor | None = None
     applied: bool = True  # a softmax's map: whether the forward used it (False for one computed and dropped)
+    open_pairs: torch.Tensor | None = None  # (T, T) bool, for maps joined from segments: the pairs inside one
 
     @property
     def queries(self) -> int:
@@ -252,7 +253,31 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
     # drops it) is no attention: left out, it cannot stand in for the map the layer applies.
     for maps in (*by_module.values(), *(call.maps for call in calls.values())):
         maps[:] = [m for m in maps if m.applied]
+    for call in calls.values():
+        call.maps[:] = _joined_segments(call.maps, call.x)
     return calls, {module: maps for module, maps in by_module.items() if maps}
+
+
+def _joined_segments(maps: list[AttentionMap], x: torch.Tensor | None) -> list[AttentionMap]:
+    """Maps a layer computes one segment of its T tokens at a time (eager attention over a packed
+    sequence's ``cu_seqlens``) as one (…, H, T, T) map, the pairs across segments closed."""
+    if x is None or x.ndim != 3 or len(maps) < 2 or any(m.probs.ndim < 3 or m.queries != m.keys for m in maps):
+        return maps
+    lead, tokens = maps[0].probs.shape[:-2], x.shape[-2]
+    if any(m.probs.shape[:-2] != lead for m in maps) or sum(m.queries for m in maps) != tokens:
+        return maps
+    probs = maps[0].probs.new_zeros(*lead, tokens, tokens)
+    logits = None if any(m.logits is None for m in maps) else probs.new_full(probs.shape, float("-inf"))
+    open_pairs = torch.zeros(tokens, tokens, dtype=torch.bool, device=probs.device)
+    start = 0
+    for m in maps:
+        span = slice(start, start + m.queries)
+        probs[..., span, span] = m.probs
+        if logits is not None:
+            logits[..., span, span] = m.logits.reshape(m.probs.shape)
+        open_pairs[span, span] = True
+        start += m.queries
+    return [AttentionMap(probs, logits, "segments", open_pairs=open_pairs)]
 
 
 def _projection_storages(adapter) -> tuple[int | None, int | None]:
@@ -361,13 +386,15 @@ def real_maps(model: nn.Module, inputs, chosen: list[tuple[str, AttentionAdapter
         if probs is None:
             raise RuntimeError(f"attention layer {name!r} formed maps of shape {tuple(square[0].shape)}, which do not "
                                f"split into its {ad.num_heads} heads")
-        if call.x is not None and call.x.ndim == 3 and call.x.shape[-2] == t:
+        source = next((m for m in found if m.probs.data_ptr() == probs.data_ptr()), None)
+        if source is not None and source.open_pairs is not None:  # segments, each its own softmax
+            open_pairs = source.open_pairs.expand(probs.shape)
+        elif call.x is not None and call.x.ndim == 3 and call.x.shape[-2] == t:
             open_pairs = reachable(ad.call_terms(call.args, call.kwargs, call.x))
             if open_pairs is not None and open_pairs.shape[0] != probs.shape[0]:
                 open_pairs = None
         else:  # the layer cuts its own windows and masks inside: read the mask off the map
             open_pairs = probs > MASKED_PROB
-        source = next((m for m in found if m.probs.data_ptr() == probs.data_ptr()), None)
         logits = None if source is None or source.logits is None else source.logits.reshape(probs.shape)
         out.append(RealMap(probs, open_pairs, logits))
     return out

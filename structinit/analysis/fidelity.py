@@ -244,8 +244,7 @@ def position_only_layers(model: nn.Module | ModelSurvey, chosen, layouts, pos_em
                 out.append((RealMap(ad.attention_probs(x.float(), terms), reachable(terms)), None))
         return out
     maps, _, order = found  # a layer attending within windows is put on its grid by its own windows instead
-    return [(real, None) if lay.windows is not None else
-            (dataclasses.replace(real, probs=_in_grid_order(real.probs, order)), order)
+    return [(real, None) if lay.windows is not None else (_in_grid_order(real, order), order)
             for real, lay in zip(maps, layouts)]
 
 
@@ -261,17 +260,19 @@ def grid_order_maps(model: nn.Module | ModelSurvey, images: torch.Tensor, chosen
         order = out_of_order(survey, chosen[0], layouts[0].num_patches, batch) if reorders else None
         for i, real in enumerate(real_maps(survey.model, batch, chosen)):
             layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
-            ordered = real if layouts[i].windows is not None else dataclasses.replace(
-                real, probs=_in_grid_order(real.probs, order))
-            yield i, len(batch), ordered
+            yield i, len(batch), real if layouts[i].windows is not None else _in_grid_order(real, order)
 
 
-def _in_grid_order(probs: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
-    """Maps (B, H, T, T) put back in grid order when the model reordered its tokens (``order``
-    (B, T), for maps of that many samples and tokens); unchanged otherwise."""
-    if order is not None and probs.shape[0] == order.shape[0] and probs.shape[-1] == order.shape[1]:
-        return canonical(probs, order)
-    return probs
+def _in_grid_order(real: RealMap, order: torch.Tensor | None) -> RealMap:
+    """A layer's maps (B, H, T, T) and the pairs its call leaves open put back in grid order when
+    the model reordered its tokens (``order`` (B, T), for maps of that many samples and tokens);
+    unchanged otherwise."""
+    probs, open_pairs = real.probs, real.open_pairs
+    if order is None or probs.shape[0] != order.shape[0] or probs.shape[-1] != order.shape[1]:
+        return real
+    if open_pairs is not None:
+        open_pairs = canonical(open_pairs.expand(probs.shape).float(), order) > 0.5
+    return dataclasses.replace(real, probs=canonical(probs, order), open_pairs=open_pairs)
 
 
 def reorders_tokens(model: nn.Module | ModelSurvey, chosen, layouts) -> bool:

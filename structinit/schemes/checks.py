@@ -188,8 +188,10 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
         want = _hit_rates(ours, open_pairs, layout, offsets)
         reordered = order is not None and tuple(order.shape) == (ours.shape[0], ours.shape[-1])
         in_grid = canonical(ours, order) if reordered else ours
-        # the pairs the call masks (Swin's shifted windows) are no target; they are in the model's order
-        designed_rates = _hit_rates(in_grid, None if reordered else open_pairs, layout, offsets) if exact else []
+        # the pairs the call masks (Swin's shifted windows, segments) are no target, put in grid order as the maps are
+        closed = canonical(open_pairs.expand(ours.shape).float(), order) > 0.5 if reordered and open_pairs is not None \
+            else open_pairs
+        designed_rates = _hit_rates(in_grid, closed, layout, offsets) if exact else []
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = designed_rates = [1.0] * len(offsets)
     missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
