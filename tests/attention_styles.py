@@ -426,16 +426,20 @@ class TableEmbedding(nn.Module):
     ``resize``, a side×side ``nn.Embedding`` resized (bilinear, antialiased) to the image's grid,
     as SigLIP-2's; ``gather``, rows of a flat table gathered at position ids 1 + y·side + x, as
     Hunyuan-VL's; ``clamped``, those ids with the column clamped, so the grid's last two columns
-    read one row."""
+    read one row; ``rows-and-columns``, a row table's row and a column table's summed, as
+    Pix2Struct's."""
 
     def __init__(self, dim, read, side=16, patch=2):
         super().__init__()
         self.read, self.side = read, side
         self.patch = nn.Conv2d(3, dim, patch, stride=patch)
-        self.table = nn.Embedding(side * side + (read != "resize"), dim)
+        self.table = nn.Embedding(side + 1 if read == "rows-and-columns" else side * side + (read != "resize"), dim)
+        self.columns = nn.Embedding(side + 1, dim) if read == "rows-and-columns" else None
 
     def positions(self, h, w):
         """(h·w, D): the rows the tokens of an h×w grid get."""
+        if self.columns is not None:
+            return (self.table(1 + torch.arange(h))[:, None] + self.columns(1 + torch.arange(w))).flatten(0, 1)
         if self.read == "resize":
             table = self.table.weight.reshape(self.side, self.side, -1).permute(2, 0, 1)[None]
             return F.interpolate(table, size=(h, w), mode="bilinear", antialias=True).flatten(2)[0].T

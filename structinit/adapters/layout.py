@@ -178,18 +178,25 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     found = as_survey(model).position
     if found.pos_reader is None:
         return [(grid_pos_embed(model, layout), grid_rows)]
-    table = found.pos_embed
-    flat = table.detach().reshape(-1, table.shape[-1]).double().cpu()
+    tables = [(found.pos_embed_name, found.pos_embed), *found.pos_tables]
+    flat = torch.cat([t.detach().reshape(-1, t.shape[-1]).double().cpu() for _, t in tables])
     reader = found.pos_reader[found.pos_reader.shape[0] - layout.num_patches:]
     target = grid_rows.detach().reshape(layout.num_patches, -1).double().cpu()
     # the least-norm solution (unique; SVD-based, as A may have dependent rows whose targets still agree)
     change = torch.linalg.lstsq(reader, target - reader @ flat, driver="gelsd").solution
     if not bool((reader @ (flat + change) - target).abs().amax() <= 1e-6 * (1 + float(target.abs().amax()))):
+        names = " and ".join(f"`{n}`" for n, _ in tables)
         raise ValueError(
-            f"the position table `{found.pos_embed_name}` is read so that some of the {layout.num_patches} grid "
-            "tokens get the same rows alike: no write of it gives each grid position a row of its own; pass "
-            "pe_scale=None to keep the model's position embedding")
-    return [(table, (flat + change).reshape(table.shape).to(table.device, table.dtype))]
+            f"the position table{'s' * (len(tables) > 1)} {names} {'are' if len(tables) > 1 else 'is'} read so "
+            f"that the {layout.num_patches} grid tokens cannot get the rows impulse designs (some read the same rows "
+            "alike): no write of them gives each grid position its row; pass pe_scale=None to keep the model's "
+            "position embedding")
+    out, start = [], 0
+    for _, t in tables:
+        rows = t.numel() // t.shape[-1]
+        out.append((t, (flat + change)[start:start + rows].reshape(t.shape).to(t.device, t.dtype)))
+        start += rows
+    return out
 
 
 def _embedding_rows(found: Discovery) -> torch.Tensor | None:
@@ -199,7 +206,9 @@ def _embedding_rows(found: Discovery) -> torch.Tensor | None:
     rows = pos.reshape(-1, pos.shape[-1])
     if found.pos_reader is None:
         return rows
-    return (found.pos_reader @ rows.detach().double().cpu()).to(pos.device, pos.dtype)
+    tables = (pos, *(t for _, t in found.pos_tables))
+    rows = torch.cat([t.detach().reshape(-1, t.shape[-1]).double().cpu() for t in tables])
+    return (found.pos_reader @ rows).to(pos.device, pos.dtype)
 
 
 def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:

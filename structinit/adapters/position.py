@@ -47,7 +47,9 @@ class Discovery:
     ``joining_tokens`` are their learned vectors. ``pos_reader`` (R', R) float64, when the
     tokens read ``pos_embed`` through a map rather than one row each (a table resized to the
     grid, or gathered at position ids): the R' tokens the table feeds get ``pos_reader`` @ its
-    (R, D) rows, as if those were the position embedding (:func:`structinit.adapters.trace.table_reader`)."""
+    (R, D) rows, as if those were the position embedding (:func:`structinit.adapters.trace.table_reader`);
+    ``pos_tables`` are more tables read with it, as (name, tensor), their rows after its own in
+    the reader's columns (Pix2Struct's row and column tables)."""
 
     pos_embed: torch.Tensor | None = None
     pos_embed_name: str = "pos_embed"
@@ -58,6 +60,7 @@ class Discovery:
     joining_prefix_tokens: int = 0
     joining_tokens: tuple[Token, ...] = field(default_factory=tuple)
     pos_reader: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    pos_tables: tuple[Token, ...] = field(default=(), compare=False, repr=False)
 
 
 NOT_FOUND = ("structinit found no position embedding in the model (it looks for timm's `pos_embed`, Hugging Face's "

@@ -161,11 +161,16 @@ def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] |
     pes.sort(key=lambda nt: -_rows(nt[1]))
     if len(pes) > 1 and _rows(pes[0][1]) == _rows(pes[1][1]):
         return None  # two tables of the same size: ambiguous, the caller asks for hints
-    if not pes:  # a table the tokens read through a map (resized, gathered at position ids): the largest read
-        read = sorted(((n, t) for n, t in candidates if len(rows[n]) >= 4), key=lambda nt: -len(rows[nt[0]]))
-        for name, table in read[:1]:
-            reader = table_reader(model, images, name, table, first[0], base.shape[1])
-            pes = [] if reader is None else [(name, table)]
+    tables = []  # more tables the tokens read with the first, for a read PE
+    if not pes:  # tables the tokens read through a map (resized, gathered at position ids): those of the most rows
+        read = sorted(((n, t) for n, t in candidates if min(len(rows[n]), _rows(t)) >= 4),
+                      key=lambda nt: -len(rows[nt[0]]))
+        group = [(n, t) for n, t in read if read and rows[n] == rows[read[0][0]]]
+        for tried in dict.fromkeys((tuple(group), tuple(group[:1]))):
+            reader = table_reader(model, images, list(tried), first[0], base.shape[1]) if tried else None
+            if reader is not None:
+                pes, tables = list(tried[:1]), list(tried[1:])
+                break
         if not pes:
             return None
     pe_name, pe = pes[0]
@@ -185,64 +190,80 @@ def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] |
     # Tokens off the grid count as prefix tokens wherever they sit (vit-pytorch appends its registers
     # after the grid): what reads the maps puts them first (structinit.adapters.token_order).
     tokens.sort(key=lambda nt: min(rows[nt[0]]))
-    return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced", pos_reader=reader), len(grid_rows)
+    return Discovery(pe, pe_name, None, len(others), tuple(tokens), "traced", pos_reader=reader,
+                     pos_tables=tuple(tables)), len(grid_rows)
 
 
-def table_reader(model: nn.Module, inputs, name: str, table: torch.Tensor, layer: str,
+def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]], layer: str,
                  tokens: int) -> torch.Tensor | None:
-    """(T, R) float64 A such that the model's T tokens are content + A·``table`` (R, D), the same
-    A on every channel: how a table the tokens do not get one row each of is read (resized to the
-    call's grid as SigLIP-2's, gathered at position ids, a class row and a resized grid). Read
-    where the table's sum with the content is not yet normalised: the output of a module that
-    holds the table (nearest first), else the input of one that holds attention layer ``layer``;
-    A from one backward per D tokens (token t's cotangent one-hot on channel t mod D), then
-    checked on a random change of the table, restored bit for bit. None when no such place
-    shows a linear, per-channel reading."""
-    leaf = _leaf(table)
-    if leaf is not table or not table.is_floating_point():
+    """(T, R) float64 A such that the model's T tokens are content + A·``tables`` (their (R, D)
+    rows one after the other), the same A on every channel: how tables the tokens do not get one
+    row each of are read (one resized to the call's grid as SigLIP-2's, gathered at position ids,
+    a row and a column table summed as Pix2Struct's). Read where their sum with the content is
+    not yet normalised: the output of a module that holds the tables (nearest first), else the
+    input of one that holds attention layer ``layer``; A from one backward per D tokens (token
+    t's cotangent one-hot on channel t mod D), then checked on a random change of the tables,
+    restored bit for bit. None when no such place shows a linear, per-channel reading."""
+    if any(_leaf(t) is not t or not t.is_floating_point() for _, t in tables):
         return None  # a view or a computed tensor: no rows to write through
     modules = dict(model.named_modules())
     ancestors = lambda path: [p for p in (".".join(path.split(".")[:i]) for i in range(path.count(".") + 1, 0, -1))
                               if p in modules]
-    sites = [(modules[p], True) for p in ancestors(name.rpartition(".")[0]) if not layer.startswith(p + ".")]
+    owner = ".".join(_common([n.rpartition(".")[0].split(".") for n, _ in tables]))
+    sites = [(modules[p], True) for p in ancestors(owner) if not layer.startswith(p + ".")]
     sites += [(modules[p], False) for p in ancestors(layer)]
     for module, output in sites:
-        reader = _reading_at(model, inputs, table, module, output, tokens)
+        reader = _reading_at(model, inputs, [t for _, t in tables], module, output, tokens)
         if reader is not None:
             return reader
     return None
 
 
-def _reading_at(model, inputs, table, module, output, tokens) -> torch.Tensor | None:
-    rows, width = _rows(table), table.shape[-1]
-    with recording(table) as leaf:
-        y = None if leaf is None else tensor_at(model, module, inputs, output, keep_graph=True)
+def _common(paths: list[list[str]]) -> list[str]:
+    out = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1:
+            break
+        out.append(parts[0])
+    return out
+
+
+def _reading_at(model, inputs, tables, module, output, tokens) -> torch.Tensor | None:
+    width, sizes = tables[0].shape[-1], [_rows(t) for t in tables]
+    with contextlib.ExitStack() as stack:
+        leaves = [stack.enter_context(recording(t)) for t in tables]
+        y = None if None in leaves else tensor_at(model, module, inputs, output, keep_graph=True)
         y = y[None] if y is not None and y.ndim == 2 else y  # one packed sequence, (T, D)
         if y is None or y.ndim != 3 or tuple(y.shape[1:]) != (tokens, width) or not y.requires_grad:
             return None
-        reader = torch.zeros(tokens, rows, dtype=torch.float64)
+        reader = torch.zeros(tokens, sum(sizes), dtype=torch.float64)
         for start in range(0, tokens, width):
             span = torch.arange(start, min(start + width, tokens))
             cot = torch.zeros_like(y)
             cot[0, span, span - start] = 1
-            (g,) = torch.autograd.grad(y, leaf, cot, retain_graph=True, allow_unused=True)
-            if g is None:
+            grads = torch.autograd.grad(y, leaves, cot, retain_graph=True, allow_unused=True)
+            if any(g is None for g in grads):
                 return None
-            reader[span] = g.reshape(rows, width)[:, span - start].T.double()
+            rows = torch.cat([g.reshape(-1, width) for g in grads])
+            reader[span] = rows[:, span - start].T.double()
         base = y[0].detach().double()
     with torch.no_grad():  # linear and the same on every channel: a random change moves the tokens by A·change
-        saved = table.detach().clone()
-        change = torch.randn(table.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-        change *= float(saved.double().std(correction=0)) + 1.0
-        table.add_(change.to(table.dtype))
+        saved = [t.detach().clone() for t in tables]
+        gen = torch.Generator().manual_seed(2)
+        changes = [torch.randn(t.shape, generator=gen, dtype=torch.float64) * (float(s.double().std(correction=0)) + 1)
+                   for t, s in zip(tables, saved)]
         try:
+            for t, c in zip(tables, changes):
+                t.add_(c.to(t.dtype))
             after = tensor_at(model, module, inputs, output)
         finally:
-            table.copy_(saved)
+            for t, s in zip(tables, saved):
+                t.copy_(s)
     after = after[None] if after is not None and after.ndim == 2 else after
     if after is None or after.shape != y.shape:
         return None
-    moved, predicted = after[0].double() - base, reader @ change.reshape(rows, width)
+    moved = after[0].double() - base
+    predicted = reader @ torch.cat([c.reshape(-1, width) for c in changes])
     ok = (moved - predicted).abs().amax() <= 1e-4 * (1 + float(predicted.abs().amax()) + float(base.abs().amax()))
     return reader if bool(ok) and bool(reader.abs().amax() > 0) else None
 
