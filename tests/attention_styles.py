@@ -279,6 +279,26 @@ class WideValuesAttention(_Records):
         return self.proj((probs @ v).transpose(1, 2).reshape(b, t, -1))
 
 
+class FullWidthNormAttention(_Records):
+    """q and k each normalised over every head's channels at once, before the heads are split
+    (OLMo-2's ``q_norm``/``k_norm``: an RMSNorm of the full width, computed in float32)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.q_norm, self.k_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        split = lambda y: y.reshape(b, t, self.h, d // self.h).transpose(1, 2)
+        q = split(self.q_norm(self.q_proj(x).float()).to(x.dtype))
+        k = split(self.k_norm(self.k_proj(x).float()).to(x.dtype))
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return self.o_proj((probs @ split(self.v_proj(x))).transpose(1, 2).reshape(b, t, d))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
           "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention,
@@ -308,7 +328,8 @@ class StyledViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim) * 0.02)
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
         make = (WindowAttention if self.grid else PackedAttention if self.packed
-                else CutWindowsAttention if self.cut else SegmentAttention if self.segments else STYLES[style])
+                else CutWindowsAttention if self.cut else SegmentAttention if self.segments
+                else FullWidthNormAttention if style == "full-width-norm" else STYLES[style])
         self.attns = nn.ModuleList(ShiftedWindowAttention(dim, heads, shift=i % 2) if style == "shifted-windows"
                                    else make(dim, heads) for i in range(depth))
         self.head = nn.Linear(dim, classes)

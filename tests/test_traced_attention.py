@@ -390,3 +390,24 @@ def test_a_layer_whose_queries_are_handed_to_it_is_left_alone_as_cross_attention
     assert all(torch.equal(v, model.glob.state_dict()[k]) for k, v in kept.items())
     assert not torch.equal(model.local.w_in, local)
     assert [n for n, _ in structinit.get_record(model, "init")["skipped"]] == ["glob"]
+
+
+def test_q_and_k_normalised_over_every_heads_channels_at_once_are_read_head_by_head():
+    """OLMo-2's norm of q (and k) over the full width, before the heads are split, in float32: each
+    head's q depends on every head's projection rows, but only through the norm's one scale per
+    token. The trace still reads each head's own rows (a cotangent along no token's own q passes
+    no such norm), the survey finds the layers plain self-attention checked on their own maps,
+    mimetic's diagonal shows in the module's own logits, and impulse is refused for the norm,
+    the model left as it was."""
+    torch.manual_seed(0)
+    model = StyledViT("full-width-norm")
+    verdicts = structinit.adapters.attention_survey(model).verdicts
+    assert [(v.kind, v.checked) for v in verdicts] == [("self", True)] * 2
+    assert all(isinstance(v.adapter, TracedAdapter) and v.adapter.head_dim == 16 for v in verdicts)
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    assert all((diagonal_strength(attn.last_logits) > 0.25).all() for attn in model.attns)
+    assert [(v.kind, v.checked) for v in structinit.adapters.attention_survey(model).verdicts] == [("self", True)] * 2
+    check_rejected(_model("full-width-norm"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
+                   ValueError, r"q and k are normalised after their projections")

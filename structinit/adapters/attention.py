@@ -147,7 +147,11 @@ class AttentionAdapter:
             norm = getattr(self.module, norm, None)
             if isinstance(norm, nn.Module):  # the model's own norm, run in its own dtype (a 16-bit norm refuses fp32)
                 held = next(norm.parameters(), None)
-                t = norm(t if held is None else t.to(held.dtype)).to(x.dtype)
+                # over every head's channels at once (OLMo-2's), or over each head's
+                full = held is not None and held.shape[-1] == t.shape[-3] * t.shape[-1] != t.shape[-1]
+                u = t.movedim(-3, -2).flatten(-2) if full else t
+                u = norm(u if held is None else u.to(held.dtype)).to(x.dtype)
+                t = u.unflatten(-1, t.shape[-3::2]).movedim(-2, -3) if full else u
             qk.append(t)
         q, k = qk
         if self.cosine is not None:  # Swin-V2: s_h·cos(q, k)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -45,6 +46,7 @@ from structinit.adapters.provenance_blocks import (
     grads_of,
     head_leads,
     heads_of,
+    isolating,
     lead_cotangent,
     lines_in_storage_order,
     output_block,
@@ -94,7 +96,10 @@ def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
         try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
-            with leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
+            # the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's to hear
+            with warnings.catch_warnings(), \
+                    leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
+                warnings.simplefilter("ignore")
                 return _trace(twin, a, k, leaf, twin_params, module, originals, args, kwargs, readers)
         except (TraceError, TokenError):
             raise
@@ -209,14 +214,32 @@ def _only_the_diagonal(closed: torch.Tensor) -> bool:
 
 def _input_width(q: Operand, params) -> int:
     """The width D of the tokens q is projected from: the largest block of entries feeding one
-    head of q is its r lines of D input weights."""
+    head of q is its r lines of D input weights; through a norm over every head's channels, the
+    block an isolating cotangent reaches (:func:`_entries_feeding`)."""
     lead = (0,) * len(q.lead_shape)
-    weights = 1 + torch.rand(q.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    grads = grads_of(q.tensor, lead_cotangent(q, lead, False, 0) * weights.to(q.tensor), params)
-    largest = max(int((g != 0).sum()) for g in grads)
-    if largest == 0 or largest % q.channels:
-        raise TraceError("no parameter of the module projects its tokens to q")
-    return largest // q.channels
+    for isolate in (True, False):
+        largest = max(int(g.sum()) for g in _entries_feeding(q, lead, params, isolate))
+        if largest and not largest % q.channels:
+            return largest // q.channels
+    raise TraceError("no parameter of the module projects its tokens to q")
+
+
+def _entries_feeding(op: Operand, lead, params, isolate: bool) -> list[torch.Tensor]:
+    """Per parameter, where a random cotangent on slice ``lead`` of ``op`` (on its first token)
+    reaches (random: a norm's output sums to a constant, which an all-ones cotangent would not
+    pass). With ``isolate``, a cotangent that passes no norm over other heads' channels
+    (:func:`isolating`) on each of the first two tokens, and the entries it reaches above the
+    rounding of that norm (computed in float32 by many models) on either: an entry of the head's
+    own lines is small on one token only where that token's input is, which the other's is not."""
+    weights = 1 + torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    if not isolate:
+        return [g != 0 for g in grads_of(op.tensor, lead_cotangent(op, lead, False, 0) * weights.to(op.tensor), params)]
+    fed = None
+    for token in range(min(2, op.moved_shape[-2])):
+        cot = isolating(op, lead_cotangent(op, lead, False, token) * weights.to(op.tensor))
+        found = [g.abs() > 1e-6 * float(g.abs().max()) for g in grads_of(op.tensor, cot, params)]
+        fed = found if fed is None else [a | b for a, b in zip(fed, found)]
+    return fed
 
 
 def _normalised(op: Operand) -> bool:
@@ -275,12 +298,14 @@ def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dic
 def _by_place(op: Operand, lead, params, dim: int) -> list[dict[int, torch.Tensor]]:
     """Each parameter's entries feeding slice ``lead`` of ``op``, as channel → line in storage
     order where they form whole lines of input weights (:mod:`structinit.adapters.provenance_lines`);
-    the other parameters (the norm's own weight) are not the projection's and stay unread."""
-    # random weights: a norm's output sums to a constant, so an all-ones cotangent has no gradient through it
-    weights = torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    grads = grads_of(op.tensor, lead_cotangent(op, lead, False, 0) * (1 + weights.to(op.tensor)), params)
-    return [lines_in_storage_order(torch.nonzero(g), p.stride(), dim, op.channels) or {}
-            for (_, p), g in zip(params, grads)]
+    the other parameters (the norm's own weight) are not the projection's and stay unread. Read
+    exactly first, and through a norm over every head's channels by an isolating cotangent."""
+    for isolate in (False, True):
+        found = [lines_in_storage_order(torch.nonzero(fed), p.stride(), dim, op.channels) or {}
+                 for (_, p), fed in zip(params, _entries_feeding(op, lead, params, isolate))]
+        if any(found):
+            return found
+    return found
 
 
 def _signature(entries: list[dict]) -> tuple:

@@ -142,6 +142,24 @@ def lead_cotangent(op: Operand, lead: tuple[int, ...], labels: bool, token: int 
     return op.unmove(moved)
 
 
+def isolating(op: Operand, cot: torch.Tensor) -> torch.Tensor:
+    """``cot`` with, on each token of each slice, its parts along the slice's own values and along
+    ones removed. Through a norm over several heads' channels (OLMo-2's q norm over the full width)
+    the gradient a slice's cotangent g sends to the other heads' channels is −z (z·g)/(D rms³),
+    which is zero for such a g: the entries it reaches are the slice's own, as without a norm."""
+    if op.channels <= 2:
+        return cot
+    source, place = op._axes
+    g = cot.movedim(source, place).double()
+    y = op.tensor.detach().movedim(source, place).double()
+    ones = torch.full_like(y, op.channels ** -0.5)
+    y = y - (y * ones).sum(-1, keepdim=True) * ones
+    y = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    for unit in (ones, y):
+        g = g - (g * unit).sum(-1, keepdim=True) * unit
+    return op.unmove(g.to(cot.dtype))
+
+
 def support(op: Operand, lead: tuple[int, ...], params) -> frozenset:
     """The parameter entries feeding slice ``lead`` of ``op`` (every token and channel), through
     random cotangent weights: a norm's output sums to a constant, which an all-ones cotangent
