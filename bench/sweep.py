@@ -44,7 +44,7 @@ MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
                 "no attention layer found", "tokens carry no position", "without biasing other pairs",
-                "not self-attention over its tokens"),
+                "not self-attention over its tokens", "the layer is causal"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
                 "not self-attention over its tokens", "the value path is not linear"),
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 
 import torch
 from torch import nn
@@ -113,6 +114,12 @@ def shrink(config, width: int = 96) -> None:
         config.patch_size = max(1, size // (4 * 2 ** (len(depths) - 1)))
         if isinstance(getattr(config, "num_heads", None), (list, tuple)):  # heads that divide each stage's width
             config.num_heads = [heads * 2**i for i in range(len(config.num_heads))]
+    strides = getattr(config, "strides", None)
+    if isinstance(strides, (list, tuple)) and len(strides) > 1 and all(isinstance(v, int) for v in strides) \
+            and isinstance(size, (int, tuple, list)):
+        # stages each downsampled by their stride (PVT's): an image whose last stage still holds a 3×3 kernel
+        side = 4 * math.prod(strides)
+        config.image_size = side if isinstance(size, int) else (side, side)
     if hasattr(config, "use_cache"):  # one forward, no generation: a hybrid shrunk to 2 layers may hold no
         config.use_cache = False      # attention layer for its cache to count
 

@@ -196,3 +196,15 @@ def test_towers_whose_grid_argument_is_optional_are_called_with_their_patches_an
     assert call["pixel_values"].shape == (1, 64, 3, 2, 2) and call["grid_thw"].tolist() == [[1, 8, 8]]
     call = sweep.tower_call(_RowOfPatchesTower())
     assert call["pixel_values"].shape == (1, 3, 2, 128) and call["target_sizes"].tolist() == [[8, 8]]
+
+
+def test_a_config_of_strided_stages_is_shrunk_to_an_image_whose_last_stage_holds_a_kernel():
+    from sweep_models import shrink
+
+    class Config:  # PVT's sizes: stages downsampled 4, 2, 2 and 2 times
+        def __init__(self):
+            self.image_size, self.strides, self.hidden_size = 224, (4, 2, 2, 2), 512
+
+    config = Config()
+    shrink(config)
+    assert config.image_size == 128 and config.image_size // 32 == 4  # a 4×4 last stage, where 64 px gave 2×2
