@@ -490,3 +490,32 @@ class TableViT(nn.Module):
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
         return self.head(x.mean(1))
+
+
+class _PatchEmbed(nn.Conv2d):
+    grid_size = (16, 16)  # the grid of the embedding's own table, as timm states it
+
+
+class ResizedTableViT(nn.Module):
+    """timm's layout (``pos_embed``, ``patch_embed.grid_size``) for a 16×16 table that the forward
+    resizes to each image's grid (NaFlexViT's, timm's ``dynamic_img_size``); the model states 16 px
+    images, an 8×8 grid, so its layers receive 64 tokens where the named layout says 256."""
+
+    def __init__(self, dim=48, heads=3, depth=2):
+        super().__init__()
+        self.image_size = 16
+        self.patch_embed = _PatchEmbed(3, dim, 2, stride=2)
+        self.pos_embed = nn.Parameter(torch.randn(1, 256, dim) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(RawLinearAttention(dim, heads) for _ in range(depth))
+
+    def positions(self, h, w):
+        table = self.pos_embed.reshape(1, 16, 16, -1).permute(0, 3, 1, 2)
+        return F.interpolate(table, size=(h, w), mode="bilinear", antialias=True).flatten(2)[0].T
+
+    def forward(self, images):
+        x = self.patch_embed(images)
+        x = x.flatten(2).transpose(1, 2) + self.positions(*x.shape[-2:])
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x))
+        return x.mean(1)

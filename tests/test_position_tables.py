@@ -120,3 +120,23 @@ def test_the_reading_of_a_table_is_the_map_the_forward_applies(tokens, rows, den
             assert found is None, how
             continue
         assert found is not None and torch.allclose(found, read.double(), atol=1e-5)
+
+
+def test_a_named_embedding_the_forward_resizes_to_the_images_grid_is_read_on_the_probe():
+    """timm's finder names the table and its own 16×16 grid, but the layers receive the 8×8 grid of
+    the images the model states: the layout is read again on those images, through the resize,
+    and impulse hits in the layers' own maps of what they read."""
+    from attention_styles import ResizedTableViT
+
+    torch.manual_seed(0)
+    model = ResizedTableViT()
+    found = ModelSurvey(model).position
+    assert found.grid == (8, 8) and tuple(found.pos_reader.shape) == (64, 256)
+    structinit.init_(model, "impulse", seed=0, reserve="none")
+    with torch.no_grad():
+        for layer, attn in enumerate(model.attns):
+            attn(model.norms[layer](model.positions(8, 8)[None]))
+            arg = attn.last_probs[0].argmax(-1)
+            for h, (dy, dx) in enumerate(attn.structinit_impulse["offsets"]):
+                cells = [(y, x) for y in range(8) for x in range(8) if 0 <= y + dy < 8 and 0 <= x + dx < 8]
+                assert all(int(arg[h, y * 8 + x]) == (y + dy) * 8 + x + dx for y, x in cells), (layer, h)

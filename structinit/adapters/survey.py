@@ -26,12 +26,12 @@ import torch.fx
 from torch import nn
 
 from structinit.adapters.observe import _MHA, _SDPA, _SOFTMAX
-from structinit.adapters.position import Discovery, named_discovery, prefix_in_layers
+from structinit.adapters.position import Discovery, embedding_rows, named_discovery, prefix_in_layers, square_side
 from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
 from structinit.adapters.probe import ModelCall, _pair, as_call, first_taken, probe_at, probe_choices, probe_tokens
 from structinit.adapters.registry import candidate_layers
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
-from structinit.adapters.trace import consistent, traced_discovery
+from structinit.adapters.trace import consistent, traced_discovery, traced_on_probe
 from structinit.adapters.verify import AttentionSurvey, survey_attention
 
 
@@ -148,7 +148,12 @@ class ModelSurvey:
         found = named_discovery(self.model)
         if found.source == "none" or (found.source == "generic" and not consistent(found, self.first_layer_tokens)):
             found = traced_discovery(self) or found
-        return prefix_in_layers(found, self.first_layer_tokens)
+        found = prefix_in_layers(found, self.first_layer_tokens)
+        if not _fits(found, self.first_layer_tokens):  # resized to each image's grid (NaFlexViT): read on the probe
+            again = traced_on_probe(self)
+            again = None if again is None else prefix_in_layers(again, self.first_layer_tokens)
+            found = again if again is not None and _fits(again, self.first_layer_tokens) else found
+        return found
 
     def relative_bias(self, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
         """The relative position bias attention layer ``name`` uses: its own
@@ -171,6 +176,17 @@ class ModelSurvey:
         outside = [m for m in self.model.modules() if id(m) not in inside
                    and (holds_relative_bias(m) or held_position_mlp(m) is not None)]
         return _received(outside[0]) if len(outside) == 1 else None
+
+
+def _fits(found: Discovery, tokens: int | None) -> bool:
+    """Whether the prefix tokens and grid ``found`` gives add up to the first layer's ``tokens``
+    (True when either is unknown)."""
+    rows = embedding_rows(found)
+    if tokens is None or rows is None:
+        return True
+    prefix = found.num_prefix_tokens or 0
+    cells = found.grid[0] * found.grid[1] if found.grid is not None else rows if square_side(rows) else rows - prefix
+    return prefix + cells == tokens
 
 
 def _failure(model: nn.Module, call: ModelCall) -> str:

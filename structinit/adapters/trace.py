@@ -139,11 +139,22 @@ def traced_discovery(survey) -> Discovery | None:
     return _trace(survey.model, first, candidates, survey.example) if candidates else None
 
 
-def _trace(model, first, candidates, example: ModelCall | None = None) -> Discovery | None:
+def traced_on_probe(survey) -> Discovery | None:
+    """:func:`traced_discovery` on the images the survey probed the layers with, alone: for a
+    model that resizes its position embedding to each image's grid (NaFlexViT), whose layers
+    then receive another count of tokens than the embedding's own grid gives."""
+    first, probe = survey.first_layer, survey.probe
+    if first is None or not isinstance(probe, torch.Tensor) or probe.ndim != 4:
+        return None
+    candidates = token_candidates(survey.model, first[1].dim)
+    return _trace(survey.model, first, candidates, probes=[(probe, tuple(probe.shape[-2:]))]) if candidates else None
+
+
+def _trace(model, first, candidates, example: ModelCall | None = None, probes=None) -> Discovery | None:
     # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike;
     # a caller's input is the only probe when given
-    probes = ([(example, None)] if example is not None else
-              ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
+    probes = probes or ([(example, None)] if example is not None else
+                        ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
     for inputs, image in probes:
         base = tokens_at(model, first[1], inputs)
         if base is not None:
@@ -162,17 +173,19 @@ def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] |
     if len(pes) > 1 and _rows(pes[0][1]) == _rows(pes[1][1]):
         return None  # two tables of the same size: ambiguous, the caller asks for hints
     tables = []  # more tables the tokens read with the first, for a read PE
-    if not pes:  # tables the tokens read through a map (resized, gathered at position ids): those of the most rows
-        read = sorted(((n, t) for n, t in candidates if min(len(rows[n]), _rows(t)) >= 4),
-                      key=lambda nt: -len(rows[nt[0]]))
-        group = [(n, t) for n, t in read if read and rows[n] == rows[read[0][0]]]
+    read = sorted(((n, t) for n, t in candidates if min(len(rows[n]), _rows(t)) >= 4),
+                  key=lambda nt: -len(rows[nt[0]]))
+    if read and (not pes or len(rows[read[0][0]]) > len(rows[pes[0][0]])):
+        # tables the tokens read through a map (resized, gathered at position ids), feeding more of them than any
+        # table of one row each (NaFlexViT's four register tokens): those of the most rows
+        group = [(n, t) for n, t in read if rows[n] == rows[read[0][0]]]
         for tried in dict.fromkeys((tuple(group), tuple(group[:1]))):
             reader = table_reader(model, images, list(tried), first[0], base.shape[1]) if tried else None
             if reader is not None:
                 pes, tables = list(tried[:1]), list(tried[1:])
                 break
-        if not pes:
-            return None
+    if not pes:
+        return None
     pe_name, pe = pes[0]
     pe_rows = set(rows[pe_name])
     if reader is not None:  # the tokens the table feeds, by its reading, in token order
@@ -201,7 +214,8 @@ def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]
     row each of are read (one resized to the call's grid as SigLIP-2's, gathered at position ids,
     a row and a column table summed as Pix2Struct's). Read where their sum with the content is
     not yet normalised: the output of a module that holds the tables (nearest first), else the
-    input of one that holds attention layer ``layer``; A from one backward per D tokens (token
+    input of a module that receives the tokens before attention layer ``layer`` does
+    (:func:`_token_takers`); A from one backward per D tokens (token
     t's cotangent one-hot on channel t mod D), then checked on a random change of the tables,
     restored bit for bit. None when no such place shows a linear, per-channel reading."""
     if any(_leaf(t) is not t or not t.is_floating_point() for _, t in tables):
@@ -210,13 +224,38 @@ def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]
     ancestors = lambda path: [p for p in (".".join(path.split(".")[:i]) for i in range(path.count(".") + 1, 0, -1))
                               if p in modules]
     owner = ".".join(_common([n.rpartition(".")[0].split(".") for n, _ in tables]))
-    sites = [(modules[p], True) for p in ancestors(owner) if not layer.startswith(p + ".")]
-    sites += [(modules[p], False) for p in ancestors(layer)]
+    sites = [(modules[p], True) for p in ancestors(owner) if p and not layer.startswith(p + ".")]
+    sites += [(m, False) for m in _token_takers(model, modules[layer], inputs, tokens, tables[0][1].shape[-1])]
     for module, output in sites:
         reader = _reading_at(model, inputs, [t for _, t in tables], module, output, tokens)
         if reader is not None:
             return reader
     return None
+
+
+def _token_takers(model: nn.Module, layer: nn.Module, inputs, tokens: int, width: int) -> list[nn.Module]:
+    """The modules that receive (B, T, D) tokens (or one packed (T, D) sequence) before attention
+    layer ``layer`` does, the layer's own ancestors included, nearest first (a pre-norm block's
+    norm, the block, the encoder): where the tokens may still be the tables' sum with the content."""
+    found, handles = [], []
+
+    def note(module, args, kwargs):
+        x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if x is not None and x.ndim in (2, 3) and tuple(x.shape[-2:]) == (tokens, width) and module not in found:
+            found.append(module)
+
+    for module in model.modules():
+        if module is not model and module is not layer:
+            handles.append(module.register_forward_pre_hook(note, with_kwargs=True))
+    try:
+        tensor_at(model, layer, inputs, output=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[::-1][:_SITES]
+
+
+_SITES = 6  # places a table's reading is tried at, nearest the attention layer first
 
 
 def _common(paths: list[list[str]]) -> list[str]:
