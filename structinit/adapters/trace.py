@@ -223,8 +223,9 @@ def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]
     modules = dict(model.named_modules())
     ancestors = lambda path: [p for p in (".".join(path.split(".")[:i]) for i in range(path.count(".") + 1, 0, -1))
                               if p in modules]
-    owner = ".".join(_common([n.rpartition(".")[0].split(".") for n, _ in tables]))
-    sites = [(modules[p], True) for p in ancestors(owner) if p and not layer.startswith(p + ".")]
+    # the first table's holder and its parents (a place that sees one table of several reads the others as none)
+    holder = tables[0][0].rpartition(".")[0]
+    sites = [(modules[p], True) for p in ancestors(holder) if p and not layer.startswith(p + ".")]
     sites += [(m, False) for m in _token_takers(model, modules[layer], inputs, tokens, tables[0][1].shape[-1])]
     for module, output in sites:
         reader = _reading_at(model, inputs, [t for _, t in tables], module, output, tokens)
@@ -256,15 +257,6 @@ def _token_takers(model: nn.Module, layer: nn.Module, inputs, tokens: int, width
 
 
 _SITES = 6  # places a table's reading is tried at, nearest the attention layer first
-
-
-def _common(paths: list[list[str]]) -> list[str]:
-    out = []
-    for parts in zip(*paths):
-        if len(set(parts)) > 1:
-            break
-        out.append(parts[0])
-    return out
 
 
 def _reading_at(model, inputs, tables, module, output, tokens) -> torch.Tensor | None:
