@@ -84,17 +84,21 @@ _HEADS = ("num_attention_heads", "num_key_value_heads", "num_heads", "n_head", "
           "decoder_attention_heads")
 
 
-def shrink(config, width: int = 96) -> None:
+def shrink(config, width: int = 96) -> int | None:
     """Every scalar size field of ``config`` and its sub-configs set small (:data:`_SHRINK`,
     widths to ``width``), so each architecture builds in a second: 3 heads of 32 channels at
-    width 96; a width 3 does not divide gets 4 heads (width 64: 4 heads of 16)."""
+    width 96; a width 3 does not divide gets 4 heads (width 64: 4 heads of 16). Per-stage widths
+    that start at the config's own width (or a sub-config's) are scaled alike. Returns that
+    width as the config had it."""
     heads = 3 if width % 3 == 0 else 4
+    base = next((v for k, v in vars(config).items() if k in ("hidden_size", "embed_dim") and isinstance(v, int)), None)
     ids = [v for k, v in vars(config).items() if k.endswith("token_id") and isinstance(v, int)]
     sizes = {"head_dim": width // heads, "vocab_size": max([_SHRINK["vocab_size"], *(i + 1 for i in ids)]),
              **{k: heads for k in _HEADS}}
     for key, value in list(vars(config).items()):
         if hasattr(value, "to_dict") and hasattr(value, "model_type"):
-            shrink(value, width)
+            inner = shrink(value, width)
+            base = base if base is not None else inner
         elif key in _SHRINK and isinstance(value, int) and not isinstance(value, bool):
             setattr(config, key, width if key in ("hidden_size", "embed_dim", "n_embd", "d_model") else
                     2 * width if key in ("intermediate_size", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
@@ -114,6 +118,10 @@ def shrink(config, width: int = 96) -> None:
         config.patch_size = max(1, size // (4 * 2 ** (len(depths) - 1)))
         if isinstance(getattr(config, "num_heads", None), (list, tuple)):  # heads that divide each stage's width
             config.num_heads = [heads * 2**i for i in range(len(config.num_heads))]
+    for key, value in list(vars(config).items()):  # per-stage widths from the model's own (SAM 2's Hiera): in scale
+        if key.endswith(("_per_stage", "channel_list")) and isinstance(value, (list, tuple)) and value \
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value) and min(value) == base:
+            setattr(config, key, type(value)(v * width // base for v in value))
     strides = getattr(config, "strides", None)
     if isinstance(strides, (list, tuple)) and len(strides) > 1 and all(isinstance(v, int) for v in strides) \
             and isinstance(size, (int, tuple, list)):
@@ -122,6 +130,7 @@ def shrink(config, width: int = 96) -> None:
         config.image_size = side if isinstance(size, int) else (side, side)
     if hasattr(config, "use_cache"):  # one forward, no generation: a hybrid shrunk to 2 layers may hold no
         config.use_cache = False      # attention layer for its cache to count
+    return base
 
 
 def transformers_entries(width: int = 96, language: bool = True) -> list[tuple[str, callable]]:

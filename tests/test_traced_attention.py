@@ -411,3 +411,37 @@ def test_q_and_k_normalised_over_every_heads_channels_at_once_are_read_head_by_h
     assert [(v.kind, v.checked) for v in structinit.adapters.attention_survey(model).verdicts] == [("self", True)] * 2
     check_rejected(_model("full-width-norm"), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
                    ValueError, r"q and k are normalised after their projections")
+
+
+class _ZeroClassToken(nn.Module):
+    """A pre-norm ViT whose class token and its position row start at zero (InternVL's at init):
+    the first token every attention layer reads is all zeros, so no parameter entry feeds its q."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.patch = nn.Conv2d(3, 48, 2, stride=2)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 48))
+        self.pos_embed = nn.Parameter(torch.cat([torch.zeros(1, 1, 48), torch.randn(1, 64, 48) * 0.02], 1))
+        self.norms = nn.ModuleList(nn.LayerNorm(48) for _ in range(2))
+        self.attns = nn.ModuleList(attention(48, 3) for _ in range(2))
+
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1) + self.pos_embed
+        for norm, attn in zip(self.norms, self.attns):
+            x = x + attn(norm(x))
+        return x[:, 0]
+
+
+@pytest.mark.parametrize("style", ["raw-linear", "full-width-norm"])
+def test_a_first_token_of_zeros_does_not_hide_which_entries_feed_each_head(style):
+    from attention_styles import FullWidthNormAttention
+
+    torch.manual_seed(0)
+    model = _ZeroClassToken(STYLES["raw-linear"] if style == "raw-linear" else FullWidthNormAttention)
+    verdicts = structinit.adapters.attention_survey(model).verdicts
+    assert [(v.kind, v.checked) for v in verdicts] == [("self", True)] * 2
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_images())
+    assert all((diagonal_strength(attn.last_logits[..., 1:, 1:]) > 0.25).all() for attn in model.attns)

@@ -225,21 +225,24 @@ def _input_width(q: Operand, params) -> int:
 
 
 def _entries_feeding(op: Operand, lead, params, isolate: bool) -> list[torch.Tensor]:
-    """Per parameter, where a random cotangent on slice ``lead`` of ``op`` (on its first token)
-    reaches (random: a norm's output sums to a constant, which an all-ones cotangent would not
-    pass). With ``isolate``, a cotangent that passes no norm over other heads' channels
-    (:func:`isolating`) on each of the first two tokens, and the entries it reaches above the
-    rounding of that norm (computed in float32 by many models) on either: an entry of the head's
-    own lines is small on one token only where that token's input is, which the other's is not."""
+    """Per parameter, where a random cotangent on slice ``lead`` of ``op`` reaches, on any of its
+    first :data:`_TOKENS_READ` tokens (random: a norm's output sums to a constant, which an
+    all-ones cotangent would not pass; several tokens: a class token of zeros reaches nothing).
+    With ``isolate``, a cotangent that passes no norm over other heads' channels
+    (:func:`isolating`), and the entries it reaches above the rounding of that norm (computed in
+    float32 by many models): an entry of the head's own lines is small on one token only where
+    that token's input is, which the others' are not."""
     weights = 1 + torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    if not isolate:
-        return [g != 0 for g in grads_of(op.tensor, lead_cotangent(op, lead, False, 0) * weights.to(op.tensor), params)]
     fed = None
-    for token in range(min(2, op.moved_shape[-2])):
-        cot = isolating(op, lead_cotangent(op, lead, False, token) * weights.to(op.tensor))
-        found = [g.abs() > 1e-6 * float(g.abs().max()) for g in grads_of(op.tensor, cot, params)]
+    for token in range(min(_TOKENS_READ, op.moved_shape[-2])):
+        cot = lead_cotangent(op, lead, False, token) * weights.to(op.tensor)
+        grads = grads_of(op.tensor, isolating(op, cot) if isolate else cot, params)
+        found = [g.abs() > 1e-6 * float(g.abs().max()) if isolate else g != 0 for g in grads]
         fed = found if fed is None else [a | b for a, b in zip(fed, found)]
     return fed
+
+
+_TOKENS_READ = 3  # tokens whose cotangents say which parameter entries feed a head
 
 
 def _normalised(op: Operand) -> bool:
