@@ -205,6 +205,12 @@ def summary_table(rows: list[Row]) -> str:
                      + " | ".join(str(sum(r.outcome == o for r in counted)) for o in ("silent", "traceback",
                                                                                      "unverified"))
                      + f" | {called} | {unmeasured} |")
+    vision = [r for r in rows if group_of(r) in ("transformers: vision towers", "transformers: image classifiers")
+              and r.outcome not in ("no-attention", *_UNMEASURED)]
+    if vision:  # the architectures the vision goal counts: towers and classifiers, both inits
+        good = sum(r.outcome in ("written", "expected") for r in vision)
+        lines += ["", f"transformers vision architectures (towers and image classifiers, both inits): "
+                      f"{good}/{len(vision)} as expected ({100 * good / len(vision):.1f} %)"]
     return "\n".join(lines)
 
 

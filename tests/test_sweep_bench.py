@@ -208,3 +208,15 @@ def test_a_config_of_strided_stages_is_shrunk_to_an_image_whose_last_stage_holds
     config = Config()
     shrink(config)
     assert config.image_size == 128 and config.image_size // 32 == 4  # a 4×4 last stage, where 64 px gave 2×2
+
+
+def test_the_summary_counts_transformers_vision_architectures_across_both_inits(tmp_path, capsys):
+    rows = [sweep.Row("a.vision", "transformers", "impulse", "written", 1.0),
+            sweep.Row("a.vision", "transformers", "mimetic", "refused", reason="no adapter"),
+            sweep.Row("b.vision", "transformers", "impulse", "expected", reason="reads token ids"),
+            sweep.Row("b.vision", "transformers", "mimetic", "too-large")]
+    path = tmp_path / "sweep.json"
+    sweep._save(str(path), rows)
+    assert sweep.main(["--from", str(path), "--summary"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "transformers vision architectures (towers and image classifiers, both inits): 2/3 as expected (66.7 %)")
