@@ -215,9 +215,9 @@ def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]
     a row and a column table summed as Pix2Struct's). Read where their sum with the content is
     not yet normalised: the output of a module that holds the tables (nearest first), else the
     input of a module that receives the tokens before attention layer ``layer`` does
-    (:func:`_token_takers`); A from one backward per D tokens (token
-    t's cotangent one-hot on channel t mod D), then checked on a random change of the tables,
-    restored bit for bit. None when no such place shows a linear, per-channel reading."""
+    (:func:`_token_takers`). A comes from one backward per D tokens (token t's cotangent one-hot
+    on channel t mod D) and is checked on a random change of the tables, restored bit for bit.
+    None when no such place shows a linear, per-channel reading."""
     if any(_leaf(t) is not t or not t.is_floating_point() for _, t in tables):
         return None  # a view or a computed tensor: no rows to write through
     modules = dict(model.named_modules())
