@@ -179,7 +179,7 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     if found.pos_reader is None:
         return [(grid_pos_embed(model, layout), grid_rows)]
     tables = [(found.pos_embed_name, found.pos_embed), *found.pos_tables]
-    flat = torch.cat([t.detach().reshape(-1, t.shape[-1]).double().cpu() for _, t in tables])
+    flat = _table_rows(found)
     reader = found.pos_reader[found.pos_reader.shape[0] - layout.num_patches:]
     target = grid_rows.detach().reshape(layout.num_patches, -1).double().cpu()
     # the least-norm solution (unique; SVD-based, as A may have dependent rows whose targets still agree)
@@ -203,12 +203,16 @@ def _embedding_rows(found: Discovery) -> torch.Tensor | None:
     pos = found.pos_embed
     if pos is None:
         return None
-    rows = pos.reshape(-1, pos.shape[-1])
     if found.pos_reader is None:
-        return rows
-    tables = (pos, *(t for _, t in found.pos_tables))
-    rows = torch.cat([t.detach().reshape(-1, t.shape[-1]).double().cpu() for t in tables])
-    return (found.pos_reader @ rows).to(pos.device, pos.dtype)
+        return pos.reshape(-1, pos.shape[-1])
+    return (found.pos_reader @ _table_rows(found)).to(pos.device, pos.dtype)
+
+
+def _table_rows(found: Discovery) -> torch.Tensor:
+    """The rows of the tables a read position embedding comes from, one table after the other,
+    as the reader's columns take them (R, D), float64."""
+    tables = (found.pos_embed, *(t for _, t in found.pos_tables))
+    return torch.cat([t.detach().reshape(-1, t.shape[-1]).double().cpu() for t in tables])
 
 
 def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:

@@ -31,7 +31,7 @@ from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
 from structinit.adapters.probe import ModelCall, _pair, as_call, first_taken, probe_at, probe_choices, probe_tokens
 from structinit.adapters.registry import candidate_layers
 from structinit.adapters.relative import RelativeBias, find_relative_bias, holds_relative_bias
-from structinit.adapters.trace import consistent, traced_discovery, traced_on_probe
+from structinit.adapters.trace import consistent, traced_discovery
 from structinit.adapters.verify import AttentionSurvey, survey_attention
 
 
@@ -150,7 +150,7 @@ class ModelSurvey:
             found = traced_discovery(self) or found
         found = prefix_in_layers(found, self.first_layer_tokens)
         if not _fits(found, self.first_layer_tokens):  # resized to each image's grid (NaFlexViT): read on the probe
-            again = traced_on_probe(self)
+            again = traced_discovery(self, on_probe=True)
             again = None if again is None else prefix_in_layers(again, self.first_layer_tokens)
             found = again if again is not None and _fits(again, self.first_layer_tokens) else found
         return found

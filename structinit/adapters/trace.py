@@ -127,27 +127,21 @@ def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Te
     return torch.nonzero(diff > 1e-5 * (1 + float(base[0].abs().amax()))).flatten().tolist()
 
 
-def traced_discovery(survey) -> Discovery | None:
+def traced_discovery(survey, on_probe: bool = False) -> Discovery | None:
     """The position embedding, prefix tokens and grid of the model ``survey`` (a
     :class:`~structinit.adapters.survey.ModelSurvey`, which asks this module) surveys, found by
-    tracing (module doc); None when the model cannot be probed or shows no 1:1 position embedding
-    before its grid."""
-    first = survey.first_layer
-    if first is None:
-        return None
-    candidates = token_candidates(survey.model, first[1].dim)
-    return _trace(survey.model, first, candidates, survey.example) if candidates else None
-
-
-def traced_on_probe(survey) -> Discovery | None:
-    """:func:`traced_discovery` on the images the survey probed the layers with, alone: for a
-    model that resizes its position embedding to each image's grid (NaFlexViT), whose layers
-    then receive another count of tokens than the embedding's own grid gives."""
+    tracing (module doc); None when the model cannot be probed or shows no position embedding
+    before its grid. With ``on_probe``, read on the images the survey probed the layers with,
+    alone: for a model that resizes its position embedding to each image's grid (NaFlexViT),
+    whose layers then receive another count of tokens than the embedding's own grid gives."""
     first, probe = survey.first_layer, survey.probe
-    if first is None or not isinstance(probe, torch.Tensor) or probe.ndim != 4:
+    if first is None or (on_probe and (not isinstance(probe, torch.Tensor) or probe.ndim != 4)):
         return None
     candidates = token_candidates(survey.model, first[1].dim)
-    return _trace(survey.model, first, candidates, probes=[(probe, tuple(probe.shape[-2:]))]) if candidates else None
+    if not candidates:
+        return None
+    probes = [(probe, tuple(probe.shape[-2:]))] if on_probe else None
+    return _trace(survey.model, first, candidates, survey.example, probes)
 
 
 def _trace(model, first, candidates, example: ModelCall | None = None, probes=None) -> Discovery | None:
@@ -180,7 +174,7 @@ def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] |
         # table of one row each (NaFlexViT's four register tokens): those of the most rows
         group = [(n, t) for n, t in read if rows[n] == rows[read[0][0]]]
         for tried in dict.fromkeys((tuple(group), tuple(group[:1]))):
-            reader = table_reader(model, images, list(tried), first[0], base.shape[1]) if tried else None
+            reader = table_reader(model, images, list(tried), first[0], base.shape[1])
             if reader is not None:
                 pes, tables = list(tried[:1]), list(tried[1:])
                 break
