@@ -5,7 +5,7 @@ softmax forms are the designed ones, and nothing else changes."""
 
 import pytest
 import torch
-from attention_styles import PackedTower
+from layout_models import PackedTower
 
 import structinit
 from rejection import check_rejected

@@ -6,9 +6,10 @@ the tokens read its design, and the layers' own softmax maps on what the model r
 
 import pytest
 import torch
-from attention_styles import RawLinearAttention, TableViT
+from attention_styles import RawLinearAttention
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layout_models import TableViT
 from torch import nn
 
 import structinit
@@ -126,7 +127,7 @@ def test_a_named_embedding_the_forward_resizes_to_the_images_grid_is_read_on_the
     """timm's finder names the table and its own 16×16 grid, but the layers receive the 8×8 grid of
     the images the model states: the layout is read again on those images, through the resize,
     and impulse hits in the layers' own maps of what they read."""
-    from attention_styles import ResizedTableViT
+    from layout_models import ResizedTableViT
 
     torch.manual_seed(0)
     model = ResizedTableViT()

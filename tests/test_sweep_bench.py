@@ -73,7 +73,7 @@ class _Tower(nn.Module):
 
     def __init__(self):
         super().__init__()
-        from attention_styles import PackedTower
+        from layout_models import PackedTower
 
         self.inner = PackedTower()
         self.config = type("Config", (), {"in_channels": 3, "patch_size": 2, "spatial_merge_size": 2})()

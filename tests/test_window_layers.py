@@ -146,7 +146,7 @@ def test_impulse_on_windows_padded_and_cut_from_a_grid_with_an_absolute_embeddin
     windowed layer's call. Which grid position each window token holds is read off the forward;
     the layer's own maps on its position-only windows then hit every head's target wherever the
     target shares the query's window, and impulse_fidelity, reading the same maps, agrees."""
-    from attention_styles import PaddedWindowViT
+    from layout_models import PaddedWindowViT
 
     torch.manual_seed(0)
     model = PaddedWindowViT()
