@@ -41,7 +41,7 @@ def timm_entries() -> list[tuple[str, callable]]:
 
 
 def _timm_build(timm, name):
-    """The model at 64 px where it takes that size and its patch grid is at least 3×3, else at its
+    """The model at 64 px where it takes that size and every patch grid (each stage's) is at least 3×3, else at its
     own; a family whose smallest model is still over :data:`MAX_PARAMETERS` is built with 2
     blocks where it takes ``depth``."""
     built = None
@@ -53,8 +53,9 @@ def _timm_build(timm, name):
                     with torch.no_grad():
                         model.eval()
                         model(torch.zeros(1, 3, 64, 64))
-                    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-                    if isinstance(grid, (tuple, list)) and min(grid) < 3:  # no 3×3 kernel fits: its own size
+                    grids = [g for m in model.modules()
+                             if isinstance(g := getattr(m, "grid_size", None), (tuple, list))]
+                    if any(min(g) < 3 for g in grids):  # a stage's patch grid holds no 3×3 kernel: its own size
                         continue
             except Exception:  # a model whose size is fixed, or that takes no depth
                 continue

@@ -216,7 +216,10 @@ CATALOGUE: tuple[ZooModel, ...] = (
              refused={"impulse": "forms no softmax", "mimetic": "forms no softmax"}),
     ZooModel("timm_pit_ti_224", "timm", _timm("pit_ti_224"), 224,
              "PiT: pooling stages on smaller grids, position embedding stored (1, D, h, w)",
-             refused={"impulse": "receives 197 tokens"}),
+             refused={"impulse": r"197 tokens of width 128\) lie off the grid .*carry no position of their own"}),
+    ZooModel("timm_visformer_tiny_96px", "timm", _timm("visformer_tiny", img_size=96), 96,
+             "Visformer: a convolution stage, then attention stages on 1×1-conv maps, each stage with its own "
+             "position embedding (1, D, h, w)"),
     ZooModel("timm_maxvit_pico_rw_64px", "timm", _timm("maxvit_pico_rw_256", img_size=64), 64,
              "MaxViT: q, k and v packed per head, windows and grid cells cut before the call, channels last, "
              "relative position bias; read by the trace"),

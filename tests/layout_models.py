@@ -150,3 +150,47 @@ class ResizedTableViT(nn.Module):
         for norm, attn in zip(self.norms, self.attns):
             x = x + attn(norm(x))
         return x.mean(1)
+
+
+class StagedViT(nn.Module):
+    """A two-stage ViT on 2·``side``-pixel images: side×side tokens of width 48 with a learned PE,
+    two blocks; a 2×2 strided convolution merges them into (side/2)² tokens of width 96, to which
+    the stage adds its own learned PE, kept channels first (1, 96, side/2, side/2) as Visformer's;
+    two blocks more. Without ``stage_pe`` the second stage's tokens carry no position of their own.
+    With ``maps_pe`` the first PE is kept channels first too, under a name no finder knows, and
+    added to the patch map (TNT's pixel PE)."""
+
+    def __init__(self, stage_pe=True, heads=3, side=8, maps_pe=False):
+        super().__init__()
+        self.side, self.maps_pe = side, maps_pe
+        self.patch = nn.Conv2d(3, 48, 2, stride=2)
+        if maps_pe:
+            self.grid_pos = nn.Parameter(torch.randn(1, 48, side, side) * 0.02)
+        else:
+            self.pos_embed = nn.Parameter(torch.randn(1, side * side, 48) * 0.02)
+        self.merge = nn.Conv2d(48, 96, 2, stride=2)
+        self.stage_pos = nn.Parameter(torch.randn(1, 96, side // 2, side // 2) * 0.02) if stage_pe else None
+        widths = (48, 48, 96, 96)
+        self.norms = nn.ModuleList(nn.LayerNorm(w) for w in widths)
+        self.attns = nn.ModuleList(RawLinearAttention(w, heads) for w in widths)
+        self.head = nn.Linear(96, 10)
+
+    def first_rows(self) -> torch.Tensor:
+        """The (side², 48) rows of the first stage's position embedding, row-major."""
+        return self.grid_pos[0].flatten(1).T if self.maps_pe else self.pos_embed[0]
+
+    def forward(self, images):
+        x = self.patch(images)
+        if self.maps_pe:
+            x = (x + self.grid_pos).flatten(2).transpose(1, 2)
+        else:
+            x = x.flatten(2).transpose(1, 2) + self.pos_embed
+        for i in (0, 1):
+            x = x + self.attns[i](self.norms[i](x))
+        x = self.merge(x.transpose(1, 2).reshape(x.shape[0], 48, self.side, self.side))
+        if self.stage_pos is not None:
+            x = x + self.stage_pos
+        x = x.flatten(2).transpose(1, 2)
+        for i in (2, 3):
+            x = x + self.attns[i](self.norms[i](x))
+        return self.head(x.mean(1))

@@ -22,11 +22,14 @@ class TokenLayout:
     """Tokens are ``num_prefix_tokens`` prefix tokens followed by an h×w grid, row-major; or,
     for a layer that attends within windows cut from the grid (SAM's ViT), ``windows`` (slices,
     T): the grid index of each token of each window the layer receives, −1 for a padding token
-    (:func:`structinit.adapters.token_order.window_order`)."""
+    (:func:`structinit.adapters.token_order.window_order`). ``position``: the position embedding
+    of a later stage's own tokens (:meth:`~structinit.adapters.survey.ModelSurvey.stage_position`),
+    where the layer does not take the model's first one."""
 
     grid: tuple[int, int]
     num_prefix_tokens: int = 0
     windows: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    position: Discovery | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_patches(self) -> int:
@@ -157,7 +160,7 @@ def grid_pos_embed(model: nn.Module | ModelSurvey, layout: TokenLayout) -> torch
     (timm's ``no_embed_class``) gives prefix tokens no row; one with N + k rows, k < P, gives the
     first k prefix tokens a row (Hugging Face's DINOv2 with registers: the class token has one,
     the registers none)."""
-    found = as_survey(model).position
+    found = _position(model, layout)
     rows = _embedding_rows(found)
     if rows is None:
         return None
@@ -175,7 +178,7 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     (``pos_reader``), the smallest change Δ of the table with A(T + Δ) = ``grid_rows``
     (Δ = A⁺(``grid_rows`` − AT)). ValueError when the table cannot hold them (grid tokens that
     read the same rows alike, but should differ)."""
-    found = as_survey(model).position
+    found = _position(model, layout)
     if found.pos_reader is None:
         return [(grid_pos_embed(model, layout), grid_rows)]
     tables = [(found.pos_embed_name, found.pos_embed), *found.pos_tables]
@@ -199,6 +202,24 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     return out
 
 
+def _position(model: nn.Module | ModelSurvey, layout: TokenLayout) -> Discovery:
+    """The position embedding ``layout``'s tokens take: a later stage's own, else the model's."""
+    return layout.position if layout.position is not None else as_survey(model).position
+
+
+def stage_layout(found: Discovery, tokens: int) -> TokenLayout | None:
+    """The layout of a later stage's ``tokens`` tokens from its own position embedding ``found``
+    (prefix tokens and a grid whose rows it holds), or None when they do not add up."""
+    rows, prefix = embedding_rows(found), found.num_prefix_tokens or 0
+    n = tokens - prefix
+    grid = found.grid if found.grid is not None and found.grid[0] * found.grid[1] == n else None
+    side = square_side(n) if grid is None else None
+    grid = grid or ((side, side) if side else None)
+    if grid is None or rows not in (n, n + prefix):
+        return None
+    return TokenLayout(tuple(grid), prefix, position=found)
+
+
 def _embedding_rows(found: Discovery) -> torch.Tensor | None:
     pos = found.pos_embed
     if pos is None:
@@ -218,7 +239,7 @@ def _table_rows(found: Discovery) -> torch.Tensor:
 def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
     """(name, view (P, D)) of the position-embedding rows of the prefix tokens, or None when
     they have none (or read a table through a map: no view to write)."""
-    found = as_survey(model).position
+    found = _position(model, layout)
     pos = found.pos_embed
     if pos is None or layout.num_prefix_tokens == 0 or found.pos_reader is not None:
         return None

@@ -90,11 +90,17 @@ def first_sample(inputs):
     return inputs if isinstance(inputs, ModelCall) else inputs[:1]
 
 
-def token_candidates(model: nn.Module, dim: int, any_axis: bool = False) -> list[tuple[str, torch.Tensor]]:
+def token_candidates(model: nn.Module, dim: int, any_axis: bool = False,
+                     channels_first: bool = False) -> list[tuple[str, torch.Tensor]]:
     """Free floating-point tensors of width ``dim``: parameters, buffers and plain tensor
     attributes (vit-pytorch's fixed sin-cos table) of modules that are not standard layers;
     with ``any_axis``, those with ``dim`` along any axis after the first (a position embedding
-    kept channels first, (1, D, h, w), as PiT's and Visformer's)."""
+    kept channels first, (1, D, h, w), as PiT's and Visformer's); with ``channels_first``, such
+    a (1, D, h, w) map also, as its (1, h·w, D) view (a write through it lands in the tensor)."""
+    if channels_first:
+        maps = [(n, t.flatten(2).transpose(1, 2)) for n, t in token_candidates(model, dim, any_axis=True)
+                if t.ndim == 4 and t.shape[0] == 1 and t.shape[1] == dim != t.shape[-1]]
+        return token_candidates(model, dim) + maps
     out, seen = [], set()
     for path, module in model.named_modules():
         if isinstance(module, _LAYERS):

@@ -61,15 +61,21 @@ def patch_embedding(model: nn.Module) -> Write:
     raise ValueError(f"{type(model).__name__} has no patch embedding structinit knows")
 
 
-def patch_writes(survey: ModelSurvey) -> list[Write]:
+def patch_writes(survey: ModelSurvey, layer=None, position=None) -> list[Write]:
     """The writes of the patch embedding: the known ones of :func:`patch_embedding`, else the
     ones a traced forward finds (:func:`structinit.adapters.trace.traced_patch_embedding`: the
-    Linear or Conv2d, and the bias of a LayerNorm that follows it); ValueError if neither."""
+    Linear or Conv2d, and the bias of a LayerNorm that follows it); ValueError if neither. With
+    ``layer`` (name, adapter) and its stage's own ``position`` (a
+    :class:`~structinit.adapters.position.Discovery`), what feeds that stage's tokens (a merge,
+    another branch's patch embedding), traced alone."""
     model = survey.model
-    try:
-        return [patch_embedding(model)]
-    except ValueError:
-        traced = traced_patch_embedding(survey)
+    if position is not None:
+        traced = traced_patch_embedding(survey, layer, position.pos_embed)
+    else:
+        try:
+            return [patch_embedding(model)]
+        except ValueError:
+            traced = traced_patch_embedding(survey)
     if traced:
         return traced
     raise ValueError(
@@ -116,7 +122,8 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
     """(path in ``block``, Linear) of the MLP output: a known name, or else (with ``search``;
     never at a model's root, where the classifier head could match) the block's last Linear to
     the model width outside the attention module, what writes the MLP's result back into the
-    stream in a pre- or post-norm block. None when there is none."""
+    stream in a pre- or post-norm block (a 1×1 convolution on image maps counts as one). None
+    when there is none."""
     for path in MLP_OUT_PATHS:
         module = _get(block, path)
         if isinstance(module, nn.Linear) and module.out_features == adapter.dim:
@@ -126,9 +133,16 @@ def _mlp_output(block: nn.Module, adapter: AttentionAdapter, search: bool) -> tu
     o_weight = adapter.linear_views()["o"][0]
     inside = {id(m) for m in adapter.module.modules()}
     last = [(n, m) for n, m in block.named_modules()
-            if isinstance(m, nn.Linear) and m.out_features == adapter.dim and id(m) not in inside
-            and not in_parameters(m, o_weight)]
+            if _token_linear(m, adapter.dim) and id(m) not in inside and not in_parameters(m, o_weight)]
     return last[-1] if last else None
+
+
+def _token_linear(module: nn.Module, width: int) -> bool:
+    """A Linear to ``width``, or a 1×1 Conv2d to it (the same map, per token of an image map)."""
+    if isinstance(module, nn.Linear):
+        return module.out_features == width
+    return (isinstance(module, nn.Conv2d) and module.out_channels == width and module.kernel_size == (1, 1)
+            and module.groups == 1)
 
 
 def _next_block_mlp(model: nn.Module, block_path: str, adapter: AttentionAdapter, layers) -> tuple[str, tuple | None]:
@@ -152,7 +166,7 @@ def prefix_tokens(survey: ModelSurvey, layout: TokenLayout) -> list[Token]:
     token parameters and the prefix rows of the position embedding (when it has them), as
     (name, view (…, D)), and the class tokens that join in front of the grid after the first
     layers (ConViT, CaiT). Empty without any."""
-    found = survey.position
+    found = survey.position if layout.position is None else layout.position  # a later stage's own
     if layout.num_prefix_tokens == 0:
         return list(found.joining_tokens)
     out: list[Token] = [*found.prefix_tokens, *found.joining_tokens]

@@ -155,6 +155,17 @@ class ModelSurvey:
             found = again if again is not None and _fits(again, self.first_layer_tokens) else found
         return found
 
+    def stage_position(self, name: str, adapter) -> Discovery | None:
+        """The position embedding of attention layer ``name``'s own tokens, traced from that layer
+        (:func:`~structinit.adapters.trace.traced_discovery`): a later stage's, added after a
+        pooling or a merge (Visformer's, CrossViT's second branch); None when none is there."""
+        stages = self.__dict__.setdefault("_stages", {})
+        if name not in stages:
+            verdict = self.attention.verdict(name)
+            found = traced_discovery(self, layer=(name, adapter))
+            stages[name] = None if found is None else prefix_in_layers(found, verdict and verdict.tokens)
+        return stages[name]
+
     def relative_bias(self, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
         """The relative position bias attention layer ``name`` uses: its own
         (``adapter.relative``), else one its block holds beside it and hands it with each call

@@ -127,21 +127,27 @@ def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Te
     return torch.nonzero(diff > 1e-5 * (1 + float(base[0].abs().amax()))).flatten().tolist()
 
 
-def traced_discovery(survey, on_probe: bool = False) -> Discovery | None:
+def traced_discovery(survey, on_probe: bool = False, layer=None) -> Discovery | None:
     """The position embedding, prefix tokens and grid of the model ``survey`` (a
     :class:`~structinit.adapters.survey.ModelSurvey`, which asks this module) surveys, found by
     tracing (module doc); None when the model cannot be probed or shows no position embedding
     before its grid. With ``on_probe``, read on the images the survey probed the layers with,
     alone: for a model that resizes its position embedding to each image's grid (NaFlexViT),
-    whose layers then receive another count of tokens than the embedding's own grid gives."""
-    first, probe = survey.first_layer, survey.probe
-    if first is None or (on_probe and (not isinstance(probe, torch.Tensor) or probe.ndim != 4)):
+    whose layers then receive another count of tokens than the embedding's own grid gives. With
+    ``layer`` (name, adapter), the embedding of that layer's tokens rather than the first layer's
+    (a later stage's own, added after a merge)."""
+    first, probe = layer or survey.first_layer, survey.probe
+    images = isinstance(probe, torch.Tensor) and probe.ndim == 4
+    candidates = [] if first is None else token_candidates(survey.model, first[1].dim, channels_first=True)
+    if not candidates or (on_probe and not images):
         return None
-    candidates = token_candidates(survey.model, first[1].dim)
-    if not candidates:
-        return None
-    probes = [(probe, tuple(probe.shape[-2:]))] if on_probe else None
-    return _trace(survey.model, first, candidates, survey.example, probes)
+    on = [(probe, tuple(probe.shape[-2:]))] if images else None
+    if on_probe:
+        return _trace(survey.model, first, candidates, survey.example, on)
+    # the sizes the model states first (its PE's own grid); then the images its layers were probed with, which
+    # a model built for another size than it states takes (TNT's at 64 px)
+    return _trace(survey.model, first, candidates, survey.example) or (
+        _trace(survey.model, first, candidates, None, on) if on and survey.example is None else None)
 
 
 def _trace(model, first, candidates, example: ModelCall | None = None, probes=None) -> Discovery | None:
@@ -322,15 +328,18 @@ def consistent(found: Discovery, first_layer_tokens: int | None) -> bool:
 
 
 @torch.no_grad()
-def traced_patch_embedding(survey) -> list[tuple[str, torch.Tensor, torch.Tensor | None]] | None:
+def traced_patch_embedding(survey, layer=None,
+                           pos_embed=None) -> list[tuple[str, torch.Tensor, torch.Tensor | None]] | None:
     """The layers that write patch content into the tokens, found by tracing: the last Linear or
     Conv2d to the model width that runs before the first attention layer, as (name, weight,
     bias), then the bias of each width-D LayerNorm between it and the position embedding
     (vit-pytorch normalises the patch embedding's output): a reservation projects those. Their
     outputs do not depend on the PE, which tells them from the norms the tokens pass after it.
-    ValueError when such a LayerNorm has a non-constant weight (it would mix position back in);
-    None when nothing is found."""
-    model, first, found = survey.model, survey.first_layer, survey.position.pos_embed
+    With ``layer`` (name, adapter) and its ``pos_embed``, those of a later stage's tokens (its
+    merge). ValueError when such a LayerNorm has a non-constant weight (it would mix position
+    back in); None when nothing is found."""
+    model, first = survey.model, layer or survey.first_layer
+    found = survey.position.pos_embed if pos_embed is None else pos_embed
     if first is None or found is None or survey.probe is None:
         return None
     adapter, names = first[1], {id(m): n for n, m in model.named_modules()}

@@ -231,6 +231,10 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     if fits_maps(rows, maps):  # a layer that cuts its own windows: its maps' rows are what its projections see
         x, out = rows, call.o_output
     # No tokens of its maps to read, or NaN/inf in the model already: the probe can tell nothing.
+    if x is None and all(m.queries != m.keys for m in maps if m.probs.ndim >= 4):
+        cross = next((m for m in maps if m.probs.ndim >= 4), None)  # queries pooled inside the layer (SAM 2's Hiera)
+        if cross is not None:
+            return Verdict(name, adapter, "pooling", reason=_pooling_words(cross))
     if x is None or not bool(torch.isfinite(x).all()):
         return Verdict(name, adapter, "self", checked=False)
     tokens = x.shape[-2]
@@ -298,7 +302,9 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     for module, maps in by_module.items():
         if any(module is m for _, ad in candidates for m in ad.module.modules()):
             continue
-        attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim == 4)]
+        # (B, heads, [windows,] q, k): a map with heads is attention whatever its counts; a 3-D softmax of
+        # unequal counts may be something else
+        attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim >= 4)]
         if not attention:
             continue
         m, name = attention[0], names.get(module, "?")

@@ -95,7 +95,11 @@ def layer_layouts(model: nn.Module | ModelSurvey, chosen, grid=None, num_prefix_
     plain = [layer for layer, b in zip(chosen, biases) if b is None]
     records = [get_record(ad.module, "impulse") for _, ad in plain]
     if plain and all(r is not None for r in records):  # each layer's own: a class token may join later (ConViT)
-        own, model_layout = iter([TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"])) for r in records]), None
+        # a later stage's own position embedding, where the init recorded one, traced again from its layer
+        own = iter([TokenLayout(tuple(r["grid"]), int(r["num_prefix_tokens"]),
+                                position=model.stage_position(name, ad) if "pos_embed" in r else None)
+                    for r, (name, ad) in zip(records, plain)])
+        model_layout = None
     else:
         own, model_layout = None, recorded_layout(model, plain, grid, num_prefix_tokens) if plain else None
     out = []

@@ -195,8 +195,8 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=vo_gamma, delta=vo_delta,
                                    generator=placed.gen)
             plan.add(ad.vo_writes(wv, wo))
-    if placed.reservation is not None:
-        placed.reservation.plan(plan)
+    for reservation in placed.reservations:
+        reservation.plan(plan)
     plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
 

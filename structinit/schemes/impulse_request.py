@@ -10,7 +10,7 @@ and k (:mod:`structinit.schemes.rope_impulse`). A new carrier is one planner
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,14 +50,14 @@ class ImpulseRequest:
 @dataclass
 class Placed:
     """What a carrier planned: the layers written (a carrier may read them again), each
-    one's token layout and offsets, the generator drawn from, and the position reservation
-    to plan last (or None)."""
+    one's token layout and offsets, the generator drawn from, and the position reservations
+    to plan last (one per stage that has one)."""
 
     chosen: list
     layouts: list[TokenLayout]
     offsets: list[list[Offset]]
     gen: torch.Generator
-    reservation: object = None
+    reservations: list = field(default_factory=list)
 
 
 def resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, gen) -> list[list[Offset]]:

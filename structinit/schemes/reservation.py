@@ -48,7 +48,9 @@ def resolve_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
     """The reservation ``mode`` asks for, or None. ``'auto'`` is ``'residual'`` where the model
     allows it; where it does not (no position embedding, no patch embedding or MLP output
     structinit knows, no free width) it warns with the reason and reserves nothing: the init
-    still works, but its structure is then only approximate on real images."""
+    still works, but its structure is then only approximate on real images. A layout with its own
+    position embedding (``layout.position``: a later stage's, or another branch's) reserves what
+    feeds its tokens (a merge, the branch's patch embedding) in place of the patch embedding."""
     check_choice("reserve", mode, RESERVE_MODES)
     if mode == "none":
         return None
@@ -79,7 +81,7 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
             f"reserve={mode!r}: the position embedding spans {r} of the {d - 1} directions LayerNorm leaves "
             f"at width {d}, so nothing would be left for content; use reserve='none', a wider model or a smaller grid"
         )
-    writes = patch_writes(survey)
+    writes = patch_writes(survey, layers[0], layout.position)
     if mode == "residual":
         writes += residual_writes(survey.model, layers)
     for name, weight, bias in writes:
