@@ -17,10 +17,12 @@ from rejection import check_rejected
 
 
 class PooledWindowAttention(nn.Module):
-    """q, k, v of (B, N, D) tokens laid out as ``windows`` windows of row-major 4×4 tokens; with
-    ``pool``, each window's queries max-pooled 2×2 (16 → 4), the output 4 tokens per window of
-    width ``out``. ``claimed``: ``qkv``/``proj`` Linears and ``F.scaled_dot_product_attention``
-    (names an adapter knows); else raw Parameters and an explicit softmax (only the trace reads it)."""
+    """q, k, v of (B, N, D) tokens laid out as ``windows`` windows of row-major 4×4 tokens (the
+    windows cut after the projection); with ``pool``, each window's queries max-pooled 2×2 (16 →
+    4), the output 4 tokens per window of width ``out``; with ``pool='qkv'`` (one window of 8×8),
+    q, k and v pooled 2×2 alike (64 → 16: MViT's stage change). ``claimed``: ``qkv``/``proj``
+    Linears and ``F.scaled_dot_product_attention`` (names an adapter knows); else raw Parameters
+    and an explicit softmax (only the trace reads it)."""
 
     def __init__(self, dim, out, heads, windows, pool, claimed):
         super().__init__()
@@ -36,7 +38,10 @@ class PooledWindowAttention(nn.Module):
         w_in = self.qkv.weight if self.claimed else self.w_in
         qkv = F.linear(x, w_in, self.qkv.bias if self.claimed else None)
         q, k, v = qkv.reshape(b, self.windows, n // self.windows, 3, self.h, -1).permute(3, 0, 4, 1, 2, 5)
-        if self.pool:  # (B, h, W, 16, d) → (B, h, W, 4, d): each window's 4×4 queries pooled 2×2
+        if self.pool == "qkv":  # (B, h, 1, 64, d) → (B, h, 1, 16, d), each of q, k and v
+            q, k, v = (t.reshape(b, self.h, 1, 4, 2, 4, 2, -1).amax(dim=(4, 6)).reshape(b, self.h, 1, 16, -1)
+                       for t in (q, k, v))
+        elif self.pool:  # (B, h, W, 16, d) → (B, h, W, 4, d): each window's 4×4 queries pooled 2×2
             d = q.shape[-1]
             q = q.reshape(b, self.h, self.windows, 2, 2, 2, 2, d).amax(dim=(4, 6))
             q = q.reshape(b, self.h, self.windows, 4, d)
@@ -54,13 +59,14 @@ class PooledStages(nn.Module):
     a 2×2 grid and widens 48 → 96 (its shortcut the tokens widened and pooled alike); block 2
     attends over the 16 pooled tokens, which carry no position of their own."""
 
-    def __init__(self, claimed):
+    def __init__(self, claimed, pool="q"):
         super().__init__()
+        self.pool = pool
         self.patch = nn.Conv2d(3, 48, 2, stride=2)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, 48) * 0.02)
         self.norms = nn.ModuleList([nn.LayerNorm(48), nn.LayerNorm(48), nn.LayerNorm(96)])
         self.blocks = nn.ModuleList([PooledWindowAttention(48, 48, 3, 4, False, claimed),
-                                     PooledWindowAttention(48, 96, 3, 4, True, claimed),
+                                     PooledWindowAttention(48, 96, 3, 4 if pool == "q" else 1, pool, claimed),
                                      PooledWindowAttention(96, 96, 3, 1, False, claimed)])
         self.widen = nn.Linear(48, 96)
         self.head = nn.Linear(96, 10)
@@ -70,23 +76,32 @@ class PooledStages(nn.Module):
         b = x.shape[0]
         x = x.reshape(b, 2, 4, 2, 4, 48).permute(0, 1, 3, 2, 4, 5).reshape(b, 64, 48)  # window order
         x = x + self.blocks[0](self.norms[0](x))
-        short = self.widen(x).reshape(b, 4, 2, 2, 2, 2, 96).amax(dim=(3, 5)).reshape(b, 16, 96)
+        if self.pool == "qkv":  # back to row-major: block 1 pools the 8×8 grid as one window
+            x = x.reshape(b, 2, 2, 4, 4, 48).permute(0, 1, 3, 2, 4, 5).reshape(b, 64, 48)
+            short = self.widen(x).reshape(b, 4, 2, 4, 2, 96).amax(dim=(2, 4)).reshape(b, 16, 96)
+        else:
+            short = self.widen(x).reshape(b, 4, 2, 2, 2, 2, 96).amax(dim=(3, 5)).reshape(b, 16, 96)
         x = short + self.blocks[1](self.norms[1](x))
         x = x + self.blocks[2](self.norms[2](x))
         return self.head(x.mean(1))
 
 
+@pytest.mark.parametrize("pool", ["q", "qkv"])
 @pytest.mark.parametrize("claimed", [True, False])
-def test_queries_pooled_within_windows_are_left_alone_and_said_so(claimed):
+def test_queries_pooled_within_windows_are_left_alone_and_said_so(claimed, pool):
+    """Block 0's windows are cut after its projections: an adapter that claims it by name reads
+    no map over its tokens, and the trace reads it; block 1 is left alone and listed, whether its
+    queries alone are pooled (cross-attention) or q, k and v alike (a map over fewer tokens)."""
     torch.manual_seed(0)
-    model = PooledStages(claimed)
+    model = PooledStages(claimed, pool)
     pooled = {k: v.clone() for k, v in model.blocks[1].state_dict().items()}
     others = [{k: v.clone() for k, v in model.blocks[i].state_dict().items()} for i in (0, 2)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         structinit.init_(model, "mimetic", seed=0)
     said = " ".join(str(w.message) for w in caught)
-    assert "blocks.1 " in said and "cross-attention of 4 queries over 16 tokens" in said, said
+    words = "cross-attention of 4 queries over 16 tokens" if pool == "q" else "pooled inside it to 16 of its 64 tokens"
+    assert "blocks.1 " in said and words in said, said
     assert all(torch.equal(v, model.blocks[1].state_dict()[k]) for k, v in pooled.items())
     for i, before in zip((0, 2), others):  # the layers around it are written
         assert any(not torch.equal(v, model.blocks[i].state_dict()[k]) for k, v in before.items()), i

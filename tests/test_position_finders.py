@@ -239,3 +239,32 @@ def test_a_model_no_probe_runs_through_is_not_said_to_carry_no_position():
     message = check_rejected(NeedsGrid(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                              r"cannot infer the token grid of NeedsGrid")
     assert "carry no position" not in message
+
+
+class _OverlappingPatches(nn.Module):
+    """Hugging Face's layout with Hiera's patches: ``embeddings.patch_embeddings`` states an image
+    size of 32 and a patch size of 4 (an 8×8 grid by division), but cuts 7-pixel patches at stride
+    2, 16×16 of them; ``embeddings.position_embeddings`` has their 256 rows."""
+
+    def __init__(self, dim=48, heads=3):
+        super().__init__()
+        self.embeddings = nn.Module()
+        self.embeddings.patch_embeddings = nn.Conv2d(3, dim, 7, stride=2, padding=3)
+        self.embeddings.patch_embeddings.image_size, self.embeddings.patch_embeddings.patch_size = 32, 4
+        self.embeddings.position_embeddings = nn.Parameter(torch.randn(1, 256, dim) * 0.02)
+        self.norm = nn.LayerNorm(dim)
+        self.attn = SepAttention(dim, heads)
+
+    def forward(self, images):
+        x = self.embeddings.patch_embeddings(images).flatten(2).transpose(1, 2)
+        x = x + self.embeddings.position_embeddings
+        return x + self.attn(self.norm(x))
+
+
+def test_a_named_grid_its_own_embeddings_rows_do_not_fill_gives_way_to_theirs():
+    torch.manual_seed(0)
+    model = _OverlappingPatches()
+    assert structinit.infer_layout(model).grid == (16, 16)
+    structinit.init_(model, "impulse", seed=0, reserve="none")
+    assert structinit.get_record(model.attn, "impulse")["grid"] == (16, 16)
+    assert (structinit.impulse_fidelity(model)["hit"] == 1).all()

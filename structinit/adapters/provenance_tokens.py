@@ -278,3 +278,54 @@ def token_count(call: ModuleCall) -> int | None:
     if x.ndim == 3:
         return int(x.shape[-2])
     return next((m.keys for m in call.maps if m.probs.ndim >= 3 and m.queries == m.keys), None)
+
+
+def pooling_words(m: AttentionMap) -> str:
+    """Why a map of fewer queries than keys, or the reverse, is cross-attention, in words."""
+    kind = ("an attention-pooling or class-attention head, or queries pooled to fewer tokens" if m.queries < m.keys else
+            "learned queries, or keys pooled to fewer tokens")
+    return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
+
+
+def pooled_inside(call: ModuleCall) -> str:
+    """Why a call's map is over tokens pooled inside the layer, or '': its maps square over k of
+    the T tokens of its (B, T, D) input, T a whole multiple of k, one map per head and sample
+    ((B, heads, k, k), or (B, heads, 1, k, k)): q and k pooled to fewer tokens (MViT's stage
+    change), so that its map is over the pooled tokens, not its own."""
+    x = next((a for a in call.args if isinstance(a, torch.Tensor)), None)
+    if x is None or x.ndim != 3:
+        return ""
+    t = x.shape[1]
+    for m in call.maps:
+        p = m.probs
+        if (m.queries == m.keys and t % m.keys == 0 and t // m.keys >= 2 and p.ndim in (4, 5)
+                and p.shape[0] == x.shape[0] and (p.ndim == 4 or p.shape[2] == 1)):
+            return _pooled_words(m.keys, t)
+    return ""
+
+
+def off_token_maps(maps: list[AttentionMap], seen: set[int], tokens: int, rows: int, heads: int) -> tuple[str, str]:
+    """(kind, words) for a layer none of whose ``maps`` (over tokens, not channels) spans its
+    ``tokens`` tokens, called with ``rows`` rows of them: 'pooling' for cross-attention (queries or
+    keys pooled) and for q and k both pooled inside the layer to fewer tokens (one map per head
+    and row: a stage change, its map not over its own tokens); 'windows' for maps over windows
+    that fill its tokens, cut after its projections; '' when neither."""
+    # keys that are its tokens, or windows of them (queries pooled window by window: Hiera's)
+    cross = next((m for m in maps if m.queries != m.keys and (seen & {m.queries, m.keys} or tokens % m.keys == 0)),
+                 None)
+    if cross is not None:
+        return "pooling", pooling_words(cross)
+    for m in maps:
+        if m.queries == m.keys < tokens and tokens % m.keys == 0:
+            per_head = m.probs.numel() // (heads * m.keys**2)
+            if per_head == rows * (tokens // m.keys):
+                return "windows", (f"its maps are {m.keys}×{m.keys}, over windows of its {tokens} tokens cut after "
+                                   "its projections")
+            if per_head == rows:
+                return "pooling", _pooled_words(m.keys, tokens)
+    return "", ""
+
+
+def _pooled_words(pooled: int, tokens: int) -> str:
+    return (f"q and k pooled inside it to {pooled} of its {tokens} tokens (a stage change): its map is over the pooled "
+            "tokens, not its own")

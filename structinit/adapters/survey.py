@@ -19,6 +19,7 @@ A scheme that reads none of them (a conv or whole-model scheme) runs no forward 
 from __future__ import annotations
 
 import dataclasses
+import math
 from functools import cached_property
 
 import torch
@@ -145,7 +146,7 @@ class ModelSurvey:
     def position(self) -> Discovery:
         """The position embedding, prefix tokens and grid: the first finder's, unless the forward
         shows otherwise (module doc); an empty :class:`Discovery` when nothing is found."""
-        found = named_discovery(self.model)
+        found = _grid_of_rows(named_discovery(self.model))
         if found.source == "none" or (found.source == "generic" and not consistent(found, self.first_layer_tokens)):
             found = traced_discovery(self) or found
         found = prefix_in_layers(found, self.first_layer_tokens)
@@ -187,6 +188,17 @@ class ModelSurvey:
         outside = [m for m in self.model.modules() if id(m) not in inside
                    and (holds_relative_bias(m) or held_position_mlp(m) is not None)]
         return _received(outside[0]) if len(outside) == 1 else None
+
+
+def _grid_of_rows(found: Discovery) -> Discovery:
+    """``found`` with the square grid of its PE's rows in place of a grid its finder named that
+    those rows do not fill (a config's image size over its patch size, for patches that overlap:
+    Hugging Face's Hiera cuts 7-pixel patches at stride 4, 56×56 of them at 224 px, not 32×32)."""
+    rows, prefix = embedding_rows(found), found.num_prefix_tokens or 0
+    if rows is None or found.grid is None or rows in (math.prod(found.grid), math.prod(found.grid) + prefix):
+        return found
+    side = square_side(rows - prefix) or (square_side(rows) if prefix else None)
+    return dataclasses.replace(found, grid=(side, side)) if side else found
 
 
 def _fits(found: Discovery, tokens: int | None) -> bool:

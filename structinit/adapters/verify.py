@@ -36,7 +36,16 @@ from structinit.adapters.attention import AttentionAdapter, head_mixers, in_matr
 from structinit.adapters.observe import AttentionMap, ModuleCall, masked_inside, observe
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
-from structinit.adapters.provenance_tokens import fits_maps, map_tokens, module_output, token_count, tokens_of_call
+from structinit.adapters.provenance_tokens import (
+    fits_maps,
+    map_tokens,
+    module_output,
+    off_token_maps,
+    pooled_inside,
+    pooling_words,
+    token_count,
+    tokens_of_call,
+)
 from structinit.adapters.traced import CallTokens
 
 # Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
@@ -234,7 +243,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     if x is None and all(m.queries != m.keys for m in maps if m.probs.ndim >= 4):
         cross = next((m for m in maps if m.probs.ndim >= 4), None)  # queries pooled inside the layer (SAM 2's Hiera)
         if cross is not None:
-            return Verdict(name, adapter, "pooling", reason=_pooling_words(cross))
+            return Verdict(name, adapter, "pooling", reason=pooling_words(cross))
     if x is None or not bool(torch.isfinite(x).all()):
         return Verdict(name, adapter, "self", checked=False)
     tokens = x.shape[-2]
@@ -244,9 +253,11 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     over_tokens = [m for m in maps if m.keys in seen or m.keys != adapter.head_dim]
     square = [m for m in over_tokens if m.queries == m.keys == tokens]
     if not square:
-        cross = next((m for m in over_tokens if m.queries != m.keys and seen & {m.queries, m.keys}), None)
-        if cross is not None:
-            return Verdict(name, adapter, "pooling", reason=_pooling_words(cross))
+        kind, words = off_token_maps(over_tokens, seen, tokens, x.shape[0], adapter.num_heads)
+        if kind == "pooling":
+            return Verdict(name, adapter, "pooling", reason=words)
+        if kind == "windows":  # cut after its projections: the trace reads which tokens each window holds
+            return Verdict(name, adapter, "refused", LAYOUT, words)
         return Verdict(name, adapter, "refused", NO_MAP,
                        f"it forms no softmax(q kᵀ) map over its {tokens} tokens (its softmax maps are "
                        f"{maps[0].queries}×{maps[0].keys}: linear or factorised attention): there is no map to shape")
@@ -309,7 +320,7 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
             continue
         m, name = attention[0], names.get(module, "?")
         if all(a.queries != a.keys for a in attention):
-            pooling.append((name, f"{type(module).__name__}: {_pooling_words(m)}"))
+            pooling.append((name, f"{type(module).__name__}: {pooling_words(m)}"))
         else:
             unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
     # A layer its adapter misread (another head layout, another value path) is read again by the trace;
@@ -350,7 +361,8 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
             crossed.append((name, f"{what}; cross-attention from queries made outside it: {err}"))
             continue
         except (TraceError, ValueError, RuntimeError, TypeError, IndexError, KeyError) as err:
-            unknown.append((name, f"{what}; {err}"))
+            pooled = pooled_inside(call)  # a stage change: left alone as a pooling head is
+            (crossed if pooled else unknown).append((name, f"{what}; {pooled or err}"))
             continue
         if adapter is None:
             unknown.append((name, what))
@@ -388,9 +400,3 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
             verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=tuple(n for n, _, _ in mixers),
                                   tokens=verdicts[i].tokens)
     return verdicts
-
-
-def _pooling_words(m: AttentionMap) -> str:
-    kind = ("an attention-pooling or class-attention head, or queries pooled to fewer tokens" if m.queries < m.keys else
-            "learned queries, or keys pooled to fewer tokens")
-    return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
