@@ -7,19 +7,19 @@ adapted layer is judged on its own first call:
   adapter's recomputation softmax(q kᵀ·scale + bias) from the same tokens, and its output is
   that map applied to the value projection, through the output projection (or the per-head
   context, when the output projection sits in a sibling module);
-- **pooling**: its maps are not square: few learned queries or the class token attending to
-  the tokens (an attention-pooling or class-attention head), or keys pooled to fewer tokens.
-  It is not self-attention over the token grid; schemes leave it alone and list it;
+- **pooling**: its maps are not over its tokens: few learned queries or the class token
+  attending to them (an attention-pooling or class-attention head), or queries, keys or both
+  pooled to fewer tokens inside the layer. It is not self-attention over the token grid;
+  schemes leave it alone and list it;
 - **refused**: anything else, with what differs: heads mixed before the softmax (talking
   heads), q and k rotated by position (RoPE), a norm on q and k, a logit term that does not
   depend on content, a q/k layout other than the adapter's, no map at all (linear attention),
   or an output that is not the map applied to v.
 
 Modules that form an attention-shaped map and that no adapter claims are listed too
-(``unknown``): a scheme must not pretend the model has no attention there.
-
-A model that cannot be probed (no image size to build a probe from, or a forward that fails)
-is judged by names and shapes only; :attr:`AttentionSurvey.probed` says which happened.
+(``unknown``): a scheme must not pretend the model has no attention there. A model that cannot
+be probed (no image size to build a probe from, or a forward that fails) is judged by names and
+shapes only; :attr:`AttentionSurvey.probed` says which happened.
 """
 
 from __future__ import annotations
@@ -313,8 +313,7 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     for module, maps in by_module.items():
         if any(module is m for _, ad in candidates for m in ad.module.modules()):
             continue
-        # (B, heads, [windows,] q, k): a map with heads is attention whatever its counts; a 3-D softmax of
-        # unequal counts may be something else
+        # (B, heads, [windows,] q, k) is attention whatever its counts; a 3-D softmax of unequal ones may not be
         attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim >= 4)]
         if not attention:
             continue
