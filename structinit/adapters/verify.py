@@ -1,7 +1,6 @@
 """Every attention layer an adapter claims, checked against what the model itself computes.
 
-A probe runs through the whole model (:func:`structinit.adapters.observe.observe`) and each
-adapted layer is judged on its own first call:
+A probe runs through the model (:func:`structinit.adapters.observe.observe`); each layer is judged on its first call:
 
 - **self**: it forms a (T × T) softmax map over the T tokens it receives, that map equals the
   adapter's recomputation softmax(q kᵀ·scale + bias) from the same tokens, and its output is
