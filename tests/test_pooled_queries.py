@@ -27,8 +27,8 @@ class PooledWindowAttention(nn.Module):
     def __init__(self, dim, out, heads, windows, pool, claimed):
         super().__init__()
         self.h, self.windows, self.pool, self.claimed, self.out = heads, windows, pool, claimed, out
-        if claimed:
-            self.qkv, self.proj = nn.Linear(dim, 3 * out), nn.Linear(out, out)
+        if claimed:  # block 0 then looks like timm's attention by its names: windows of 16 tokens, heads of 16
+            self.qkv, self.proj, self.num_heads = nn.Linear(dim, 3 * out), nn.Linear(out, out), heads
         else:
             self.w_in = nn.Parameter(torch.randn(3 * out, dim) * dim**-0.5)
             self.w_out = nn.Parameter(torch.randn(out, out) * out**-0.5)

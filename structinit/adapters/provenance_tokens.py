@@ -304,6 +304,19 @@ def pooled_inside(call: ModuleCall) -> str:
     return ""
 
 
+def maps_over_tokens(maps: list[AttentionMap], seen: set[int], head_dim: int, tokens: int, rows: int,
+                     heads: int) -> list[AttentionMap]:
+    """The ``maps`` over tokens rather than over a head's features (a softmax over channels, as
+    cross-covariance and linear attention form): those whose keys are a count the layer was
+    called with (``seen``) or other than its head width, and those whose keys are windows that
+    tile its ``tokens`` tokens (as many maps per head as there are windows, in each of its
+    ``rows`` rows), however wide their heads."""
+    def tiles(m):
+        windows = tokens // m.keys  # queries pooled in each, or not
+        return tokens % m.keys == 0 and windows > 1 and m.probs.numel() == heads * m.queries * m.keys * rows * windows
+    return [m for m in maps if m.keys in seen or m.keys != head_dim or tiles(m)]
+
+
 def off_token_maps(maps: list[AttentionMap], seen: set[int], tokens: int, rows: int, heads: int) -> tuple[str, str]:
     """(kind, words) for a layer none of whose ``maps`` (over tokens, not channels) spans its
     ``tokens`` tokens, called with ``rows`` rows of them: 'pooling' for cross-attention (queries or

@@ -38,6 +38,7 @@ from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
     fits_maps,
     map_tokens,
+    maps_over_tokens,
     module_output,
     off_token_maps,
     pooled_inside,
@@ -101,8 +102,7 @@ def tolerance(dtype: torch.dtype) -> float:
 
 
 def output_tolerance(dtype: torch.dtype) -> float:
-    """How far a layer's output may sit from the float32 recomputation, relative to its largest
-    entry: a 16-bit model rounds it to about 1e-2 of it."""
+    """How far a layer's output may sit from the float32 recomputation, relative to its largest entry."""
     return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
@@ -248,8 +248,8 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     tokens = x.shape[-2]
     first = call.args[0] if call.args and isinstance(call.args[0], torch.Tensor) else None
     seen = {tokens} | ({first.shape[-2]} if first is not None and first.ndim == 3 else set())  # q's and the call's
-    # A softmax over a head's features (linear attention normalises q that way) is not a map over tokens.
-    over_tokens = [m for m in maps if m.keys in seen or m.keys != adapter.head_dim]
+    # A softmax over a head's features (linear attention normalises q that way) is not a map over tokens
+    over_tokens = maps_over_tokens(maps, seen, adapter.head_dim, tokens, x.shape[0], adapter.num_heads)
     square = [m for m in over_tokens if m.queries == m.keys == tokens]
     if not square:
         kind, words = off_token_maps(over_tokens, seen, tokens, x.shape[0], adapter.num_heads)
