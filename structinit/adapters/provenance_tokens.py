@@ -342,3 +342,20 @@ def off_token_maps(maps: list[AttentionMap], seen: set[int], tokens: int, rows: 
 def _pooled_words(pooled: int, tokens: int) -> str:
     return (f"q and k pooled inside it to {pooled} of its {tokens} tokens (a stage change): its map is over the pooled "
             "tokens, not its own")
+
+
+def same_logits(ours: torch.Tensor, maps: list[AttentionMap], dtype: torch.dtype) -> bool:
+    """Whether one of ``maps`` has the logits ``ours`` (the adapter's recomputation) to the float
+    rounding of their size, on every open pair: large logits saturate the softmax, where a
+    rounding of the logits moves probabilities further than the probability tolerance allows."""
+    rel = 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
+    open_pairs = torch.isfinite(ours) & (ours > torch.finfo(ours.dtype).min / 2)
+    if not bool(open_pairs.any()):
+        return False
+    size = 1 + float(ours[open_pairs].abs().max())
+    for m in maps:
+        if m.logits is not None and m.logits.numel() == ours.numel():
+            got = m.logits.reshape(ours.shape).to(ours.dtype)
+            if float((got - ours)[open_pairs].abs().max()) <= rel * size:
+                return True
+    return False

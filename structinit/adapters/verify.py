@@ -43,6 +43,7 @@ from structinit.adapters.provenance_tokens import (
     off_token_maps,
     pooled_inside,
     pooling_words,
+    same_logits,
     token_count,
     tokens_of_call,
 )
@@ -96,13 +97,11 @@ class AttentionSurvey:
         return next((v for v in self.verdicts if v.name == name), None)
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    """How far a probability the model computes may sit from the float32 recomputation."""
+def tolerance(dtype: torch.dtype) -> float:  # how far a probability may sit from the float32 recomputation
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
-def output_tolerance(dtype: torch.dtype) -> float:
-    """How far a layer's output may sit from the float32 recomputation, relative to its largest entry."""
+def output_tolerance(dtype: torch.dtype) -> float:  # a layer output's, relative to its largest entry
     return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
@@ -264,8 +263,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     terms = adapter.call_terms(call.args, call.kwargs, x)
     ours = adapter.attention_probs(x.float(), terms)
     real = adapter.observed_probs([m.probs for m in square], ours.shape)
-    if real is None or (float((real - ours).abs().max()) > tolerance(dtype)
-                        and not masked_inside(real, ours, tolerance(dtype))):
+    tol = tolerance(dtype)
+    if real is None or (float((real - ours).abs().max()) > tol and not masked_inside(real, ours, tol)
+                        and not same_logits(adapter_logits(adapter, x.float(), terms), square, dtype)):
         best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
                    if _as(m.probs, ours.shape) is not None else float("inf"))
         if _as(best.probs, ours.shape) is None:
