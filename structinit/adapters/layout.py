@@ -160,7 +160,7 @@ def grid_pos_embed(model: nn.Module | ModelSurvey, layout: TokenLayout) -> torch
     (timm's ``no_embed_class``) gives prefix tokens no row; one with N + k rows, k < P, gives the
     first k prefix tokens a row (Hugging Face's DINOv2 with registers: the class token has one,
     the registers none)."""
-    found = _position(model, layout)
+    found = layout_position(model, layout)
     rows = _embedding_rows(found)
     if rows is None:
         return None
@@ -178,7 +178,7 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     (``pos_reader``), the smallest change Δ of the table with A(T + Δ) = ``grid_rows``
     (Δ = A⁺(``grid_rows`` − AT)). ValueError when the table cannot hold them (grid tokens that
     read the same rows alike, but should differ)."""
-    found = _position(model, layout)
+    found = layout_position(model, layout)
     if found.pos_reader is None:
         return [(grid_pos_embed(model, layout), grid_rows)]
     tables = [(found.pos_embed_name, found.pos_embed), *found.pos_tables]
@@ -202,7 +202,7 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     return out
 
 
-def _position(model: nn.Module | ModelSurvey, layout: TokenLayout) -> Discovery:
+def layout_position(model: nn.Module | ModelSurvey, layout: TokenLayout) -> Discovery:
     """The position embedding ``layout``'s tokens take: a later stage's own, else the model's."""
     return layout.position if layout.position is not None else as_survey(model).position
 
@@ -239,7 +239,7 @@ def _table_rows(found: Discovery) -> torch.Tensor:
 def prefix_pos_rows(model: nn.Module | ModelSurvey, layout: TokenLayout) -> tuple[str, torch.Tensor] | None:
     """(name, view (P, D)) of the position-embedding rows of the prefix tokens, or None when
     they have none (or read a table through a map: no view to write)."""
-    found = _position(model, layout)
+    found = layout_position(model, layout)
     pos = found.pos_embed
     if pos is None or layout.num_prefix_tokens == 0 or found.pos_reader is not None:
         return None

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
-from structinit.adapters.layout import TokenLayout, prefix_pos_rows
+from structinit.adapters.layout import TokenLayout, layout_position, prefix_pos_rows
 from structinit.adapters.position import Token
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
@@ -166,7 +166,7 @@ def prefix_tokens(survey: ModelSurvey, layout: TokenLayout) -> list[Token]:
     token parameters and the prefix rows of the position embedding (when it has them), as
     (name, view (…, D)), and the class tokens that join in front of the grid after the first
     layers (ConViT, CaiT). Empty without any."""
-    found = survey.position if layout.position is None else layout.position  # a later stage's own
+    found = layout_position(survey, layout)  # a later stage's own, else the model's
     if layout.num_prefix_tokens == 0:
         return list(found.joining_tokens)
     out: list[Token] = [*found.prefix_tokens, *found.joining_tokens]

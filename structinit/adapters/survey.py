@@ -159,13 +159,19 @@ class ModelSurvey:
     def stage_position(self, name: str, adapter) -> Discovery | None:
         """The position embedding of attention layer ``name``'s own tokens, traced from that layer
         (:func:`~structinit.adapters.trace.traced_discovery`): a later stage's, added after a
-        pooling or a merge (Visformer's, CrossViT's second branch); None when none is there."""
-        stages = self.__dict__.setdefault("_stages", {})
-        if name not in stages:
-            verdict = self.attention.verdict(name)
+        pooling or a merge (Visformer's, CrossViT's second branch); None when none is there. Traced
+        once per stage: the layers of one width and token count share it."""
+        verdict = self.attention.verdict(name)
+        tokens = verdict and verdict.tokens
+        key = (adapter.dim, tokens)
+        if key not in self._stage_positions:
             found = traced_discovery(self, layer=(name, adapter))
-            stages[name] = None if found is None else prefix_in_layers(found, verdict and verdict.tokens)
-        return stages[name]
+            self._stage_positions[key] = None if found is None else prefix_in_layers(found, tokens)
+        return self._stage_positions[key]
+
+    @cached_property
+    def _stage_positions(self) -> dict[tuple[int, int | None], Discovery | None]:
+        return {}
 
     def relative_bias(self, name: str, adapter) -> RelativeBias | PositionMlpBias | None:
         """The relative position bias attention layer ``name`` uses: its own

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from structinit.adapters import TokenLayout, grid_pos_embed, infer_layout
-from structinit.adapters.layout import pos_embed_writes, stage_layout
+from structinit.adapters.layout import layout_position, pos_embed_writes, stage_layout
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.probe import _rows, token_candidates
 from structinit.adapters.survey import ModelSurvey
@@ -89,7 +89,7 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
     grid gets its windows (:func:`~structinit.adapters.token_order.layer_windows`). A layer that
     receives any other count is refused before anything is written."""
     joining = survey.position.joining_prefix_tokens
-    out, odd, stages = [], [], {}
+    out, odd = [], []
     for name, ad in chosen:
         verdict = survey.attention.verdict(name)
         tokens = None if verdict is None else verdict.tokens
@@ -99,7 +99,7 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
             out.append(TokenLayout(layout.grid, layout.num_prefix_tokens + joining))
         else:  # windows cut from the grid (SAM's ViT), each token's position read off the forward; a later
             # stage's own position embedding; else refused
-            out.append(layer_windows(survey, name, ad, layout) or _stage(survey, name, ad, tokens, stages))
+            out.append(layer_windows(survey, name, ad, layout) or _stage(survey, name, ad, tokens))
             if out[-1] is None:
                 odd.append((name, ad, tokens))
     if odd:
@@ -118,15 +118,11 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
     return out
 
 
-def _stage(survey: ModelSurvey, name: str, ad, tokens: int | None, stages: dict) -> TokenLayout | None:
+def _stage(survey: ModelSurvey, name: str, ad, tokens: int | None) -> TokenLayout | None:
     """The layout of a layer off the model's first grid that takes a later stage's own position
-    embedding (added after a merge: Visformer's, CrossViT's second branch), traced once per
-    stage (layers of one width and token count), or None."""
-    key = (ad.dim, tokens)
-    if tokens is not None and key not in stages:
-        found = survey.stage_position(name, ad)
-        stages[key] = None if found is None or found.pos_embed is None else stage_layout(found, tokens)
-    return stages.get(key)
+    embedding (added after a merge: Visformer's, CrossViT's second branch), or None."""
+    found = None if tokens is None else survey.stage_position(name, ad)
+    return None if found is None or found.pos_embed is None else stage_layout(found, tokens)
 
 
 def _refuse_unplaced(survey: ModelSurvey, odd: list) -> None:
@@ -178,8 +174,7 @@ def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> t
                 "pass pos_embed=<(N, D) tensor that the model adds to its tokens>"
             )
         check_finite("pos_embed", pe)
-    found = layout.position if layout.position is not None else survey.position
-    learned = pos_embed is None and pe_dst is not None and found.pos_embed.requires_grad
+    learned = pos_embed is None and pe_dst is not None and layout_position(survey, layout).pos_embed.requires_grad
     new_pe = solver.position_embedding(pe, learned=learned, grid=layout.grid, dim=dim)
     if new_pe is None:
         return pe
