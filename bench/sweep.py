@@ -44,9 +44,10 @@ MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
                 "no attention layer found", "tokens carry no position", "without biasing other pairs",
-                "not self-attention over its tokens", "the layer is causal"),
+                "not self-attention over its tokens", "the layer is causal", "no product of projections of one token"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
-                "not self-attention over its tokens", "the value path is not linear"),
+                "not self-attention over its tokens", "the value path is not linear",
+                "no product of projections of one token"),
 }
 @dataclass
 class Row:

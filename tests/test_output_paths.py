@@ -1,5 +1,6 @@
 """Attention whose output is no projection of its context: LeViT's passes an activation before
-its output projection, and a BatchNorm with a weight of zero after it. The trace still reads q,
+its output projection, and a BatchNorm with a weight of zero after it; Gemma's values pass a norm
+and iFormer's a sigmoid after their projection. The trace still reads q,
 k and v, and names the output path: mimetic, whose W_v W_o has no product to set there, refuses
 the layer for that mechanism and leaves the model untouched; impulse, which sets q and k alone,
 writes them, and the layer's own maps hit each head's target."""
@@ -39,6 +40,34 @@ class ZeroScaledOutput(RawLinearAttention):
         return super().forward(x) * self.gain + self.shift
 
 
+class NormedValues(RawLinearAttention):
+    """Each head's values pass a LayerNorm after the projection (Gemma's v norm)."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        v = F.layer_norm(v, v.shape[-1:])
+        return F.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+class GatedValues(RawLinearAttention):
+    """The values pass a sigmoid after the projection (iFormer's gated values)."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return F.linear((probs @ v.sigmoid()).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+PATHS = [(ActivatedOutput, "passes a nonlinearity"), (ZeroScaledOutput, "does not depend on its attention's context"),
+         (NormedValues, "values pass a nonlinearity"), (GatedValues, "values pass a nonlinearity")]
+READ_OUTPUT = (NormedValues, GatedValues)  # their output is a projection of the context: the trace reads it
+
+
 def _model(cls):
     torch.manual_seed(0)
     model = StyledViT("raw-linear")
@@ -46,23 +75,24 @@ def _model(cls):
     return model
 
 
-@pytest.mark.parametrize(("cls", "words"), [(ActivatedOutput, "passes a nonlinearity"),
-                                            (ZeroScaledOutput, "does not depend on its attention's context")])
+@pytest.mark.parametrize(("cls", "words"), PATHS)
 def test_the_trace_reads_q_k_and_v_and_names_an_output_that_is_no_projection(cls, words):
     ad = trace_attention(cls(48, 3), (torch.randn(2, 9, 48),), {})
-    assert set(ad.linear_views()) == {"q", "k", "v"} and words in ad.output_unread
+    views = {"q", "k", "v", "o"} if cls in READ_OUTPUT else {"q", "k", "v"}
+    assert set(ad.linear_views()) == views and words in ad.output_unread
 
 
-@pytest.mark.parametrize("cls", [ActivatedOutput, ZeroScaledOutput])
+@pytest.mark.parametrize("cls", [cls for cls, _ in PATHS])
 def test_mimetic_refuses_a_value_path_that_is_not_linear_and_leaves_the_model_as_it_was(cls):
     check_rejected(_model(cls), lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
                    r"mimetic cannot set the attention of layer 'attns.0'.*the value path is not linear.*impulse")
 
 
-@pytest.mark.parametrize("cls", [ActivatedOutput, ZeroScaledOutput])
+@pytest.mark.parametrize("cls", [cls for cls, _ in PATHS])
 def test_impulse_sets_q_and_k_of_such_a_layer_and_its_own_maps_hit(cls):
     model = _model(cls)
-    with pytest.warns(UserWarning, match="no output projection structinit reads"):  # reserve='auto': nothing reserved
+    # reserve='auto': nothing reserved, for want of an output projection, or of an MLP beside the one read
+    with pytest.warns(UserWarning, match="no MLP output" if cls in READ_OUTPUT else "no output projection structinit"):
         structinit.init_(model, "impulse", seed=0)
     with torch.no_grad():
         for norm, attn in zip(model.norms, model.attns):
@@ -73,3 +103,21 @@ def test_impulse_sets_q_and_k_of_such_a_layer_and_its_own_maps_hit(cls):
                 assert (attn.last_probs[0, h, rows].argmax(-1) == target[rows]).all()
     with pytest.raises(ValueError, match="value_init='keep'"):
         structinit.init_(_model(cls), "impulse", seed=0, reserve="none", value_init="mimetic")
+
+
+class AllNormed(RawLinearAttention):
+    """q, k and v each pass a LayerNorm per head after the projection (Gemma's vision tower): the
+    probe finds the q/k norm first, which mimetic accepts; the values' norm still refuses it."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        q, k, v = (F.layer_norm(y, y.shape[-1:]) for y in (q, k, v))
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return F.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+def test_mimetic_refuses_normalised_values_behind_normalised_queries_and_keys():
+    check_rejected(_model(AllNormed), lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"layer 'attns.0'.*values pass a nonlinearity after their projection.*no W_v W_o to set")

@@ -105,17 +105,6 @@ class QKNormed(RawLinearAttention):
         return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
-class VNormed(RawLinearAttention):
-    """Raw-Parameter attention whose values pass a LayerNorm per head: v is more than a projection."""
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
-        v = nn.functional.layer_norm(v, v.shape[-1:])
-        probs = self.keep(q @ k.transpose(-2, -1), (q @ k.transpose(-2, -1) * 0.25).softmax(-1))
-        return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
-
-
 class ScatteredRows(RawLinearAttention):
     """q, k, v whose projection rows are shuffled: a head's q rows follow no stride at all."""
 
@@ -129,7 +118,6 @@ class ScatteredRows(RawLinearAttention):
 
 
 @pytest.mark.parametrize(("cls", "words"), [
-    (VNormed, "more than a projection"),
     (ScatteredRows, "evenly strided blocks"),
 ])
 def test_what_the_trace_cannot_read_is_named_and_the_module_left_as_it_was(cls, words):
@@ -153,9 +141,9 @@ def test_queries_not_computed_from_the_input_are_named_not_an_autograd_error():
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
 def test_a_model_whose_attention_the_trace_cannot_read_is_refused_with_why_and_unchanged(scheme):
     model = StyledViT("raw-linear")
-    model.attns[1] = VNormed(48, 3)
+    model.attns[1] = ScatteredRows(48, 3)
     check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
-                   "no adapter understands.*attns.1.*more than a projection")
+                   "no adapter understands.*attns.1.*evenly strided blocks")
 
 
 def test_the_trace_reads_a_scale_applied_before_or_after_the_product_and_a_kept_map():
@@ -201,7 +189,7 @@ def _assert_same(model, state):
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
 def test_a_refused_init_leaves_no_trace_of_its_probes_in_buffers_or_cached_attributes(scheme):
     model = CachingViT()
-    model.attns[1] = VNormed(48, 3)
+    model.attns[1] = ScatteredRows(48, 3)
     state = _state(model)
     with pytest.raises(ValueError, match="no adapter understands"):
         structinit.init_(model, scheme, seed=0)

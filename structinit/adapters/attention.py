@@ -345,3 +345,16 @@ def head_mixers(module: nn.Module, num_heads: int) -> list[tuple[str, torch.Tens
         if p.shape == (num_heads, num_heads):
             found.append((name, p, eye))
     return found
+
+
+def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tensor | None) -> torch.Tensor:
+    """q kᵀ·scale + relative bias + the call's terms, (B, H, T, T), as the adapter reads the layer."""
+    q, k = adapter.qk_features(x)
+    logits = q @ k.transpose(-2, -1) * adapter.scale
+    if adapter.relative is not None:
+        logits = logits + adapter.relative.bias().to(logits.dtype)
+    if terms is not None:
+        logits = logits + terms.to(logits.dtype)
+    if adapter.masks_self:
+        logits = logits + self_mask(logits.shape[-1], logits.dtype, logits.device)
+    return logits

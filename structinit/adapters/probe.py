@@ -17,8 +17,8 @@ from structinit.adapters.position import square_side
 from structinit.utils import is_int
 
 # Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
-_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
-           nn.MultiheadAttention)
+_LAYERS = (nn.Linear, nn.modules.conv._ConvNd, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
+           nn.MultiheadAttention)  # _ConvNd: convolutions and transposed ones
 _MAX_ROW_SLACK = 8  # prefix tokens tried when a grid must be guessed from a PE's row count
 
 

@@ -51,6 +51,7 @@ from structinit.adapters.provenance_blocks import (
     lines_in_storage_order,
     output_block,
     output_unread,
+    values_unread,
 )
 from structinit.adapters.provenance_record import (
     HandedQueries,
@@ -76,13 +77,19 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
     :class:`TraceError` with the reason when its attention is not read so."""
     try:
         return _trace_from(module, args, kwargs, ())
-    except TraceError as err:
-        for readers in inner_tokens(module, args, kwargs):
+    except (TraceError, TokenError) as err:
+        closest = err
+        # tokens read elsewhere than the input (a slice of it, or a pooled copy) only when they were what failed
+        for readers in inner_tokens(module, args, kwargs, any_shape=isinstance(err, TokenError)):
             try:
                 return _trace_from(module, args, kwargs, readers)
-            except (TraceError, TokenError):
-                continue
-        raise err
+            except (TraceError, TokenError) as again:  # the reason of the place the reading got furthest in
+                closest = again if _depth(again) > _depth(closest) else closest
+        raise closest from None
+
+
+def _depth(err: Exception) -> int:
+    return getattr(err, "depth", 3)  # a TraceError: past the tokens
 
 
 def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str, ...]) -> TracedAdapter:
@@ -178,11 +185,18 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
         views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), operand.channels, dim, "in")
+    made, token_axis = ops[v.product_index][3], v.context_axes[0]
+    slices = made.numel() // (made.shape[token_axis] * rv * heads)
+    gated = values_unread(v, dict(params)[names["v"]])
+    if getattr(v, "by_place", False) and gated is None:
+        raise TraceError("its values pass more than a projection, and the trace cannot name what")
     try:
         views["o"], names["o"] = output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
-        unread = None
+        reach = slices * views["o"][0].shape[0]  # a token's output entries, in every slice
+        # labels are positive, which a ReLU passes as they are: the path is checked on signed contexts too
+        unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, reach)
     except TraceError:  # an output path no projection is: named where it is a mechanism (q, k and v still read)
-        unread = output_unread(module, args, kwargs, v.product_index, ops[v.product_index][3])
+        unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, slices * dim)
         if unread is None:
             raise
     adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv)
@@ -282,13 +296,13 @@ def _scales_channels(entries: dict[int, torch.Tensor], ones: torch.Tensor) -> bo
 def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dict]]:
     """Each lead's labelled entries (:func:`_labelled`); q and k read on every token, else on the
     first alone: rotary positions mix each head's channels in pairs by an angle that is zero at
-    position 0."""
+    position 0. Else, q, k and v behind a norm, by where their entries are (:func:`_by_place`)."""
     try:
         return [_labelled(op, lead, params) for lead in leads]
     except TraceError as err:
-        if role == "v":
-            raise
         try:
+            if role == "v":  # values are not rotated: read by place, to name the norm or activation after them
+                raise
             return [_labelled(op, lead, params, token=0) for lead in leads]
         except TraceError:  # a norm between the projection and the product: the entries by where they are
             found = [_by_place(op, lead, params, dim) for lead in leads]

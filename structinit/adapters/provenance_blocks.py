@@ -238,16 +238,23 @@ def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads
     bias = None
     for i, (name, _) in enumerate(params):
         g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
-        if bool(g0.ne(0).any()):
-            if g0.ndim != 1 or g0.shape[0] != dim or not bool(g0.ne(0).all()) or not torch.equal(g0, g1):
+        read = g0.ne(0)  # entries the output reads without the context: a bias, or columns of other channels
+        if bool(read.any()):
+            if g0.ndim == 1 and bool(read.all()) and torch.equal(g0, g1):
+                if bias is not None:
+                    raise TraceError(f"the output has two biases ({name!r} is the second)")
+                bias = originals[name]
+                continue
+            if not (torch.equal(g1[read], g0[read]) and torch.equal(gl[read], g0[read])):
                 raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
-            if bias is not None:
-                raise TraceError(f"the output has two biases ({name!r} is the second)")
-            bias = originals[name]
-            continue
-        for c, ix in decode(name, g1, gl, heads * r).items():
+        # a projection that also reads channels beside the context (SHViT's, of the untouched ones): their columns
+        for c, ix in decode(name, g1 - g0, gl - g0, heads * r).items():
             per_head[c // r][i][c % r] = ix
-    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, dim, "out")
+    # the output's width, which may differ from the input's (the projection of a slice of the channels)
+    width = max((len(ix) for head in per_head for e in head for ix in e.values()), default=dim)
+    if bias is not None and bias.shape != (width,):
+        raise TraceError(f"the output's bias has {bias.numel()} entries, its projection {width} rows")
+    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, width, "out")
     return (weight, bias), weight_name
 
 
@@ -265,22 +272,65 @@ def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, param
     return grads_of(y, torch.ones_like(y), params)
 
 
-def output_unread(module, args, kwargs, context: int, made: torch.Tensor) -> str | None:
+def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
     """Why the module's output is no projection of its attention's context, where that is a
     mechanism no write to projections changes: it does not depend on the context (a scale after
-    the output projection that starts at zero: LeViT's BatchNorm), or not affinely (an
-    activation between them); None where it is affine in it (a layout the trace cannot read).
-    Read from the output with the context (``made``, the output of op ``context``) replaced by
-    0, c and 2c for a fixed random c."""
-    c = torch.randn(made.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(made)
-    y0, y1, y2 = (_first(record(module, args, kwargs, swap={context: k * c}).out).detach().double() for k in (0, 1, 2))
+    the output projection that starts at zero: LeViT's BatchNorm), not affinely (an activation
+    between them), or not token by token (:func:`output_spread`); None where it is affine in it
+    token by token (a layout the trace cannot read). Read from the output with the context
+    (``made``, the output of op ``context``) replaced by 0, c, d and c + d for fixed random c, d."""
+    c, d = _random_like(made), _random_like(made, seed=1)
+    y0, y1, y2, y3 = (_first(record(module, args, kwargs, swap={context: value}).out).detach().double()
+                      for value in (0 * c, c, d, c + d))
     step = float((y1 - y0).abs().max())
-    if step <= 1e-6 * (float(y0.abs().max()) + 1e-30) and float((y2 - y0).abs().max()) <= step + 1e-30:
+    if step <= 1e-6 * (float(y0.abs().max()) + 1e-30) and float((y3 - y0).abs().max()) <= step + 1e-30:
         return ("its output does not depend on its attention's context (a scale after the output projection that "
                 "starts at zero)")
-    if float(((y2 - y1) - (y1 - y0)).abs().max()) > 1e-4 * step:
+    # c, d and c + d, not c and 2c: a ReLU is linear along each ray from zero
+    if float(((y3 - y2) - (y1 - y0)).abs().max()) > 1e-4 * step:
         return "its attention's context passes a nonlinearity before the output projection"
+    return output_spread(module, args, kwargs, context, made, token_axis, reach)
+
+
+def output_spread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
+    """Why the output is not the context projected token by token, or None: the context of one
+    token (the middle one, on ``token_axis`` of ``made``, in every slice) moves more than
+    ``reach`` output entries (a token's output width times the slices), as where the output is
+    upsampled to more positions than the map's tokens after its projection (LowFormer's, CPUBone's)."""
+    c = _random_like(made)
+    middle = made.shape[token_axis] // 2
+    one = torch.zeros_like(c).movedim(token_axis, 0)
+    one[middle] = c.movedim(token_axis, 0)[middle]
+    y0, yt = (_first(record(module, args, kwargs, swap={context: value}).out).detach().double()
+              for value in (0 * c, one.movedim(0, token_axis)))
+    step = float((yt - y0).abs().max())
+    if step > 0 and int(((yt - y0).abs() > 1e-9 * step).sum()) > reach:
+        return ("its output carries each token's attention context to several positions (upsampled, or convolved "
+                "over the tokens, after the output projection)")
     return None
+
+
+def values_unread(v: Operand, weight: torch.Tensor) -> str | None:
+    """Why the values are no projection of the tokens, or None: v is not linear in ``weight``,
+    its projection's (the second derivative along random directions is not zero), as where an
+    activation or a gate follows the projection (iFormer's sigmoid). A norm before the
+    projection, a rotation or a scale after it leave v linear in the weight, and its second
+    derivative exactly zero."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(v.tensor.shape, generator=gen, dtype=torch.float64).to(v.tensor)
+    u = torch.randn(weight.shape, generator=gen, dtype=torch.float64).to(weight)
+    try:
+        (g,) = torch.autograd.grad(v.tensor, weight, w, retain_graph=True, create_graph=True)
+        (h,) = torch.autograd.grad(g, weight, u, retain_graph=True, allow_unused=True)
+    except RuntimeError:  # an op without a second derivative: no word on it
+        return None
+    if h is None or not bool(h.any()):  # exactly: a sigmoid near zero is nearly linear, but not quite
+        return None
+    return "its values pass a nonlinearity after their projection (an activation or a gate)"
+
+
+def _random_like(made: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    return torch.randn(made.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(made)
 
 
 def _first(out) -> torch.Tensor:

@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 
 
 class TokenError(ValueError):
-    """Why the tokens of a map could not be traced to the input."""
+    """Why the tokens of a map could not be traced to the input; ``depth``, how far the reading
+    got (0: q does not come from these tokens, 1: no axis of them is the width, 2: a token of q
+    is not one position of them), to tell the closest of several places tried."""
+
+    def __init__(self, message: str, depth: int = 2):
+        super().__init__(message)
+        self.depth = depth
 
 
 @dataclass(frozen=True)
@@ -70,21 +76,12 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
     slices = math.prod(leads[:-1]) if len(leads) >= 2 else leads[0] // heads
     t = q.moved_shape[-2]
     positions, channel = [], None
-    channel_weights = 1 + torch.rand(q.channels, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for s in range(slices):
         lead = (*divmod_all(s, leads[:-1]), 0) if len(leads) >= 2 else (s * heads,)
-        grads = []
-        for weights in (torch.ones(t), torch.arange(1, t + 1)):
-            moved = torch.zeros(q.moved_shape, dtype=q.tensor.dtype, device=q.tensor.device)
-            # random over channels: a norm's output sums to a constant, which no gradient would pass
-            moved[lead] = weights.to(moved)[:, None] * channel_weights.to(moved)
-            got = torch.autograd.grad(q.tensor, leaf, q.unmove(moved), retain_graph=True, allow_unused=True)[0]
-            if got is None:
-                raise TokenError("its q is not computed from the tokens it is called with")
-            grads.append(got)
+        grads = [_read_by(q, leaf, lead, weights) for weights in (torch.ones(t), torch.arange(1, t + 1))]
         channel = _channel_axis(grads[0], dim) if channel is None else channel
         if channel is None:
-            raise TokenError("its map's tokens do not read whole positions of its input")
+            raise TokenError("its map's tokens do not read whole positions of its input", depth=1)
         ones, labels = (g.movedim(channel, -1).flatten(1, -2) for g in grads)  # (B, positions, D)
         pick = ones.abs().argmax(-1, keepdim=True)
         read = torch.nonzero(ones.abs().amax(-1) > 0)
@@ -92,6 +89,12 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
         order = ratio.round().long() - 1
         exact = bool((ratio - ratio.round()).abs().max() <= 1e-3) if len(read) else False
         if len(read) != t or not exact or not torch.equal(order.sort().values, torch.arange(t)):
+            middle = (torch.arange(t) == t // 2).double()
+            spread = _read_by(q, leaf, lead, middle).movedim(channel, -1).flatten(1, -2).abs().amax(-1) > 0
+            if int(spread.sum()) > 1:
+                raise TokenError("its q reads several positions of its input per token (a convolution over the "
+                                 "tokens between its projection and the product): its q kᵀ is no product of "
+                                 "projections of one token each")
             raise TokenError("a slice of its map does not read one input position per token")
         images = read[:, 0].unique()
         if len(images) != 1:
@@ -100,6 +103,19 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
         row[order] = read[:, 1]
         positions.append((int(images[0]), row))
     return TokenMap(channel, _windows(positions, leaf.movedim(channel, -1).flatten(1, -2).shape[1]))
+
+
+def _read_by(q: Operand, leaf: torch.Tensor, lead, weights: torch.Tensor) -> torch.Tensor:
+    """The gradient on ``leaf`` of slice ``lead`` of q weighted by ``weights`` over its tokens,
+    and over its channels at random (a norm's output sums to a constant, which no gradient of
+    equal weights would pass)."""
+    channels = 1 + torch.rand(q.channels, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    moved = torch.zeros(q.moved_shape, dtype=q.tensor.dtype, device=q.tensor.device)
+    moved[lead] = weights.to(moved)[:, None] * channels.to(moved)
+    got = torch.autograd.grad(q.tensor, leaf, q.unmove(moved), retain_graph=True, allow_unused=True)[0]
+    if got is None:
+        raise TokenError("its q is not computed from the tokens it is called with", depth=0)
+    return got
 
 
 def divmod_all(index: int, shape) -> tuple[int, ...]:
@@ -159,10 +175,13 @@ def leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: di
             h.remove()
 
 
-def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, ...]]:
-    """Where a module that transforms its input inside (a pre-norm) reads its tokens: for each
-    tensor of the input's shape that a submodule makes, in call order, the names of the
-    submodules that take it as their first argument (the q/k/v projections after the norm)."""
+def inner_tokens(module: nn.Module, args: tuple, kwargs: dict, any_shape: bool = True) -> list[tuple[str, ...]]:
+    """Where a module that transforms its input inside reads its tokens: for each tensor of the
+    input's rank that a submodule makes or takes, in call order (those of the input's shape
+    first), the names of the submodules that take it as their first argument: the q/k/v
+    projections after a pre-norm, after a norm of a slice of the channels (SHViT's), on a slice
+    of the channels (EfficientViT-MSRA's), or after a strided depthwise convolution that pools the
+    positions first (LowFormer's); those of the input's shape alone unless ``any_shape``."""
     x = first_tensor(args, kwargs)
     names = {m: n for n, m in module.named_modules() if m is not module}
     made, read = [], []
@@ -182,9 +201,11 @@ def inner_tokens(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str
         module.train(was)
         for h in hooks:
             h.remove()
+    taken = [a for _, a in read if a is not None and not any(a is t for t in made)]  # a slice cut in the forward
     out = []
-    for t in made:
-        if isinstance(t, torch.Tensor) and t is not x and t.shape == x.shape and t.is_floating_point():
+    for t in sorted([*made, *taken], key=lambda t: not (isinstance(t, torch.Tensor) and t.shape == x.shape)):
+        if (isinstance(t, torch.Tensor) and t is not x and t.ndim == x.ndim and t.is_floating_point()
+                and (any_shape or t.shape == x.shape)):
             readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
             if readers and readers not in out:
                 out.append(readers)
@@ -352,10 +373,10 @@ def same_logits(ours: torch.Tensor, maps: list[AttentionMap], dtype: torch.dtype
     open_pairs = torch.isfinite(ours) & (ours > torch.finfo(ours.dtype).min / 2)
     if not bool(open_pairs.any()):
         return False
-    size = 1 + float(ours[open_pairs].abs().max())
+    size = 1 + float(torch.where(open_pairs, ours.abs(), 0).max())  # where, not a mask: no copy of the open pairs
     for m in maps:
         if m.logits is not None and m.logits.numel() == ours.numel():
             got = m.logits.reshape(ours.shape).to(ours.dtype)
-            if float((got - ours)[open_pairs].abs().max()) <= rel * size:
+            if float(torch.where(open_pairs, (got - ours).abs(), 0).max()) <= rel * size:
                 return True
     return False

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from structinit.adapters.attention import AttentionAdapter, head_mixers, in_matrix, out_matrix, self_mask
+from structinit.adapters.attention import AttentionAdapter, adapter_logits, head_mixers, in_matrix, out_matrix
 from structinit.adapters.observe import AttentionMap, ModuleCall, masked_inside, observe
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
@@ -97,25 +97,16 @@ class AttentionSurvey:
         return next((v for v in self.verdicts if v.name == name), None)
 
 
+def no_value_path(unread: str) -> str:  # why a layer has no W_v W_o to set, in words
+    return f"{unread}: the value path is not linear token by token, so it has no W_v W_o to set"
+
+
 def tolerance(dtype: torch.dtype) -> float:  # how far a probability may sit from the float32 recomputation
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
 def output_tolerance(dtype: torch.dtype) -> float:  # a layer output's, relative to its largest entry
     return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
-
-
-def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tensor | None) -> torch.Tensor:
-    """q kᵀ·scale + relative bias + the call's terms, (B, H, T, T), as the adapter reads the layer."""
-    q, k = adapter.qk_features(x)
-    logits = q @ k.transpose(-2, -1) * adapter.scale
-    if adapter.relative is not None:
-        logits = logits + adapter.relative.bias().to(logits.dtype)
-    if terms is not None:
-        logits = logits + terms.to(logits.dtype)
-    if adapter.masks_self:
-        logits = logits + self_mask(logits.shape[-1], logits.dtype, logits.device)
-    return logits
 
 
 def _as(t: torch.Tensor, shape) -> torch.Tensor | None:
@@ -274,8 +265,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
         code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
     if getattr(adapter, "output_unread", None):  # its maps are the q kᵀ read; its value path has no V O to set
-        return Verdict(name, adapter, "refused", NO_PROJECTION,
-                       f"{adapter.output_unread}: the value path is not linear, so it has no W_v W_o to set")
+        return Verdict(name, adapter, "refused", NO_PROJECTION, no_value_path(adapter.output_unread))
     if not _value_path(adapter, real, x, adapter.output_tokens(out), rel=output_tolerance(dtype)):
         return Verdict(name, adapter, "refused", VALUE_PATH,
                        "its output is not its attention map applied to v through its output projection (heads "
@@ -322,13 +312,15 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
         else:
             unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
     # A layer its adapter misread (another head layout, another value path) is read again by the trace;
-    # the trace's verdict replaces the adapter's only when it understands the layer.
+    # the trace's verdict replaces the adapter's when it understands the layer, its reason joins the refusal if not.
     misread = {v.adapter.module: (v.name, "") for v in verdicts
                if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH)}
     traced, unknown, crossed = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
     again = {name for name, _ in misread.values()}
     better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
-    verdicts = [better.get(v.name, v) for v in verdicts]
+    why = {n: w.lstrip("; ") for n, w in unknown if n in again}
+    verdicts = [better.get(v.name) or (dataclasses.replace(v, reason=f"{v.reason}; read by what it computes, "
+                                       f"{why[v.name]}") if v.name in why else v) for v in verdicts]
     traced = [v for v in traced if v.name not in again]
     pooling += [c for c in crossed if c[0] not in again]  # left alone as a pooling head is
     unknown = [u for u in unknown if u[0] not in again]

@@ -12,14 +12,14 @@ from collections.abc import Callable
 import torch
 
 from structinit.adapters import TokenLayout
-from structinit.adapters.attention import head_mixers, in_matrix
+from structinit.adapters.attention import adapter_logits, head_mixers, in_matrix
 from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
 from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical, maps_on_grid
-from structinit.adapters.verify import TRANSFORMS, Verdict, adapter_logits, tolerance
+from structinit.adapters.verify import TRANSFORMS, Verdict, tolerance
 from structinit.functional.targets import target_index, target_pairs
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).

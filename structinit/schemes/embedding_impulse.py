@@ -163,6 +163,12 @@ def _position_embedding(survey, layout, dim, pos_embed, solver, plan: Plan) -> t
     """
     pe_dst = grid_pos_embed(survey, layout)
     pe = pos_embed if pos_embed is not None else pe_dst
+    if pos_embed is None and pe is not None and pe.shape[-1] != dim:
+        raise ValueError(
+            f"impulse: the attention layers read {dim}-wide tokens that they make inside from the model's "
+            f"{pe.shape[-1]}-wide ones (a slice of the channels, or a projection to another width, before their q, k "
+            "and v), and impulse designs q and k on the tokens the position embedding is added to; nothing was "
+            "written. Use 'mimetic', which reads each layer where its projections do")
     if pe is not None:
         if tuple(pe.shape[-2:]) != (layout.num_patches, dim):
             raise ValueError(f"pos_embed has shape {tuple(pe.shape)}, expected ({layout.num_patches}, {dim})")

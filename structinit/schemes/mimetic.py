@@ -10,6 +10,7 @@ import torch
 from structinit.adapters import grid_pos_embed, infer_layout, select_layers
 from structinit.adapters.attention import out_matrix
 from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.verify import no_value_path
 from structinit.functional.mimetic import NOISE, mimetic_qk, mimetic_qk_grouped, mimetic_vo
 from structinit.schemes.checks import (
     GROUPED,
@@ -101,9 +102,14 @@ def plan_mimetic(
 
 
 def _check_width_kept(chosen) -> None:
-    """Refuse a chosen layer whose output projection changes the token width: the value path
-    mimetic writes, x ↦ x (γZ − δI), keeps it."""
+    """Refuse a chosen layer whose value path is not linear token by token, or whose output
+    projection changes the token width: the value path mimetic writes, x ↦ x (γZ − δI), is
+    linear and keeps it."""
     for name, ad in chosen:
+        if getattr(ad, "output_unread", None):  # whatever else the probe found there (a q/k norm): no V O to set
+            raise ValueError(f"mimetic cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
+                             f"{no_value_path(ad.output_unread)}; nothing was written. Use impulse with "
+                             "value_init='keep', which sets q and k alone")
         out = tuple(out_matrix(ad.linear_views()["o"][0]).shape)
         if out != (ad.dim, ad.num_heads * ad.value_dim):
             raise ValueError(f"mimetic cannot set layer {name!r} ({type(ad.module).__name__}): its output projection "

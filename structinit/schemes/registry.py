@@ -311,13 +311,15 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
         # model whose graph provably has none (ConvMixer) is not run to see.
         found = survey.attention if not forms_no_attention(model) else None
         unknown = [] if found is None else found.unknown
-        if unknown:
+        if found is not None and found.verdicts:  # attention only the trace read is attention all the same
+            present, kinds = [next(e for e in entries if e.target == "attention"), *present], ["attention", *kinds]
+        elif unknown:
             raise ValueError(
                 f"scheme {name!r} initialises attention, and {type(model).__name__} has attention that no adapter "
                 f"understands: {', '.join(f'{n} ({what})' for n, what in unknown)}; nothing was written. Register "
                 f"an adapter for it (structinit.register_adapter), or pass target={kinds[0]!r} to initialise only "
                 f"its {kinds[0]} layers")
-        pooled = [] if found is None else found.skipped()
+        pooled = [] if found is None or found.verdicts else found.skipped()
         if pooled:  # attention it does not shape (fewer queries than keys) is attention all the same
             raise ValueError(
                 f"scheme {name!r} initialises self-attention, and {type(model).__name__} has attention that is not "
