@@ -6,13 +6,13 @@ import json
 import sweep
 import torch
 from attention_styles import StyledViT
-from test_traced_attention import VNormed
+from test_traced_attention import ScatteredRows
 from torch import nn
 
 
 def _refused():
     model = StyledViT("raw-linear")
-    model.attns[1] = VNormed(48, 3)
+    model.attns[1] = ScatteredRows(48, 3)
     return model
 
 
@@ -20,8 +20,8 @@ def test_each_outcome_is_told_apart_on_the_models_own_maps():
     written = sweep.run_one("styled", "here", lambda: StyledViT("einsum"))
     assert [(r.scheme, r.outcome) for r in written] == [("impulse", "written"), ("mimetic", "written")]
     assert all(r.own_map is not None and r.own_map >= 0.95 for r in written[:1])
-    refused = sweep.run_one("qk-normed", "here", _refused)
-    assert {r.outcome for r in refused} == {"refused"} and "more than a projection" in refused[0].reason
+    refused = sweep.run_one("scattered-rows", "here", _refused)
+    assert {r.outcome for r in refused} == {"refused"} and "evenly strided blocks" in refused[0].reason
     none = sweep.run_one("mlp", "here", lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10)))
     assert {r.outcome for r in none} == {"no-attention"}
     text = sweep.table(written + refused + none)
