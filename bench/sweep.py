@@ -103,7 +103,7 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     return min(ratios)
 
 
-def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 120) -> list[Row]:
+def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 180) -> list[Row]:
     import structinit
     from structinit.adapters.survey import attention_survey
 

@@ -10,6 +10,8 @@ attention or convolutions must not take for the only kind of layer there is."""
 import pytest
 import torch
 from attention_styles import ConvMapAttention, StyledViT, _Records
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import structinit
@@ -218,3 +220,25 @@ def test_values_read_by_place_name_their_norm_whatever_its_weights():
 
     ad = trace_attention(VNormAffine(DIM, HEADS), (torch.randn(2, 9, DIM),), {})
     assert "values pass a nonlinearity" in ad.output_unread
+
+
+@settings(max_examples=8, deadline=None)
+@given(heads=st.sampled_from([1, 2, 3, 4]), per_head=st.sampled_from([4, 6]), side=st.sampled_from([3, 5, 8]),
+       seed=st.integers(0, 2**16))
+def test_the_slice_is_read_whatever_its_heads_width_and_grid(heads, per_head, side, seed):
+    """The tokens are found at the projection that reads the slice, as many heads of as many
+    channels as the module has, over every position of the map; the output path named."""
+    torch.manual_seed(seed)
+    part = heads * per_head
+    module = SliceAttention(part + 8, heads, part=part)
+    ad = trace_attention(module, (torch.randn(2, part + 8, side, side),), {})
+    assert ad.input_module is module.qkv and (ad.num_heads, ad.head_dim, ad.dim) == (heads, per_head, part)
+    assert "passes a nonlinearity" in ad.output_unread
+
+
+@settings(max_examples=6, deadline=None)
+@given(side=st.sampled_from([4, 6, 8]), nearest=st.booleans(), seed=st.integers(0, 2**16))
+def test_an_upsampled_output_is_named_whatever_the_grid(side, nearest, seed):
+    torch.manual_seed(seed)
+    ad = trace_attention(PooledAttention(DIM, HEADS, nearest), (torch.randn(2, DIM, side, side),), {})
+    assert "to several positions" in ad.output_unread

@@ -32,7 +32,6 @@ a :class:`TracedAdapter` over strided views of the module's own parameters, whic
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 
@@ -42,13 +41,16 @@ from torch import nn
 from structinit.adapters.provenance_blocks import (
     assemble,
     decode,
+    double_twin,
     find_head,
     grads_of,
     head_leads,
     heads_of,
+    in_double,
     isolating,
     lead_cotangent,
     lines_in_storage_order,
+    output_bent,
     output_block,
     output_unread,
     values_unread,
@@ -85,6 +87,11 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
                 return _trace_from(module, args, kwargs, readers)
             except (TraceError, TokenError) as again:  # the reason of the place the reading got furthest in
                 closest = again if _depth(again) > _depth(closest) else closest
+        if getattr(err, "values_by_place", False):  # last, as it costs most: values behind a norm, read by place
+            try:
+                return _trace_from(module, args, kwargs, (), values_by_place=True)
+            except (TraceError, TokenError):
+                pass
         raise closest from None
 
 
@@ -92,28 +99,30 @@ def _depth(err: Exception) -> int:
     return getattr(err, "depth", 3)  # a TraceError: past the tokens
 
 
-def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str, ...]) -> TracedAdapter:
+def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str, ...],
+                values_by_place: bool = False) -> TracedAdapter:
     """:func:`trace_attention` with the tokens taken at the first input of the submodules named
-    ``readers`` (all of the module's input when empty)."""
+    ``readers`` (all of the module's input when empty); the values read by place too when
+    ``values_by_place`` (:func:`_read_role`)."""
     params = [(n, p) for n, p in module.named_parameters() if p.is_floating_point()]
     if not params:
         raise TraceError("it holds no floating-point parameters: its q, k and v come from elsewhere")
     originals = dict(params)
-    twin = _double_twin(module, originals)
+    twin = double_twin(module, originals)
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
         try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
             # the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's to hear
             with warnings.catch_warnings(), \
-                    leaf_at(twin, readers, *_with_leaf(_in_double(args), _in_double(kwargs))) as (a, k, leaf):
+                    leaf_at(twin, readers, *_with_leaf(in_double(args), in_double(kwargs))) as (a, k, leaf):
                 warnings.simplefilter("ignore")
-                return _trace(twin, a, k, leaf, twin_params, module, originals, args, kwargs, readers)
+                return _trace(twin, a, k, leaf, twin_params, module, originals, args, kwargs, readers, values_by_place)
         except (TraceError, TokenError):
             raise
         except Exception:  # a module that will not run in float64: trace it as it is
             pass
     with restored(module, [p for _, p in params]), leaf_at(module, readers, *_with_leaf(args, kwargs)) as found:
-        return _trace(module, *found, params, module, originals, args, kwargs, readers)
+        return _trace(module, *found, params, module, originals, args, kwargs, readers, values_by_place)
 
 
 def _with_leaf(args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor]:
@@ -125,28 +134,8 @@ def _with_leaf(args: tuple, kwargs: dict) -> tuple[tuple, dict, torch.Tensor]:
     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}, leaf
 
 
-def _double_twin(module: nn.Module, originals: dict) -> nn.Module | None:
-    """A float64 copy of ``module`` with the same parameter names, or None when it cannot be made."""
-    try:
-        twin = copy.deepcopy(module).double()
-    except Exception:  # an attribute that refuses copying
-        return None
-    names = [n for n, p in twin.named_parameters() if p.is_floating_point()]
-    return twin if names == list(originals) else None
-
-
-def _in_double(value):
-    if isinstance(value, torch.Tensor):
-        return value.detach().double() if value.is_floating_point() else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_in_double(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _in_double(v) for k, v in value.items()}
-    return value
-
-
 def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, owner_kwargs,
-           readers: tuple[str, ...] = ()) -> TracedAdapter:
+           readers: tuple[str, ...] = (), values_by_place: bool = False) -> TracedAdapter:
     """Trace ``module`` (``owner`` itself, or its float64 twin) on ``args``/``kwargs`` (whose
     tokens are ``leaf``); the views are built on ``owner``'s own parameters (``originals``, by
     name), its tokens read from ``owner_args``/``owner_kwargs`` (at the ``readers``' input, when
@@ -181,7 +170,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     views, names = {}, {}
     per_head = _read_role("q", q, params, head_leads(q, heads), dim)
     views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
-    kv_of = None
+    kv_of, v.place_allowed = None, values_by_place
     for role, operand in (("k", k), ("v", v)):
         shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
@@ -196,8 +185,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     try:
         views["o"], names["o"] = output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
         reach = slices * views["o"][0].shape[0]  # a token's output entries, in every slice
-        # labels are positive, which a ReLU passes as they are: the path is checked on signed contexts too
-        unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, reach)
+        unread = gated or output_bent(module, args, kwargs, v.product_index, made, token_axis, reach)
     except TraceError:  # an output path no projection is: named where it is a mechanism (q, k and v still read)
         unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, slices * dim)
         if unread is None:
@@ -303,6 +291,9 @@ def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dic
     try:
         return [_labelled(op, lead, params) for lead in leads]
     except TraceError as err:
+        if role == "v" and not getattr(op, "place_allowed", False):
+            err.values_by_place = True  # the caller may read them by place, last
+            raise
         try:
             if role == "v":  # values are not rotated: read by place, to name the norm or activation after them
                 raise

@@ -14,9 +14,33 @@ The survey and the schemes' checks then judge the layer on its own maps like any
 
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch import nn
 
 from structinit.adapters.provenance_record import Operand, TraceError, record
+
+# -- a float64 copy to trace on -----------------------------------------------------------------------
+
+def double_twin(module: nn.Module, originals: dict) -> nn.Module | None:
+    """A float64 copy of ``module`` with the same parameter names, or None when it cannot be made."""
+    try:
+        twin = copy.deepcopy(module).double()
+    except Exception:  # an attribute that refuses copying
+        return None
+    names = [n for n, p in twin.named_parameters() if p.is_floating_point()]
+    return twin if names == list(originals) else None
+
+
+def in_double(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().double() if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(in_double(v) for v in value)
+    if isinstance(value, dict):
+        return {k: in_double(v) for k, v in value.items()}
+    return value
 
 
 def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
@@ -289,20 +313,33 @@ def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_
     # c, d and c + d, not c and 2c: a ReLU is linear along each ray from zero
     if float(((y3 - y2) - (y1 - y0)).abs().max()) > 1e-4 * step:
         return "its attention's context passes a nonlinearity before the output projection"
-    return output_spread(module, args, kwargs, context, made, token_axis, reach)
+    return output_spread(module, args, kwargs, context, made, token_axis, reach, y0)
 
 
-def output_spread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
+def output_bent(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
+    """For an output the labelled run read as a projection of the context: why it is not one
+    after all, or None. The labels are positive, which a ReLU passes as they are: the output at
+    c and at −c, for a fixed random c, must average to the output at 0 (an activation that
+    bends is named as :func:`output_unread` names it); then :func:`output_spread`."""
+    c = _random_like(made)
+    y0, y1, y2 = (_first(record(module, args, kwargs, swap={context: k * c}).out).detach().double() for k in (0, 1, -1))
+    if float(((y1 - y0) + (y2 - y0)).abs().max()) > 1e-4 * float((y1 - y0).abs().max()):
+        return "its attention's context passes a nonlinearity before the output projection"
+    return output_spread(module, args, kwargs, context, made, token_axis, reach, y0)
+
+
+def output_spread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int,
+                  y0: torch.Tensor) -> str | None:
     """Why the output is not the context projected token by token, or None: the context of one
     token (the middle one, on ``token_axis`` of ``made``, in every slice) moves more than
-    ``reach`` output entries (a token's output width times the slices), as where the output is
-    upsampled to more positions than the map's tokens after its projection (LowFormer's, CPUBone's)."""
+    ``reach`` output entries (a token's output width times the slices) from ``y0``, the output
+    at a context of zeros, as where the output is upsampled to more positions than the map's
+    tokens after its projection (LowFormer's, CPUBone's)."""
     c = _random_like(made)
     middle = made.shape[token_axis] // 2
     one = torch.zeros_like(c).movedim(token_axis, 0)
     one[middle] = c.movedim(token_axis, 0)[middle]
-    y0, yt = (_first(record(module, args, kwargs, swap={context: value}).out).detach().double()
-              for value in (0 * c, one.movedim(0, token_axis)))
+    yt = _first(record(module, args, kwargs, swap={context: one.movedim(0, token_axis)}).out).detach().double()
     step = float((yt - y0).abs().max())
     if step > 0 and int(((yt - y0).abs() > 1e-9 * step).sum()) > reach:
         return ("its output carries each token's attention context to several positions (upsampled, or convolved "
