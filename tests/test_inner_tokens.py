@@ -222,6 +222,15 @@ def test_values_read_by_place_name_their_norm_whatever_its_weights():
     assert "values pass a nonlinearity" in ad.output_unread
 
 
+def test_a_grid_side_as_long_as_the_slice_is_not_taken_for_its_width():
+    """A normalised slice of 8 channels on an 8×8 map: every axis of 8 is fed whole, and only
+    the channels read one position per token."""
+    torch.manual_seed(0)
+    module = SliceAttention(16, 2, part=8)
+    ad = trace_attention(module, (torch.randn(2, 16, 8, 8),), {})
+    assert ad.input_module is module.qkv and (ad.num_heads, ad.head_dim, ad.dim) == (2, 4, 8)
+
+
 @settings(max_examples=8, deadline=None)
 @given(heads=st.sampled_from([1, 2, 3, 4]), per_head=st.sampled_from([4, 6]), side=st.sampled_from([3, 5, 8]),
        seed=st.integers(0, 2**16))

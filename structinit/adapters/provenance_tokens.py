@@ -57,15 +57,15 @@ class TokenMap:
         return x[:, w].reshape(-1, w.shape[1], x.shape[-1])
 
 
-def _channel_axis(grad: torch.Tensor, dim: int) -> int | None:
-    """The axis of the input whose entries are all fed or all not, position by position: the width."""
+def _channel_axes(grad: torch.Tensor, dim: int) -> list[int]:
+    """The axes of the input whose entries are all fed or all not, position by position: the
+    width, or several where a spatial side equals it and a norm feeds every entry."""
+    axes = []
     for axis in [grad.ndim - 1, *range(1, grad.ndim - 1)]:
-        if grad.shape[axis] != dim:
-            continue
         fed = (grad != 0).movedim(axis, -1)
-        if bool((fed.all(-1) | ~fed.any(-1)).all()) and bool(fed.any()):
-            return axis
-    return None
+        if grad.shape[axis] == dim and bool((fed.all(-1) | ~fed.any(-1)).all()) and bool(fed.any()):
+            axes.append(axis)
+    return axes
 
 
 def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
@@ -74,35 +74,46 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
     input position of one image."""
     leads = q.lead_shape
     slices = math.prod(leads[:-1]) if len(leads) >= 2 else leads[0] // heads
+    leads_of = [(*divmod_all(s, leads[:-1]), 0) if len(leads) >= 2 else (s * heads,) for s in range(slices)]
+    axes = _channel_axes(_read_by(q, leaf, leads_of[0], torch.ones(q.moved_shape[-2])), dim)
+    if not axes:
+        raise TokenError("its map's tokens do not read whole positions of its input", depth=1)
+    first = None
+    for channel in axes:  # a side as long as the width is read as one only if its positions then add up
+        try:
+            positions = [_slice_positions(q, leaf, lead, channel) for lead in leads_of]
+        except TokenError as err:
+            first = first or err
+            continue
+        return TokenMap(channel, _windows(positions, leaf.movedim(channel, -1).flatten(1, -2).shape[1]))
+    raise first
+
+
+def _slice_positions(q: Operand, leaf: torch.Tensor, lead, channel: int) -> tuple[int, torch.Tensor]:
+    """(image, the input position each token of slice ``lead`` reads), reading ``channel`` as
+    the width; :class:`TokenError` when they are not one position each of one image."""
     t = q.moved_shape[-2]
-    positions, channel = [], None
-    for s in range(slices):
-        lead = (*divmod_all(s, leads[:-1]), 0) if len(leads) >= 2 else (s * heads,)
-        grads = [_read_by(q, leaf, lead, weights) for weights in (torch.ones(t), torch.arange(1, t + 1))]
-        channel = _channel_axis(grads[0], dim) if channel is None else channel
-        if channel is None:
-            raise TokenError("its map's tokens do not read whole positions of its input", depth=1)
-        ones, labels = (g.movedim(channel, -1).flatten(1, -2) for g in grads)  # (B, positions, D)
-        pick = ones.abs().argmax(-1, keepdim=True)
-        read = torch.nonzero(ones.abs().amax(-1) > 0)
-        ratio = (labels.gather(-1, pick) / ones.gather(-1, pick)).squeeze(-1)[tuple(read.T)].double()
-        order = ratio.round().long() - 1
-        exact = bool((ratio - ratio.round()).abs().max() <= 1e-3) if len(read) else False
-        if len(read) != t or not exact or not torch.equal(order.sort().values, torch.arange(t)):
-            middle = (torch.arange(t) == t // 2).double()
-            spread = _read_by(q, leaf, lead, middle).movedim(channel, -1).flatten(1, -2).abs().amax(-1) > 0
-            if int(spread.sum()) > 1:
-                raise TokenError("its q reads several positions of its input per token (a convolution over the "
-                                 "tokens between its projection and the product): its q kᵀ is no product of "
-                                 "projections of one token each")
-            raise TokenError("a slice of its map does not read one input position per token")
-        images = read[:, 0].unique()
-        if len(images) != 1:
-            raise TokenError("a slice of its map reads tokens of several images (a packed sequence)")
-        row = torch.empty(t, dtype=torch.long)
-        row[order] = read[:, 1]
-        positions.append((int(images[0]), row))
-    return TokenMap(channel, _windows(positions, leaf.movedim(channel, -1).flatten(1, -2).shape[1]))
+    ones, labels = (_read_by(q, leaf, lead, weights).movedim(channel, -1).flatten(1, -2)  # (B, positions, D)
+                    for weights in (torch.ones(t), torch.arange(1, t + 1)))
+    pick = ones.abs().argmax(-1, keepdim=True)
+    read = torch.nonzero(ones.abs().amax(-1) > 0)
+    ratio = (labels.gather(-1, pick) / ones.gather(-1, pick)).squeeze(-1)[tuple(read.T)].double()
+    order = ratio.round().long() - 1
+    exact = bool((ratio - ratio.round()).abs().max() <= 1e-3) if len(read) else False
+    if len(read) != t or not exact or not torch.equal(order.sort().values, torch.arange(t)):
+        middle = (torch.arange(t) == t // 2).double()
+        spread = _read_by(q, leaf, lead, middle).movedim(channel, -1).flatten(1, -2).abs().amax(-1) > 0
+        if int(spread.sum()) > 1:
+            raise TokenError("its q reads several positions of its input per token (a convolution over the "
+                             "tokens between its projection and the product): its q kᵀ is no product of "
+                             "projections of one token each")
+        raise TokenError("a slice of its map does not read one input position per token")
+    images = read[:, 0].unique()
+    if len(images) != 1:
+        raise TokenError("a slice of its map reads tokens of several images (a packed sequence)")
+    row = torch.empty(t, dtype=torch.long)
+    row[order] = read[:, 1]
+    return int(images[0]), row
 
 
 def _read_by(q: Operand, leaf: torch.Tensor, lead, weights: torch.Tensor) -> torch.Tensor:
