@@ -52,7 +52,9 @@ def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict
     if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
         raise TraceError(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
                          "rotation or a position term between it and the product)")
-    return {int(c) - 1: where[label == c] for c in label.unique()}
+    order = torch.argsort(label, stable=True)  # each channel's entries in the order nonzero gives them
+    channels_of, counts = torch.unique_consecutive(label[order], return_counts=True)
+    return {int(c) - 1: ix for c, ix in zip(channels_of.tolist(), where[order].split(counts.tolist()))}
 
 
 def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]], heads: int, r: int,
@@ -71,7 +73,7 @@ def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]]
     axis_stride = 0
     if kind != "bias":
         moving = [a for a in range(param.ndim) if len(first[:, a].unique()) > 1]
-        if len(moving) != 1 or not all(along(ix, moving[0], width) for e in entries for ix in e.values()):
+        if len(moving) != 1 or not along(torch.stack([ix for e in entries for ix in e.values()]), moving[0], width):
             raise TraceError(f"parameter {name!r} does not hold each head channel along one axis")
         axis_stride = param.stride(moving[0])
     def start(h, c):
@@ -97,9 +99,11 @@ def block(name: str, param: torch.Tensor, entries: list[dict[int, torch.Tensor]]
 
 
 def along(ix: torch.Tensor, axis: int, width: int) -> bool:
-    """Whether entries ``ix`` (N, ndim) run 0 … width − 1 along ``axis`` and stay put on the others."""
-    others = torch.cat([ix[:, :axis], ix[:, axis + 1:]], 1)
-    return sorted(ix[:, axis].tolist()) == list(range(width)) and bool((others == others[:1]).all())
+    """Whether each set of entries ``ix`` (sets, N, ndim) runs 0 … width − 1 along ``axis`` and
+    stays put on the others."""
+    others = torch.cat([ix[..., :axis], ix[..., axis + 1:]], -1)
+    runs = bool((ix[..., axis].sort(-1).values == torch.arange(width, device=ix.device)).all())
+    return runs and bool((others == others[:, :1]).all())
 
 
 def assemble(role: str, per_head: list[list[dict]], params, originals, heads, r, width, kind):
@@ -184,13 +188,27 @@ def isolating(op: Operand, cot: torch.Tensor) -> torch.Tensor:
     return op.unmove(g.to(cot.dtype))
 
 
-def support(op: Operand, lead: tuple[int, ...], params) -> frozenset:
+def support(op: Operand, lead: tuple[int, ...], params) -> Support:
     """The parameter entries feeding slice ``lead`` of ``op`` (every token and channel), through
     random cotangent weights: a norm's output sums to a constant, which an all-ones cotangent
     would not pass."""
     weights = 1 + torch.rand(op.tensor.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     grads = grads_of(op.tensor, lead_cotangent(op, lead, False) * weights.to(op.tensor), params)
-    return frozenset((i, tuple(j.tolist())) for i, g in enumerate(grads) for j in torch.nonzero(g))
+    return Support(g != 0 for g in grads)
+
+
+class Support(tuple):
+    """Per parameter, the mask of its entries that feed a slice; equal when every mask is (one
+    comparison per parameter, not per entry: a wide convolution has millions)."""
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Support) and len(self) == len(other) and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(self, other))
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    __hash__ = None
 
 
 def heads_of(q: Operand, params) -> tuple[int, callable]:
