@@ -108,10 +108,10 @@ class TableViT(nn.Module):
     """A pre-norm ViT on 16×16 images (an 8×8 grid) whose position comes from a table it reads
     (:class:`TableEmbedding`), with attention no adapter names (:class:`RawLinearAttention`)."""
 
-    def __init__(self, read="resize", dim=48, heads=3, depth=2):
+    def __init__(self, read="resize", dim=48, heads=3, depth=2, side=16):
         super().__init__()
         self.image_size = 16
-        self.embeddings = TableEmbedding(dim, read)
+        self.embeddings = TableEmbedding(dim, read, side=side)
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
         self.attns = nn.ModuleList(RawLinearAttention(dim, heads) for _ in range(depth))
         self.head = nn.Linear(dim, 10)

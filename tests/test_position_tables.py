@@ -67,6 +67,14 @@ def test_a_table_whose_rows_several_grid_tokens_read_alike_is_refused_and_left_u
                    r"cannot get the rows impulse designs.*pe_scale=None")
 
 
+def test_a_table_resized_up_to_the_grid_is_refused_for_its_rows_and_left_unchanged():
+    """A 6×6 table resized to the 8×8 grid: 36 rows cannot give 64 tokens 64 designed rows."""
+    torch.manual_seed(0)
+    check_rejected(TableViT("resize", side=6), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
+                   ValueError, r"cannot get the rows impulse designs \(their 64 rows are read from 36 table rows, as "
+                   r"a table resized up to the grid is\).*pe_scale=None")
+
+
 class _Read(nn.Module):
     """Tokens = patch content + ``read`` (T × R) @ table (R × D), or through a nonlinearity, or
     with the table's channels mixed; then one attention layer."""

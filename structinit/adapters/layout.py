@@ -189,11 +189,13 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     change = torch.linalg.lstsq(reader, target - reader @ flat, driver="gelsd").solution
     if not bool((reader @ (flat + change) - target).abs().amax() <= 1e-6 * (1 + float(target.abs().amax()))):
         names = " and ".join(f"`{n}`" for n, _ in tables)
+        why = ("some read the same rows alike" if reader.unique(dim=0).shape[0] < reader.shape[0] else
+               f"their {reader.shape[0]} rows are read from {reader.shape[1]} table rows, as a table resized up to the "
+               "grid is" if reader.shape[1] < reader.shape[0] else "the rows they read are not independent")
         raise ValueError(
             f"the position table{'s' * (len(tables) > 1)} {names} {'are' if len(tables) > 1 else 'is'} read so "
-            f"that the {layout.num_patches} grid tokens cannot get the rows impulse designs (some read the same rows "
-            "alike): no write of them gives each grid position its row; pass pe_scale=None to keep the model's "
-            "position embedding")
+            f"that the {layout.num_patches} grid tokens cannot get the rows impulse designs ({why}): no write of "
+            "them gives each grid position its row; pass pe_scale=None to keep the model's position embedding")
     out, start = [], 0
     for _, t in tables:
         rows = t.numel() // t.shape[-1]
