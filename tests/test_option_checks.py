@@ -375,3 +375,14 @@ def test_a_quantised_model_is_refused_naming_quantisation(scheme):
     message = check_rejected(quantised, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
                              r"layers are quantised \(blocks\.0\.attn\.qkv: torch\.ao\.nn\.quantized")
     assert "nothing was written" in message and "Initialise the float model, then quantise it" in message
+
+
+@pytest.mark.parametrize("offsets, match", [([(5, 5)], r"offset \(5, 5\) lies outside the 3×3 kernel"),
+                                            ([(0, 1, 2)], r"offset \(0, 1, 2\) is not a pair")])
+def test_offsets_that_fit_no_kernel_are_refused_before_the_model_runs(offsets, match):
+    """Explicit offsets are checked against the kernel before any probe: no forward, nothing written."""
+    model = small()
+    runs = []
+    model.register_forward_pre_hook(lambda *_: runs.append(1))
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", offsets=offsets), (TypeError, ValueError), match)
+    assert runs == []

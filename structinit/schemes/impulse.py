@@ -46,7 +46,7 @@ from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import NO_PROJECTION
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
-from structinit.functional.targets import Offset, check_kernel_size
+from structinit.functional.targets import Offset, check_kernel_size, check_offsets
 from structinit.schemes.checks import check_settable, finish_plan, impulse_check
 from structinit.schemes.embedding_impulse import plan_on_embedding
 from structinit.schemes.impulse_request import ImpulseRequest, Placed, resolve_offsets
@@ -128,7 +128,7 @@ def plan_impulse(
         >>> bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
         True
     """
-    solver_obj, value_init, reserve_mode = _check_options(survey, solver, solver_options, kernel_size, grid,
+    solver_obj, value_init, reserve_mode = _check_options(survey, solver, solver_options, kernel_size, offsets, grid,
                                                           value_init, reserve)
     chosen, skipped, biases = _check_layers(survey, layers, offsets, kernel_size, per_layer_offsets, value_init)
     request = ImpulseRequest(survey, chosen, biases, solver, solver_obj, solver_options, kernel_size, offsets,
@@ -141,7 +141,7 @@ def plan_impulse(
     return plan
 
 
-def _check_options(survey: ModelSurvey, solver: str, solver_options: dict, kernel_size: int,
+def _check_options(survey: ModelSurvey, solver: str, solver_options: dict, kernel_size: int, offsets,
                    grid: tuple[int, int] | None, value_init: str | None, reserve: str | None):
     """The checks of :func:`plan_impulse`'s options, which read no layer: (the solver, the
     value init, the reserve mode), the last two with the solver's defaults filled in."""
@@ -155,6 +155,8 @@ def _check_options(survey: ModelSurvey, solver: str, solver_options: dict, kerne
                               VALUE_INITS)
     reserve = check_choice("reserve", solver_obj.default_reserve if reserve is None else reserve, RESERVE_MODES)
     check_kernel_size(kernel_size)
+    if offsets is not None and not isinstance(offsets, str):  # the pairs against the kernel: no layer read yet
+        check_offsets(list(offsets), kernel_size)
     if grid is None and survey.takes_token_ids:  # before anything is read: a sequence has no grid to shape
         raise ValueError(f"impulse cannot set {type(survey.model).__name__}: it reads token ids, a 1-D sequence with "
                          "no grid of image tokens, and impulse shapes attention as convolutions on a 2-D grid; "
