@@ -171,7 +171,7 @@ def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_la
     projection of its context only with ``value_init='keep'``: impulse then sets its q and k alone)."""
     chosen = select_layers(survey.layers(), layers)
     skipped = survey.attention.skipped() if layers is None else []
-    if offsets is not None:  # checked before the probe (a throwaway generator: nothing is drawn from the caller's)
+    if offsets is not None:  # one per head of each chosen layer (a throwaway generator: none drawn from the caller's)
         resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
