@@ -10,6 +10,10 @@
 # On a machine with a GPU (`nvidia-smi -L` lists one, or STRUCTINIT_CUDA=1; STRUCTINIT_CUDA=0
 # forces the default) torch is the CUDA build 2.14.1 instead, with ci/constraints.txt's other
 # pins. Then: bash scripts/gpu_check.sh.
+#
+# pip runs with --no-compile: compiling every module of torch and the rest at install takes
+# minutes on 2 cores, and Python compiles the few it imports on first use (unless
+# PYTHONDONTWRITEBYTECODE is set; scripts/test.sh unsets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,8 +32,8 @@ if [ "$STRUCTINIT_CUDA" = 1 ]; then
     constraints=$(mktemp)
     trap 'rm -f "$constraints"' EXIT
     sed "s/^torch==.*/torch==$CUDA_TORCH/" ci/constraints.txt >"$constraints"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraints" "torch==$CUDA_TORCH"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraints" -e ".[harness,dev,docs]"
+    .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -c "$constraints" "torch==$CUDA_TORCH"
+    .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -c "$constraints" -e ".[harness,dev,docs]"
     echo "setup: GPU host ($GPU_WHY): installed torch==$CUDA_TORCH, a CUDA build, with ci/constraints.txt's" \
         "other pins"
     .venv/bin/python -c 'import torch; ok = torch.cuda.is_available(); print(f"setup: torch {torch.__version__},",
@@ -39,8 +43,8 @@ if [ "$STRUCTINIT_CUDA" = 1 ]; then
 fi
 INDEX=()
 [ -z "${STRUCTINIT_TORCH_INDEX:-}" ] || INDEX=(--index-url "$STRUCTINIT_TORCH_INDEX")
-.venv/bin/python -m pip install -q --disable-pip-version-check -c ci/constraints.txt "${INDEX[@]}" torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -c ci/constraints.txt -e ".[harness,dev,docs]"
+.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -c ci/constraints.txt "${INDEX[@]}" torch==2.13.0
+.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -c ci/constraints.txt -e ".[harness,dev,docs]"
 # Which torch this is, and what it costs on disk (torch with the CUDA libraries it brought).
 .venv/bin/python - <<'PY'
 import importlib.metadata as md

@@ -3,6 +3,9 @@
 # docstring fails), and run the test suite (slow tests excluded; add -m slow to run them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The setup scripts install without compiling bytecode (pip --no-compile: minutes on 2 cores);
+# each module is compiled once, when first imported, so writing bytecode must be on here.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 .venv/bin/ruff check structinit tests bench
 site=$(mktemp -d)

@@ -3,5 +3,8 @@
 # vit-pytorch, open_clip and transformers, with no hints (tests/zoo, outside the main suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The setup scripts install without compiling bytecode (pip --no-compile: minutes on 2 cores);
+# each module is compiled once, when first imported, so writing bytecode must be on here.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup_zoo.sh
 .venv-zoo/bin/python -m pytest -q -p no:cacheprovider tests/zoo "$@"

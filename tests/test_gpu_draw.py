@@ -78,7 +78,7 @@ def _tar_rows(out: Path, run: str) -> list[dict]:
 
 def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tmp_path, draw):
     parts, call = draw
-    column = {"GPU_DRAW_COLUMN": "impulse mimetic", "GPU_DRAW_TRAIN_ARGS": "--epochs 12"}
+    column = {"GPU_DRAW_COLUMN": "impulse mimetic", "GPU_DRAW_TRAIN_ARGS": "--epochs 6 --set test_every=4"}
     n = parts()
     assert n == 3 and all((tmp_path / "parts" / f"part{k}" / "MD5SUMS").exists() for k in (1, 2, 3))
     one = call(1, n, "out1")
@@ -89,7 +89,7 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     table = (tmp_path / "out2" / "throughput.md").read_text()
     assert "+ pipeline |" in table and "+ pipeline, 2 workers |" in table
 
-    # call 3 joins the parts and starts a 12-epoch run that trains on after the call returns
+    # call 3 joins the parts and starts a 6-epoch run that trains on after the call returns
     three = call(3, n, "out3", GPU_DRAW_SECONDS="0", **column)
     assert three.returncode == 0, three.stdout + three.stderr
     assert "md5 sums match: 4 files" in three.stdout and "starting the run" in three.stdout
@@ -106,7 +106,7 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     assert "checkpoint.md5" in back and "checkpoint.pt.00" in back and len(back) <= 8
     assert "paper-cifar-impulse/result.json" not in _runs(tmp_path / "out4")
     stopped_at = _tar_rows(tmp_path / "out4", "paper-cifar-impulse")[-1]["epoch"]
-    assert 2 <= stopped_at < 12
+    assert 2 <= stopped_at < 6
 
     # The next draw, on a fresh machine: the payload carries the checkpoint, and the run resumes.
     for folder in ("work", "data"):
@@ -132,13 +132,13 @@ def test_a_draw_stops_brings_its_checkpoint_back_and_the_next_draw_resumes_it(tm
     assert "the column's next init, mimetic" in last.stdout and "the column is finished" in last.stdout
     files = _runs(tmp_path / "out5")
     result = json.loads(files["paper-cifar-impulse/result.json"])
-    assert result["epochs_done"] == 12 and result["starts"][0] == 0 and result["starts"][-1] == stopped_at * 10
+    assert result["epochs_done"] == 6 and result["starts"][0] == 0 and result["starts"][-1] == stopped_at * 10
     rows = _tar_rows(tmp_path / "out5", "paper-cifar-impulse")
-    assert [r["epoch"] for r in rows] == list(range(1, 13))
-    # the shared copy's exact test images every epoch, the whole (partly re-encoded) test set every 10
-    assert all("test_first1017_acc" in r for r in rows) and [r["epoch"] for r in rows if "test_acc" in r] == [10, 12]
+    assert [r["epoch"] for r in rows] == list(range(1, 7))
+    # the shared copy's exact test images every epoch, the whole (partly re-encoded) test set every 4
+    assert all("test_first1017_acc" in r for r in rows) and [r["epoch"] for r in rows if "test_acc" in r] == [4, 6]
     other_run = json.loads(files["paper-cifar-mimetic/result.json"])
-    assert other_run["config"]["init"] == "mimetic" and other_run["epochs_done"] == 12
+    assert other_run["config"]["init"] == "mimetic" and other_run["epochs_done"] == 6
     for run in ("paper-cifar-impulse", "paper-cifar-mimetic"):  # the weights, joined to the device's md5 sum
         pieces = sorted((tmp_path / "out5").glob(f"{run}.safetensors.*"))
         joined = b"".join(p.read_bytes() for p in pieces)

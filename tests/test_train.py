@@ -82,9 +82,9 @@ def test_resume_refuses_a_run_whose_init_changed_since(tmp_path, monkeypatch):
 
 
 def _cli(out: Path, epochs: int) -> list[str]:
-    # Small batches make each epoch long enough (~1 s) to be killed in the middle.
+    # Small batches make each epoch of 720 images 45 steps: long enough to be killed in the middle.
     return [sys.executable, "-m", "structinit", "train", "--recipe", "digits", "--init", "impulse",
-            "--epochs", str(epochs), "--batch-size", "16", "--set", "train_size=None", "--out", str(out),
+            "--epochs", str(epochs), "--batch-size", "16", "--set", "train_size=720", "--out", str(out),
             "--no-progress"]
 
 
@@ -212,7 +212,7 @@ def test_distributed_two_processes_gloo(tmp_path):
     """Two processes under torchrun train what one process trains: without augmentation each
     step's two half-batches are the one-process batch, so the loss curves and the accuracy
     agree up to the order of floating-point sums."""
-    args = ["-m", "structinit", "train", "--recipe", "digits", "--epochs", "5", "--set", "train_size=None",
+    args = ["-m", "structinit", "train", "--recipe", "digits", "--epochs", "4", "--set", "train_size=None",
             "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], env=env, cwd=ROOT,
@@ -226,7 +226,7 @@ def test_distributed_two_processes_gloo(tmp_path):
     ddp, ref = (json.loads((tmp_path / name / "result.json").read_text()) for name in ("ddp", "one"))
     assert ddp["world_size"] == 2 and ref["world_size"] == 1
     losses = [(a["train_loss"], b["train_loss"]) for a, b in zip(ddp["history"], ref["history"])]
-    assert len(losses) == 5 and all(abs(a - b) < 1e-3 * b for a, b in losses), losses
+    assert len(losses) == 4 and all(abs(a - b) < 1e-3 * b for a, b in losses), losses
     assert abs(ddp["final"]["test_acc"] - ref["final"]["test_acc"]) <= 0.01 and ref["final"]["test_acc"] > 0.5
 
 
@@ -344,7 +344,7 @@ def test_a_signal_stops_a_run_in_one_line_and_it_resumes(tmp_path, sig, code, sa
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cli(out, 8), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(_cli(out, 4), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     assert wait_for_rows(out / "metrics.jsonl", 1), "the run wrote no epoch"
     proc.send_signal(signal.Signals(sig))
@@ -353,8 +353,8 @@ def test_a_signal_stops_a_run_in_one_line_and_it_resumes(tmp_path, sig, code, sa
     assert proc.returncode == code and "Traceback" not in err
     assert last == f"structinit train: {said}; the last finished epoch is kept: run it again with --resume to continue"
     kept = load_checkpoint(out / "checkpoint.pt")
-    assert 1 <= kept["epoch"] < 8
-    done = subprocess.run([*_cli(out, 8), "--resume"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert 1 <= kept["epoch"] < 4
+    done = subprocess.run([*_cli(out, 4), "--resume"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and load_checkpoint(out / "checkpoint.pt")["starts"] == [0, kept["step"]]
 
 

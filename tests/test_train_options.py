@@ -70,7 +70,7 @@ def test_the_training_step_computes_in_the_precision_asked_for(tmp_path, precisi
 def fp32_weights(tmp_path_factory):
     """The weights of the reduced-precision tests' run in fp32 (one run for both)."""
     folder = tmp_path_factory.mktemp("fp32")
-    assert train(digits(folder, precision="fp32", epochs=4), progress=False)["precision"] == "fp32"
+    assert train(digits(folder, precision="fp32", epochs=2), progress=False)["precision"] == "fp32"
     return load_checkpoint(folder / "run/checkpoint.pt")["model"]
 
 
@@ -78,7 +78,7 @@ def fp32_weights(tmp_path_factory):
 def test_reduced_precision_trains(tmp_path, precision, fp32_weights):
     """The run records the precision it ran in, and that precision changed the arithmetic: the
     same seed in fp32 ends with other weights."""
-    result = train(digits(tmp_path, precision=precision, epochs=4), progress=False)
+    result = train(digits(tmp_path, precision=precision, epochs=2), progress=False)
     assert result["precision"] == precision and result["device"]["type"] == "cpu"
     assert result["final"]["test_acc"] > 0.3 and all(torch.isfinite(torch.tensor(list(result["final"].values()))))
     low = load_checkpoint(tmp_path / "run/checkpoint.pt")["model"]

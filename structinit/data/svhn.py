@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import scipy.io
 import torch
 
 from structinit.data.datasets import (
@@ -62,6 +61,8 @@ def load_svhn(root: str | Path, split: str = "train") -> ArrayDataset:
             f"{tried} not found: expected the official SVHN {filename}; "
             "pass download=True (--download) or root= the folder that contains it"
         )
+    import scipy.io  # here, not at the top: a fifth of a second of every command that never reads SVHN
+
     try:
         mat = scipy.io.loadmat(path)
     except NotImplementedError as exc:  # scipy raises this for MATLAB v7.3 (HDF5) files

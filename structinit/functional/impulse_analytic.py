@@ -45,7 +45,6 @@ import math
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 
 from structinit.functional.linalg import canonical_svd
 from structinit.functional.mimetic import mimetic_noise
@@ -68,6 +67,8 @@ def axis_kernel(omega: torch.Tensor, max_shift: int, budget: int) -> tuple[torch
     if max_shift < 1:  # a 1-wide axis: nothing to tell apart
         return torch.tensor(om[:1]), torch.zeros(1, dtype=torch.float64)
     gaps = 1.0 - np.cos(np.outer(np.arange(1, max_shift + 1), om))  # (shifts, freqs)
+
+    from scipy.optimize import minimize  # here, not at the top: half a second of every `import structinit`
 
     def solve(g):
         k = g.shape[1]
