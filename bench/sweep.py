@@ -14,7 +14,9 @@ with 2 blocks where it takes ``depth``.
 A written init is checked on the maps the model computes itself: impulse's argmax hit on the
 position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength in the
 model's own logits on a probe (its softmax's input, else its log-probabilities). "silent" is a write whose own maps
-miss (hit < 0.95, or a diagonal strength < 0.5 in some head). A refusal is "expected" when its
+miss, by the bars the library's own checks hold a write to: a head hit below
+``structinit.schemes.checks.MIN_HEAD_HIT`` (0.95), or a diagonal strength below ``MIN_DIAGONAL_SHARE`` (0.5)
+of the written one in some head. A refusal is "expected" when its
 reason names a mechanism no init of its kind can shape (:data:`MECHANISMS`).
 """
 
@@ -154,7 +156,9 @@ def _one_scheme(structinit, model, name, package, scheme, call: dict | None = No
     except Exception as err:  # written, but its maps cannot be read: not verified, and said so
         why = f"own maps unreadable: {type(err).__name__}: {err}"
         return Row(name, package, scheme, "unverified", reason=why[:200], call=said)
-    ok = score >= (0.95 if scheme == "impulse" else 0.5)
+    from structinit.schemes.checks import MIN_DIAGONAL_SHARE, MIN_HEAD_HIT
+
+    ok = score >= (MIN_HEAD_HIT if scheme == "impulse" else MIN_DIAGONAL_SHARE)  # the library's own bars
     return Row(name, package, scheme, "written" if ok else "silent", score, call=said)
 
 

@@ -36,7 +36,10 @@ _HINTS = {
     "uncalled": "Initialise only the layers the forward uses (layers=)",
 }
 HIT_SLACK = 0.02  # per head: how far the real hit rate may fall below the written q/k's (ties, float error)
-MIN_DESIGNED_HIT = 0.9  # per head: the written q/k's own hit rate on the design input, below which the impulse failed
+# Per head, with a solver that promises the argmax: the share of grid rows whose argmax the written
+# q/k must put on the head's target (and the model's own maps then within HIT_SLACK of them).
+# bench/sweep.py calls a write whose own maps fall below it silent: one bar for both.
+MIN_HEAD_HIT = 0.95
 MIN_DIAGONAL_SHARE = 0.5  # mimetic: the real diagonal strength against the one the adapter wrote
 MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ β) has no structure to check
 GROUPED = "grouped"  # a scheme that accepts it sets grouped-query layers (shared key/value heads)
@@ -140,7 +143,7 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
     :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
     :data:`HIT_SLACK`); with ``exact`` (a solver that promises the argmax), the written q/k must
-    also put it there (:data:`MIN_DESIGNED_HIT`). A ValueError when the model cannot be probed
+    also put it there (:data:`MIN_HEAD_HIT`). A ValueError when the model cannot be probed
     (:func:`require_probe`)."""
     require_probe(survey, "impulse")
 
@@ -172,8 +175,8 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
     """The real maps of one layer on its design input hit each head's target as often as the
     adapter's maps of the same tokens say they should; with ``exact`` (a solver that promises
     the argmax), those, put in grid order (``order``, None when the model keeps it), must also
-    put it there in at least :data:`MIN_DESIGNED_HIT` of the rows: a head whose offset the
-    solver cannot realise from the model's position input is not a silent success."""
+    put it there in at least :data:`MIN_HEAD_HIT` of the rows: a head whose offset the solver
+    cannot realise from the model's position input is not a silent success."""
     x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
     probs, open_pairs = maps_on_grid(real.probs, real.open_pairs, layout)  # windows: their tokens by grid position
     order = None if layout.windows is not None else order
@@ -194,7 +197,7 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
         designed_rates = _hit_rates(in_grid, closed, layout, offsets) if exact else []
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = designed_rates = [1.0] * len(offsets)
-    missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_DESIGNED_HIT]
+    missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_HEAD_HIT]
     if missed:
         h = missed[0]
         off_grid = ("a padding token of its window (zero, so its logit is the key bias's)" if layout.windows is not None
@@ -244,14 +247,14 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(t, dtype=torch.bool, device=logits.device)
     # −∞, or the most negative float a mask fills in (Hugging Face's finfo.min): a closed pair either way
     finite = torch.isfinite(logits) & (logits > torch.finfo(logits.dtype).min / 2)
-    diag = logits[..., eye].reshape(*logits.shape[:-2], t)
+    diag = logits.diagonal(dim1=-2, dim2=-1)
     # Masked pairs (a causal mask's −∞ or finfo.min) are no logits: each row is measured on its open keys.
-    off_open = finite[..., ~eye].reshape(*logits.shape[:-2], t, t - 1)
-    off = torch.where(off_open, logits[..., ~eye].reshape(off_open.shape), torch.zeros_like(diag)[..., None])
+    # Whole-matrix masks, not a gather of the off-diagonal entries: one pass over (B, H, T, T) each.
+    off_open = finite & ~eye
     count = off_open.sum(-1)
-    mean = off.sum(-1) / count.clamp_min(1)
-    var = torch.where(off_open, (off - mean[..., None]) ** 2, torch.zeros_like(off)).sum(-1) / (count - 1).clamp_min(1)
-    rows = (count >= 2) & finite[..., eye].reshape(diag.shape)
+    mean = torch.where(off_open, logits, 0.0).sum(-1) / count.clamp_min(1)
+    var = torch.where(off_open, (logits - mean[..., None]) ** 2, 0.0).sum(-1) / (count - 1).clamp_min(1)
+    rows = (count >= 2) & finite.diagonal(dim1=-2, dim2=-1)
     score = torch.where(rows, (diag - mean) / var.sqrt().clamp_min(1e-6), torch.zeros_like(diag))
     used = rows.sum(dim=(0, -1)).clamp_min(1)
     return score.sum(dim=(0, -1)) / used
