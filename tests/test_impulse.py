@@ -300,56 +300,6 @@ def test_a_class_token_that_takes_the_rows_is_refused_not_reported_written():
                                r"the argmax")
 
 
-def _solver_with_head0_off(monkeypatch, scale: float) -> None:
-    """The analytic solver, with seeded noise of ``scale`` (relative to its norm) added to head 0's
-    W_q in the first layer it solves: a write whose head 0 misses its target in some rows."""
-    import dataclasses
-
-    from structinit.functional import impulse_solvers
-
-    solve = impulse_solvers.AnalyticSolver.solve
-
-    def off(self, x, grid, layers, generator):
-        out = solve(self, x, grid, layers, generator)
-        wq = out[0].wq.clone()
-        noise = torch.randn(wq[0].shape, generator=torch.Generator().manual_seed(0), dtype=wq.dtype)
-        wq[0] += scale * wq[0].norm() / wq[0].numel() ** 0.5 * noise
-        out[0] = dataclasses.replace(out[0], wq=wq)
-        return out
-    monkeypatch.setattr(impulse_solvers.AnalyticSolver, "solve", off)
-
-
-def test_a_head_under_the_one_bar_is_refused_though_within_the_slack(monkeypatch):
-    """One bar for a write, MIN_HEAD_HIT (95 % of the grid rows), the one bench/sweep.py calls a
-    write below silent: a head whose own map hits its target in 90–95 % of the rows is refused,
-    the model left as it was; at the old 90 % bar the same write is accepted."""
-    from structinit.schemes import checks
-
-    assert checks.MIN_HEAD_HIT == 0.95
-
-    def own_hit(scale: float) -> float:  # head 0's hit in the model's own maps, with no bar
-        with monkeypatch.context() as patch:
-            patch.setattr(checks, "MIN_HEAD_HIT", 0.0)
-            patch.setattr(checks, "HIT_SLACK", 1.0)
-            _solver_with_head0_off(patch, scale)
-            torch.manual_seed(0)
-            model = small_vit()
-            structinit.init_(model, "impulse", seed=0)
-            return float(structinit.impulse_fidelity(model)["hit"][0, 0])
-
-    # the smallest noise that takes head 0 under the bar (the rows flip one by one as it grows)
-    scale, hit = next((s, h) for s in torch.arange(0.3, 0.8, 0.02).tolist() if (h := own_hit(s)) < 0.95)
-    assert 0.9 <= hit < 0.95, hit
-    _solver_with_head0_off(monkeypatch, scale)
-    torch.manual_seed(0)
-    model = small_vit()
-    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
-                   rf"head 0's argmax on its target offset .* in only {hit:.0%} of the grid rows")
-    monkeypatch.setattr(checks, "MIN_HEAD_HIT", 0.9)  # the bar the library held before
-    structinit.init_(model, "impulse", seed=0)
-    assert float(structinit.impulse_fidelity(model)["hit"][0, 0]) == hit
-
-
 def test_pe_scale_none_leaves_pos_embed_unchanged():
     fixed = structinit.create_model("vit_micro_patch2_16")
     pe = fixed.pos_embed.detach().clone()
