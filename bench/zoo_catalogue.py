@@ -54,6 +54,16 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
     return build
 
 
+def _torchvision_vit(**kw) -> Callable[[], nn.Module]:
+    """torchvision's VisionTransformer at ViT-B's width (``kw``: patch size, depth): its
+    builders fix the depth, and 12 layers add nothing to what the tests show but time."""
+    def build():
+        from torchvision.models import VisionTransformer
+
+        return VisionTransformer(image_size=224, num_heads=12, hidden_dim=768, mlp_dim=3072, num_classes=10, **kw)
+    return build
+
+
 def _torchvision_swin_v2(**kw) -> Callable[[], nn.Module]:
     """torchvision's ``swin_v2_t`` (patch 4, 8×8 windows, V2 blocks and patch merging) with ``kw``
     (a smaller ``embed_dim``, ``depths``, ``num_heads``)."""
@@ -155,8 +165,9 @@ CATALOGUE: tuple[ZooModel, ...] = (
              "DeiT-Ti, class + distillation token"),
     ZooModel("timm_vit_small_patch16_224_32px", "timm", _timm("vit_small_patch16_224", img_size=32, patch_size=4),
              32, "ViT-S at 32 px, patch 4"),
-    ZooModel("timm_vit_base_patch14_reg4_dinov2", "timm", _timm("vit_base_patch14_reg4_dinov2", img_size=224),
-             224, "DINOv2 ViT-B/14, 4 registers, LayerScale (224 px)"),
+    ZooModel("timm_vit_base_patch14_reg4_dinov2", "timm", _timm("vit_base_patch14_reg4_dinov2", img_size=224,
+                                                                depth=4),
+             224, "DINOv2 ViT-B/14 (4 layers), 4 registers, LayerScale (224 px)"),
     ZooModel("timm_vit_medium_patch16_gap_256", "timm", _timm("vit_medium_patch16_gap_256"), 256,
              "no class token, global average pool"),
     ZooModel("timm_eva02_tiny_patch14_224", "timm", _timm("eva02_tiny_patch14_224"), 224,
@@ -165,8 +176,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
                                                           dynamic_img_size=True), 32, "dynamic_img_size=True"),
     ZooModel("timm_swin_tiny_patch4_window7_224", "timm", _timm("swin_tiny_patch4_window7_224"), 224,
              "Swin-T: shifted 7×7 windows, relative position bias, patch merging"),
-    ZooModel("timm_beit_base_patch16_224", "timm", _timm("beit_base_patch16_224"), 224,
-             "BEiT-B: relative position bias with class-token rows, no absolute PE"),
+    ZooModel("timm_beit_base_patch16_224", "timm", _timm("beit_base_patch16_224", depth=4), 224,
+             "BEiT-B (4 layers): relative position bias with class-token rows, no absolute PE"),
     ZooModel("timm_beit_shared_rel_pos_bias", "timm",
              _timm("beit_base_patch16_224", use_rel_pos_bias=False, use_shared_rel_pos_bias=True, depth=4), 224,
              "BEiT-B (4 layers), one relative bias table shared by every layer"),
@@ -231,7 +242,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
              "NesT: tokens in blocks, heads before the blocks, the context read back head-minor",
              refused={"impulse": "cannot infer the token grid"}),
     # -- torchvision --------------------------------------------------------------------------
-    ZooModel("tv_vit_b_16", "torchvision", _torchvision("vit_b_16"), 224, "class token `class_token`"),
+    ZooModel("tv_vit_b_16", "torchvision", _torchvision_vit(patch_size=16, num_layers=4), 224,
+             "ViT-B/16 (4 layers), class token `class_token`"),
     ZooModel("tv_vit_b_32", "torchvision", _torchvision("vit_b_32"), 224, "class token `class_token`"),
     ZooModel("tv_swin_t", "torchvision", _torchvision("swin_t"), 224,
              "Swin-T: the attention takes a (B, H, W, C) map and cuts its own windows"),

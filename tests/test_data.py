@@ -19,7 +19,7 @@ from structinit.data import (
     channel_stats,
     load_dataset,
 )
-from structinit.data.digits import digits_split_indices
+from structinit.data.digits import digits_arrays, digits_split_indices
 
 SHARED = Path(__file__).resolve().parents[2] / "shared/datasets"
 CIFAR_NAMES = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
@@ -236,13 +236,27 @@ def test_digits_split_is_disjoint_stratified_and_stable():
     assert int(train.images.max()) == 255 and train.images.dtype == torch.uint8
     from sklearn.datasets import load_digits
 
-    labels = load_digits().target
+    reference = load_digits()  # what the bundled file is read to, without importing scikit-learn
+    images, labels = digits_arrays()
+    assert np.array_equal(images, reference.images) and np.array_equal(labels, reference.target)
+    assert images.dtype == labels.dtype == np.int64 and images.shape == (1797, 8, 8)
     tr, te = digits_split_indices(labels, "train"), digits_split_indices(labels, "test")
     assert not set(tr) & set(te) and len(set(tr) | set(te)) == 1797
     assert test.class_counts().tolist() == [round(0.2 * c) for c in np.bincount(labels)]
     again = load_dataset("digits", split="test")
     assert torch.equal(again.images, test.images) and torch.equal(again.labels, test.labels)
     assert test.mean == train.mean
+
+
+def test_digits_are_read_from_the_bundled_file_without_importing_sklearn_and_else_through_it(monkeypatch):
+    import structinit.data.digits as digits
+
+    fast = digits_arrays()
+    with monkeypatch.context() as m:  # the bundled file is found and read: scikit-learn is never asked
+        m.setattr(digits, "require", lambda *a: pytest.fail("digits_arrays imported scikit-learn"))
+        assert all(np.array_equal(a, b) for a, b in zip(digits_arrays(), fast))
+    monkeypatch.setattr(digits.importlib.util, "find_spec", lambda name: None)  # a layout it does not know
+    assert all(np.array_equal(a, b) for a, b in zip(digits_arrays(), fast))
 
 
 def test_load_dataset_rejects_bad_arguments(tmp_path):

@@ -9,6 +9,10 @@ identical on every machine and library version.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -17,7 +21,7 @@ from structinit.data.splits import stable_permutation
 from structinit.utils import derive_seed
 from structinit.utils.optional_imports import require
 
-__all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_split_indices", "load_digits"]
+__all__ = ["DIGITS_SPLIT_SEED", "DIGITS_TEST_FRACTION", "digits_arrays", "digits_split_indices", "load_digits"]
 
 DIGITS_SPLIT_SEED = 0
 DIGITS_TEST_FRACTION = 0.2
@@ -33,17 +37,35 @@ def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
     return np.flatnonzero(is_test if split == "test" else ~is_test)
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) int64 in 0..16, labels (1797,) int64): what
+    ``sklearn.datasets.load_digits()`` returns, read from the file scikit-learn bundles.
+
+    ``import sklearn`` takes over a second, paid again by every training process; the file is
+    found without importing it and parsed as scikit-learn parses it. Where it is not there (a
+    layout this reader does not know), scikit-learn itself loads it."""
+    try:
+        spec = importlib.util.find_spec("sklearn")  # None when absent, or blocked in sys.modules
+    except (ImportError, ValueError):
+        spec = None
+    bundled = None if spec is None or not spec.submodule_search_locations else \
+        Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if bundled is None or not bundled.is_file():
+        bunch = require("sklearn.datasets", "the digits dataset").load_digits()
+        return np.asarray(bunch.images).astype(np.int64), np.asarray(bunch.target).astype(np.int64)
+    with gzip.open(bundled, "rt") as f:
+        table = np.loadtxt(f, delimiter=",")  # 1797 rows: 64 pixel values, then the label
+    return table[:, :-1].astype(np.int64).reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
 def load_digits(split: str = "train") -> ArrayDataset:
     """The digits ``split``: images uint8 (N, 1, 8, 8), classes "0".."9"; about 1,437 train / 360 test.
 
     mean/std are computed from the train split for both splits.
     """
     check_split(split)
-    # imported here: sklearn is slow to import and only the harness extra installs it
-    bunch = require("sklearn.datasets", "the digits dataset").load_digits()
-    values = np.asarray(bunch.images).astype(np.int64)  # (1797, 8, 8), 0..16
+    values, labels = digits_arrays()
     images = torch.from_numpy((values * 255 // 16).astype(np.uint8)[:, None])
-    labels = np.asarray(bunch.target).astype(np.int64)
     index = torch.from_numpy(digits_split_indices(labels, split))
     stats = normalisation_stats(images[torch.from_numpy(digits_split_indices(labels, "train"))])
     classes = [str(i) for i in range(10)]
