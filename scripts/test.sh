@@ -11,4 +11,5 @@ bash scripts/setup.sh
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"  # not --quiet: it hides warnings from --strict
-.venv/bin/python -m pytest -q "$@"
+# tests/test_docs_render.py reads the site just built rather than building it again
+STRUCTINIT_DOCS_SITE="$site" .venv/bin/python -m pytest -q "$@"

@@ -2,6 +2,7 @@
 such as a table or a list swallowed by a list item and printed as text. The site is built once
 into a temporary folder and every paragraph, list item and table cell of every page is read."""
 
+import os
 import re
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def raw_markdown(html: str) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    built = os.environ.get("STRUCTINIT_DOCS_SITE")  # scripts/test.sh builds the site (--strict) just before
+    if built and (Path(built) / "index.html").is_file():
+        return Path(built)
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", str(out)], cwd=ROOT,
                           capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": ""})
