@@ -19,6 +19,8 @@ class Variant(nn.Module):
         self.head_dim = dim // h
         if kind in ("talking_heads", "mix_after"):
             self.proj_l, self.proj_w = nn.Linear(h, h), nn.Linear(h, h)
+        if kind == "conv_heads":  # EfficientFormerV2's: 1×1 convolutions with the heads as the maps' channels
+            self.talking_head1, self.talking_head2 = nn.Conv2d(h, h, 1), nn.Conv2d(h, h, 1)
         if kind == "mix_params":  # vit-pytorch's CaiT: (h, h) Parameters in an einsum, before and after
             self.mix_pre, self.mix_post = nn.Parameter(torch.randn(h, h)), nn.Parameter(torch.randn(h, h))
         if kind == "qk_norm":
@@ -48,6 +50,8 @@ class Variant(nn.Module):
         logits = q @ k.transpose(-2, -1) * self.scale
         if self.kind == "talking_heads":
             logits = self.proj_l(logits.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.kind == "conv_heads":
+            logits = self.talking_head1(logits)
         if self.kind == "mix_params":
             logits = torch.einsum("bhij,hg->bgij", logits, self.mix_pre)
         if self.kind == "roll_heads":  # each head takes the next head's logits: mixing with no mixer to set
@@ -59,6 +63,8 @@ class Variant(nn.Module):
         attn = logits.softmax(-1)
         if self.kind in ("talking_heads", "mix_after"):
             attn = self.proj_w(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.kind == "conv_heads":
+            attn = self.talking_head2(attn)
         if self.kind == "mix_params":
             attn = torch.einsum("bhij,hg->bgij", attn, self.mix_post)
         return self.proj((attn @ v).transpose(1, 2).reshape(b, t, d))

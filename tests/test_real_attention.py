@@ -66,9 +66,9 @@ def test_a_named_layer_whose_adapter_misreads_its_layout_is_read_by_the_trace_an
 
 
 @pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
-@pytest.mark.parametrize("kind", ["talking_heads", "mix_after", "mix_params"])
+@pytest.mark.parametrize("kind", ["talking_heads", "mix_after", "mix_params", "conv_heads"])
 def test_talking_heads_start_as_plain_heads_and_say_so(kind, scheme):
-    # Mixers a scheme can set (Linear(h, h) or (h, h) Parameters, before or after the softmax)
+    # Mixers a scheme can set (Linear(h, h), 1×1 Conv2d(h, h) or (h, h) Parameters, before or after the softmax)
     # are set to the identity with the rest of the write, said in a warning and recorded; the
     # check after the write (each head's own map in the model's forward) then passes.
     model = micro_vit_with(kind)
@@ -76,7 +76,7 @@ def test_talking_heads_start_as_plain_heads_and_say_so(kind, scheme):
         structinit.init_(model, scheme, seed=0)
     h = model.blocks[0].attn.num_heads
     for block in model.blocks:
-        mixers = [t for n, t in block.attn.named_parameters() if t.shape == (h, h)]
+        mixers = [t.reshape(h, h) for n, t in block.attn.named_parameters() if t.shape in ((h, h), (h, h, 1, 1))]
         assert mixers and all(torch.equal(t, torch.eye(h)) for t in mixers)
         assert all(torch.equal(t, torch.zeros(h)) for n, t in block.attn.named_parameters() if n.endswith("bias")
                    and t.shape == (h,))

@@ -330,7 +330,9 @@ class MultiheadAttentionAdapter(AttentionAdapter):
 def head_mixers(module: nn.Module, num_heads: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, tensor, identity value) of each talking-heads mixer of an attention ``module``:
     a direct child ``nn.Linear(num_heads, num_heads)`` (timm's CaiT ``proj_l``/``proj_w``;
-    its weight to I, its bias to 0) or a direct (num_heads, num_heads) Parameter (vit-pytorch's
+    its weight to I, its bias to 0), a 1×1 ``nn.Conv2d`` from num_heads channels to num_heads
+    (EfficientFormerV2's ``talking_head1``/``talking_head2``: the identity kernel) or a direct
+    (num_heads, num_heads) Parameter (vit-pytorch's
     ``mix_heads_pre_attn``/``post_attn``; to I). Set so, every head keeps its own map."""
     if num_heads < 2:
         return []
@@ -339,12 +341,25 @@ def head_mixers(module: nn.Module, num_heads: int) -> list[tuple[str, torch.Tens
     for name, child in module.named_children():
         if isinstance(child, nn.Linear) and child.in_features == child.out_features == num_heads:
             found.append((f"{name}.weight", child.weight, eye))
-            if child.bias is not None:
-                found.append((f"{name}.bias", child.bias, torch.zeros(num_heads)))
+        elif (isinstance(child, nn.Conv2d) and child.in_channels == child.out_channels == num_heads
+              and child.kernel_size == (1, 1) and child.groups == 1):  # heads as the channels of the maps
+            found.append((f"{name}.weight", child.weight, eye[:, :, None, None]))
+        else:
+            continue
+        if child.bias is not None:
+            found.append((f"{name}.bias", child.bias, torch.zeros(num_heads)))
     for name, p in module.named_parameters(recurse=False):
         if p.shape == (num_heads, num_heads):
             found.append((name, p, eye))
     return found
+
+
+def mixes_heads(func, args, result: torch.Tensor) -> bool:
+    """Whether a torch call (``func`` on ``args``, giving ``result``) is a talking-heads mixer on maps
+    held as images: a 1×1 convolution from the H heads of a (B, H, T, S) map to H."""
+    x, weight = (*args, None, None)[:2]
+    return (func is torch.nn.functional.conv2d and isinstance(weight, torch.Tensor) and x.ndim == 4
+            and tuple(weight.shape) == (x.shape[1], x.shape[1], 1, 1) and result.shape == x.shape)
 
 
 def adapter_logits(adapter: AttentionAdapter, x: torch.Tensor, terms: torch.Tensor | None) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.attention import mixes_heads
 from structinit.adapters.observe import _SDPA, _SOFTMAX
 from structinit.adapters.probe import call_copy
 from structinit.utils.state import ModuleState
@@ -50,9 +51,8 @@ class _Recorder(TorchFunctionMode):
         self.snapshots: dict[int, torch.Tensor] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs, index = kwargs or {}, len(self.ops)
         out = func(*args, **kwargs)
-        index = len(self.ops)
         if index in self.swap:
             out = self.swap[index]
         elif func in _PRODUCTS and isinstance(out, torch.Tensor):
@@ -334,8 +334,9 @@ def value_operand(ops: list[Op], found) -> Operand | None:
         if not tensors or not isinstance(result, torch.Tensor):
             continue
         first = id(tensors[0])
-        if first in derived | flipped and (func in _CARRY or _swaps_last_two(func, args, result)):
-            same = first in derived if func in _CARRY else first in flipped
+        carried = func in _CARRY or (first in derived and mixes_heads(func, args, result))  # talking heads: judged
+        if first in derived | flipped and (carried or _swaps_last_two(func, args, result)):
+            same = first in derived if carried else first in flipped
             (derived if same else flipped).add(id(result))
         elif func in _MATMUL and id(args[0]) in derived:
             return Operand(args[1], -2, -1, j, (-2, -1))
@@ -384,8 +385,7 @@ def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
         mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
         if mask is None:
             return None
-        mask = mask.detach()
-        closed = ~mask if mask.dtype == torch.bool else torch.isneginf(mask) | (mask <= torch.finfo(mask.dtype).min)
+        closed = ~mask.detach() if mask.dtype == torch.bool else _closed(mask.detach())
     else:
         closed = _closed(args[0].detach())
     t = closed.shape[-1]

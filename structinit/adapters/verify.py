@@ -316,6 +316,7 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
     misread = {v.adapter.module: (v.name, "") for v in verdicts
                if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH)}
     traced, unknown, crossed = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
+    traced = _with_plain_heads(model, [(v.name, v.adapter) for v in traced], traced, inputs, dtype)
     again = {name for name, _ in misread.values()}
     better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
     why = {n: w.lstrip("; ") for n, w in unknown if n in again}
