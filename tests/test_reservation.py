@@ -201,6 +201,29 @@ def test_reserve_finds_an_unnamed_mlp_output_as_the_blocks_last_linear_to_width(
     assert (basis.T @ model.blocks[1].mlp[2].weight.detach()).abs().max() < 1e-5
 
 
+class RemixedClassToken(nn.Module):
+    """``block`` run after its class token is replaced by a Linear of itself (CrossViT writes the
+    fused class token back into a branch so, through ``revert_projs``): a write into the stream
+    that no block layout names."""
+
+    def __init__(self, block: nn.Module, dim: int):
+        super().__init__()
+        self.remix, self.block = nn.Linear(dim, dim), block
+
+    def forward(self, x):
+        return self.block(torch.cat([self.remix(x[:, :1]), x[:, 1:]], dim=1))
+
+
+def test_reserve_finds_a_write_into_the_stream_by_dataflow_and_the_class_token_stays_below_the_targets():
+    model = cpu_model(class_token=True, global_pool="token")
+    model.blocks[2] = RemixedClassToken(model.blocks[2], 128)
+    structinit.init_(model, "impulse", seed=0)  # the default reservation, 'residual'
+    basis = position_basis(model.pos_embed.detach()[0, 1:].double()).float()
+    remix = model.blocks[2].remix
+    assert (basis.T @ remix.weight.detach()).abs().max() < 1e-5 and (basis.T @ remix.bias.detach()).abs().max() < 1e-5
+    assert float(structinit.impulse_fidelity(model)["hit"].min()) == 1.0  # the model's own maps, every layer
+
+
 def test_reserve_on_a_block_without_known_mlp_output():
     model = cpu_model()
     model.blocks[1].mlp = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 64))

@@ -1,6 +1,7 @@
 """The layers that write into a transformer's residual stream: the patch embedding (the
 first write), the prefix (class/register) tokens, and, per block, the attention output
-projection and the MLP output.
+projection and the MLP output; then every other Linear or Conv2d whose output reaches the
+tokens an attention layer reads by dataflow (:func:`stream_writers`).
 
 Position reservation (:mod:`structinit.functional.reservation`) rewrites exactly these.
 Known layouts: timm / structinit ViTs (``patch_embed.proj``, ``blocks.i.attn.proj``,
@@ -11,11 +12,14 @@ Known layouts: timm / structinit ViTs (``patch_embed.proj``, ``blocks.i.attn.pro
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
 from structinit.adapters.layout import TokenLayout, layout_position, prefix_pos_rows
 from structinit.adapters.position import Token
+from structinit.adapters.probe import first_sample, run_forward
+from structinit.adapters.provenance_record import _made_before, _producers, _Recorder
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
 from structinit.utils.state import in_parameters
@@ -173,4 +177,80 @@ def prefix_tokens(survey: ModelSurvey, layout: TokenLayout) -> list[Token]:
     rows = prefix_pos_rows(survey, layout)
     if rows is not None:
         out.append(rows)
+    return out
+
+
+# What a stream passes through between writes into it: sums, joins, slices, reshapes, copies, scales.
+_FLOWS = {torch.cat, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__radd__,
+          torch.Tensor.__iadd__, torch.Tensor.__getitem__, torch.reshape, torch.Tensor.reshape, torch.Tensor.view,
+          torch.flatten, torch.Tensor.flatten, torch.transpose, torch.Tensor.transpose, torch.permute,
+          torch.Tensor.permute, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.to, torch.Tensor.expand,
+          torch.Tensor.unsqueeze, torch.Tensor.squeeze, F.dropout, torch.mul, torch.Tensor.mul, torch.Tensor.mul_,
+          torch.Tensor.__mul__, torch.Tensor.__rmul__}
+_NORMS = {F.layer_norm, F.group_norm, F.rms_norm}
+
+
+@torch.no_grad()
+def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter]]) -> list[Write]:
+    """Every Linear or Conv2d whose output reaches the tokens the attention ``layers`` receive
+    through sums, joins, slices, reshapes and scales alone (the stream behind the layer's own
+    norm), as (name, weight, bias): what writes into the stream those layers read, found by
+    dataflow on the survey's probe (one forward of its first sample, in eval mode, recorded call
+    by call). It finds
+    the writes no block layout names: a projection that replaces the class token between blocks
+    (CrossViT's ``revert_projs``). Empty when the model cannot be probed."""
+    model, probe = survey.model, survey.probe
+    if probe is None:
+        return []
+    received, recorder, was_training = {}, _Recorder(), model.training
+
+    def grab(name):
+        def hook(module, args, kwargs):  # the tokens, and how many calls made them
+            received.setdefault(name, (layers_input(args, kwargs), len(recorder.ops)))
+        return hook
+    hooks = [ad.input_module.register_forward_pre_hook(grab(name), with_kwargs=True) for name, ad in layers]
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), recorder:
+            torch.manual_seed(0)
+            run_forward(model, first_sample(probe))  # one image: the dataflow is the same for each
+    except Exception:  # the forward failed on its own probe: no dataflow to read
+        return []
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    ops, producers = recorder.ops, _producers(recorder.ops)
+    owners = {id(m.weight): (n, m) for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))}
+    found: dict[int, Write] = {}
+    for tokens, made in received.values():
+        stack, seen = [(tokens, made, True)], set()
+        while stack:
+            t, before, first = stack.pop()
+            i = _made_before(producers, t, before)  # an identity call (dropout in eval) returns its input
+            if i is None or i in seen:
+                continue
+            seen.add(i)
+            func, args, kwargs, _ = ops[i]
+            if func in (F.linear, F.conv2d):
+                hit = owners.get(id(args[1] if len(args) > 1 else kwargs.get("weight")))
+                if hit is not None:
+                    found.setdefault(id(hit[1].weight), _weight_and_bias(*hit))
+            elif func in _FLOWS or (first and func in _NORMS):  # the layer's own pre-norm: the stream is its input
+                stack += [(a, i, False) for a in _tensors(args)]
+    return list(found.values())
+
+
+def layers_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The first tensor a module is called with."""
+    return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+
+
+def _tensors(args) -> list[torch.Tensor]:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (tuple, list)):
+            out += [b for b in a if isinstance(b, torch.Tensor)]
     return out

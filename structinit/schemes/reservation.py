@@ -10,7 +10,7 @@ import torch
 
 from structinit.adapters import AttentionAdapter, TokenLayout
 from structinit.adapters.position import NOT_FOUND
-from structinit.adapters.residual import Token, Write, patch_writes, prefix_tokens, residual_writes
+from structinit.adapters.residual import Token, Write, patch_writes, prefix_tokens, residual_writes, stream_writers
 from structinit.adapters.survey import ModelSurvey
 from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
@@ -84,6 +84,9 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
     writes = patch_writes(survey, layers[0], layout.position)
     if mode == "residual":
         writes += residual_writes(survey.model, layers)
+        # and the writes no block layout names, found by dataflow (a view of a known weight is that weight)
+        known = {_where(weight) for _, weight, _ in writes}
+        writes += [w for w in stream_writers(survey, layers) if _where(w[1]) not in known and w[1].shape[0] == d]
     for name, weight, bias in writes:
         for t in (weight, bias):
             if t is not None and t.shape[0] != d:
@@ -93,3 +96,8 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
         if t.shape[-1] != d:
             raise ValueError(f"{name} has {t.shape[-1]} channels, but the position embedding has width {d}")
     return Reservation(basis, writes, tokens)
+
+
+def _where(t: torch.Tensor) -> tuple:
+    """Where ``t``'s entries are: the same for a parameter and a view of all of it."""
+    return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride()
