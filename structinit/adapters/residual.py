@@ -17,6 +17,7 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter
 from structinit.adapters.layout import TokenLayout, layout_position, prefix_pos_rows
+from structinit.adapters.observe import _tensors_in
 from structinit.adapters.position import Token
 from structinit.adapters.probe import first_sample, run_forward
 from structinit.adapters.provenance_record import _made_before, _producers, _Recorder
@@ -237,7 +238,7 @@ def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter
                 if hit is not None:
                     found.setdefault(id(hit[1].weight), _weight_and_bias(*hit))
             elif func in _FLOWS or (first and func in _NORMS):  # the layer's own pre-norm: the stream is its input
-                stack += [(a, i, False) for a in _tensors(args)]
+                stack += [(a, i, False) for a in _tensors_in(args)]
     return list(found.values())
 
 
@@ -245,12 +246,3 @@ def layers_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The first tensor a module is called with."""
     return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
-
-def _tensors(args) -> list[torch.Tensor]:
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (tuple, list)):
-            out += [b for b in a if isinstance(b, torch.Tensor)]
-    return out
