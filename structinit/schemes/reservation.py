@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from structinit.adapters import AttentionAdapter, TokenLayout
 from structinit.adapters.position import NOT_FOUND
@@ -84,9 +85,7 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
     writes = patch_writes(survey, layers[0], layout.position)
     if mode == "residual":
         writes += residual_writes(survey.model, layers)
-        # and the writes no block layout names, found by dataflow (a view of a known weight is that weight)
-        known = {_where(weight) for _, weight, _ in writes}
-        writes += [w for w in stream_writers(survey, layers) if _where(w[1]) not in known and w[1].shape[0] == d]
+        writes += _unnamed_writes(survey, layers, writes, d)
     for name, weight, bias in writes:
         for t in (weight, bias):
             if t is not None and t.shape[0] != d:
@@ -96,6 +95,21 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
         if t.shape[-1] != d:
             raise ValueError(f"{name} has {t.shape[-1]} channels, but the position embedding has width {d}")
     return Reservation(basis, writes, tokens)
+
+
+def _unnamed_writes(survey: ModelSurvey, layers, writes: list[Write], d: int) -> list[Write]:
+    """The writes into the stream no block layout names, found by dataflow
+    (:func:`~structinit.adapters.residual.stream_writers`), among the Linear and Conv2d layers to
+    width ``d`` outside the attention modules that ``writes`` does not hold already (a view of a
+    known weight is that weight). Without such a layer there is nothing to find, and no forward
+    runs for it."""
+    known = {_where(weight) for _, weight, _ in writes}
+    inside = {id(m) for v in survey.attention.verdicts for m in v.adapter.module.modules()}
+    unnamed = [m for m in survey.model.modules() if isinstance(m, (nn.Linear, nn.Conv2d)) and id(m) not in inside
+               and m.weight.shape[0] == d and _where(m.weight) not in known]
+    if not unnamed:
+        return []
+    return [w for w in stream_writers(survey, layers) if _where(w[1]) not in known and w[1].shape[0] == d]
 
 
 def _where(t: torch.Tensor) -> tuple:
