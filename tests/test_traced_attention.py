@@ -117,38 +117,6 @@ class ScatteredRows(RawLinearAttention):
         return nn.functional.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
-class ConvTalkingHeads(RawLinearAttention):
-    """Talking heads as 1×1 convolutions whose channels are the heads of the maps, before and after
-    the softmax (EfficientFormerV2's ``talking_head1``/``talking_head2``)."""
-
-    def __init__(self, dim, heads):
-        super().__init__(dim, heads)
-        self.before, self.after = nn.Conv2d(heads, heads, 1), nn.Conv2d(heads, heads, 1)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = nn.functional.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
-        logits = self.before((q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5)
-        probs = self.keep(logits, logits.softmax(-1))
-        return nn.functional.linear((self.after(probs) @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
-
-
-@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
-def test_talking_heads_as_convolutions_over_the_heads_are_traced_and_set_to_the_identity(monkeypatch, scheme):
-    """No adapter names the module: the trace follows its map through the mixing convolutions to
-    the values, the verdict sees the heads mixed, and the scheme sets the mixers to the identity;
-    its check after the write, on the module's own maps, then passes."""
-    monkeypatch.setitem(STYLES, "conv-talking-heads", ConvTalkingHeads)
-    model = _model("conv-talking-heads")
-    assert adapter_for(model.attns[0]) is None
-    with pytest.warns(UserWarning, match=r"talking-heads mixers of 2 layer\(s\) to the identity"):
-        structinit.init_(model, scheme, seed=0, **({"reserve": "none"} if scheme == "impulse" else {}))
-    eye = torch.eye(3)[:, :, None, None]
-    for attn in model.attns:
-        assert torch.equal(attn.before.weight, eye) and torch.equal(attn.after.weight, eye)
-        assert not attn.before.bias.any() and not attn.after.bias.any()
-
-
 @pytest.mark.parametrize(("cls", "words"), [
     (ScatteredRows, "evenly strided blocks"),
 ])

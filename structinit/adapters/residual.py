@@ -20,7 +20,7 @@ from structinit.adapters.layout import TokenLayout, layout_position, prefix_pos_
 from structinit.adapters.observe import _tensors_in
 from structinit.adapters.position import Token
 from structinit.adapters.probe import first_sample, run_forward
-from structinit.adapters.provenance_record import _made_before, _producers, _Recorder
+from structinit.adapters.provenance_record import _made_before, _producers, _Recorder, first_tensor
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
 from structinit.utils.state import in_parameters
@@ -197,9 +197,8 @@ def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter
     through sums, joins, slices, reshapes and scales alone (the stream behind the layer's own
     norm), as (name, weight, bias): what writes into the stream those layers read, found by
     dataflow on the survey's probe (one forward of its first sample, in eval mode, recorded call
-    by call). It finds
-    the writes no block layout names: a projection that replaces the class token between blocks
-    (CrossViT's ``revert_projs``). Empty when the model cannot be probed."""
+    by call). It finds the writes no block layout names: a projection that replaces the class
+    token between blocks (CrossViT's ``revert_projs``). Empty when the model cannot be probed."""
     model, probe = survey.model, survey.probe
     if probe is None:
         return []
@@ -207,7 +206,7 @@ def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter
 
     def grab(name):
         def hook(module, args, kwargs):  # the tokens, and how many calls made them
-            received.setdefault(name, (layers_input(args, kwargs), len(recorder.ops)))
+            received.setdefault(name, (first_tensor(args, kwargs), len(recorder.ops)))
         return hook
     hooks = [ad.input_module.register_forward_pre_hook(grab(name), with_kwargs=True) for name, ad in layers]
     model.eval()
@@ -240,9 +239,4 @@ def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter
             elif func in _FLOWS or (first and func in _NORMS):  # the layer's own pre-norm: the stream is its input
                 stack += [(a, i, False) for a in _tensors_in(args)]
     return list(found.values())
-
-
-def layers_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The first tensor a module is called with."""
-    return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
 
