@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 # each module is compiled once, when first imported, so writing bytecode must be on here.
 unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup_zoo.sh
-.venv-zoo/bin/python -m pytest -q -p no:cacheprovider tests/zoo "$@"
+# two workers, one torch thread each, as in scripts/test.sh
+.venv-zoo/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist load tests/zoo "$@"
