@@ -221,7 +221,9 @@ CATALOGUE: tuple[ZooModel, ...] = (
                       "mimetic": "does not depend on its attention's context.*not linear token by token"}),
     ZooModel("timm_efficientformerv2_s0_64px", "timm", _timm("efficientformerv2_s0", img_size=64), 64,
              "EfficientFormer-V2: heads mixed by 1×1 convolutions around the softmax, beside a learned bias",
-             refused={"impulse": NO_ADAPTER, "mimetic": NO_ADAPTER}),
+             # stage 2 strides its map inside the attention (pooled, left alone); stage 3's q is a conv and a BatchNorm
+             refused={s: NO_ADAPTER + r": stages\.3\.blocks\.2\.token_mixer .*q is the sum of several projections"
+                      for s in ("impulse", "mimetic")}),
     ZooModel("timm_twins_pcpvt_small_64px", "timm", _timm("twins_pcpvt_small", img_size=64, depths=(1, 1, 1, 1)), 64,
              "Twins-PCPVT: reduced-key attention, positional depthwise convs, no position embedding",
              refused={"impulse": "cannot infer the token grid"},

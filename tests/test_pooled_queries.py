@@ -113,3 +113,21 @@ def test_impulse_refuses_a_later_stage_whose_tokens_carry_no_position_of_their_o
     check_rejected(PooledStages(claimed), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                    r"1 attention layer\(s\) \(the first 'blocks\.2'.*16 tokens of width 96\).*carry no position "
                    r"of their own.*no tensor of width 96.*nothing was written")
+
+
+
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+def test_an_image_map_whose_attention_is_over_fewer_tokens_is_pooled_inside(layout):
+    """A layer called with a 4×4 map of width 32 whose maps are over 4 tokens (EfficientFormer-V2's
+    stage-2 attention strides its map before q, k and v) is a stage change, named as one; a 2×2
+    map attended over its own 4 tokens is not."""
+    from structinit.adapters.observe import AttentionMap, ModuleCall
+    from structinit.adapters.provenance_tokens import pooled_inside
+
+    def call(side):
+        x = torch.randn(2, 32, side, side) if layout == "channels_first" else torch.randn(2, side, side, 32)
+        maps = [AttentionMap(torch.rand(2, 2, 4, 4).softmax(-1), None, "softmax")]  # (B, heads, 4, 4)
+        return ModuleCall(args=(x,), maps=maps, done=True)
+
+    assert "q and k pooled inside it to 4 of its 16 tokens" in pooled_inside(call(4))
+    assert pooled_inside(call(2)) == ""

@@ -321,19 +321,26 @@ def pooling_words(m: AttentionMap) -> str:
 
 def pooled_inside(call: ModuleCall) -> str:
     """Why a call's map is over tokens pooled inside the layer, or '': its maps square over k of
-    the T tokens of its (B, T, D) input, T a whole multiple of k, one map per head and sample
-    ((B, heads, k, k), or (B, heads, 1, k, k)): q and k pooled to fewer tokens (MViT's stage
-    change), so that its map is over the pooled tokens, not its own."""
+    the T tokens of its input, T a whole multiple of k, one map per head and sample ((B, heads,
+    k, k), or (B, heads, 1, k, k)): q and k pooled to fewer tokens (MViT's stage change; a strided
+    convolution before the projections of an image map, EfficientFormer-V2's), so that its map
+    is over the pooled tokens, not its own. The input is (B, T, D) tokens or an image map of
+    H·W tokens, (B, C, H, W) or (B, H, W, C)."""
     x = next((a for a in call.args if isinstance(a, torch.Tensor)), None)
-    if x is None or x.ndim != 3:
+    if x is None or x.ndim not in (3, 4):
         return ""
-    t = x.shape[1]
+    t = x.shape[1] if x.ndim == 3 else _image_tokens(x)
     for m in call.maps:
         p = m.probs
         if (m.queries == m.keys and t % m.keys == 0 and t // m.keys >= 2 and p.ndim in (4, 5)
                 and p.shape[0] == x.shape[0] and (p.ndim == 4 or p.shape[2] == 1)):
             return _pooled_words(m.keys, t)
     return ""
+
+
+def _image_tokens(x: torch.Tensor) -> int:
+    """H·W of a (B, C, H, W) image map, or of a (B, H, W, C) one when its last axis is the wider."""
+    return x.shape[2] * x.shape[3] if x.shape[1] >= x.shape[3] else x.shape[1] * x.shape[2]
 
 
 def maps_over_tokens(maps: list[AttentionMap], seen: set[int], head_dim: int, tokens: int, rows: int,
