@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from structinit.adapters.probe import call_copy, detach_all, replaced_tokens, run_forward
+from structinit.adapters.probe import call_copy, detach_all, probing, replaced_tokens, run_forward
 from structinit.adapters.relative import reachable
 
 if TYPE_CHECKING:
@@ -239,16 +239,12 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
                 call.o_output = out.detach()
 
     handles += _watch_calls(watched, calls, active, substitute)
-    was_training = model.training
-    model.eval()
     try:
-        with torch.random.fork_rng(devices=[]), _Spy(stack, sink, on_linear):
-            torch.manual_seed(seed)
+        with probing(model, seed), _Spy(stack, sink, on_linear):
             run_forward(model, inputs)
     finally:
         for handle in handles:
             handle.remove()
-        model.train(was_training)
     # A map the forward computed and never used (Hugging Face's SAM 2 softmaxes each token's heads, then
     # drops it) is no attention: left out, it cannot stand in for the map the layer applies.
     for maps in (*by_module.values(), *(call.maps for call in calls.values())):

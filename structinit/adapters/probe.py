@@ -6,6 +6,7 @@ and their grid sizes) is probed with the call its user hands over (:class:`Model
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -59,6 +60,21 @@ def as_call(example_inputs) -> ModelCall:
 def run_forward(model: nn.Module, inputs):
     """``model``'s forward on ``inputs``: probe images or token ids, or a :class:`ModelCall`."""
     return inputs(model) if isinstance(inputs, ModelCall) else model(inputs)
+
+
+@contextlib.contextmanager
+def probing(model: nn.Module, seed: int = 0):
+    """How every probe runs ``model``: in eval mode (its mode restored after) with torch's random
+    state forked and seeded with ``seed``, so that a probe draws the same whatever ran before
+    and leaves the caller's random state as it was."""
+    was_training = model.training
+    model.eval()  # not chained: a module's own train() may return None (TinyViT's attention)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+    finally:
+        model.train(was_training)
 
 
 _TABLES_TRIED = 4  # row counts of token-width tables a token probe tries

@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from structinit.adapters.attention import mixes_heads
 from structinit.adapters.observe import _SDPA, _SOFTMAX
-from structinit.adapters.probe import call_copy
+from structinit.adapters.probe import call_copy, probing
 from structinit.utils.state import ModuleState
 
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
@@ -73,16 +73,10 @@ class Record:
 def record(module: nn.Module, args: tuple, kwargs: dict, swap: dict[int, torch.Tensor] | None = None) -> Record:
     """The :class:`Record` of one call of ``module`` in eval mode, with gradients, under a forked
     random state seeded 0 (the module's mode is restored; :func:`restored` restores the rest)."""
-    was_training = module.training
-    module.eval()
     recorder = _Recorder(swap)
     args, kwargs = call_copy(args, False), call_copy(kwargs, False)  # a fresh cache each call: each run starts alike
-    try:
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), recorder:
-            torch.manual_seed(0)
-            out = module(*args, **kwargs)
-    finally:
-        module.train(was_training)
+    with probing(module), torch.enable_grad(), recorder:
+        out = module(*args, **kwargs)
     return Record(recorder.ops, out, recorder.snapshots)
 
 

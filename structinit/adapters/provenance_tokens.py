@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from structinit.adapters.probe import probing
 from structinit.adapters.provenance_record import Operand, first_tensor, restored
 
 if TYPE_CHECKING:
@@ -172,16 +173,11 @@ def leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: di
         return tuple(box["leaf"] if t is x else t for t in a), kw
 
     handles = [module.get_submodule(n).register_forward_pre_hook(swap, with_kwargs=True) for n in readers]
-    was = module.training
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            module.eval()  # not chained: a module's own train() may return None (TinyViT's attention)
+        with probing(module), torch.no_grad():
             module(*args, **kwargs)  # the tokens, once: the same leaf in every run after
-        module.train(was)
         yield args, kwargs, box["leaf"]
     finally:
-        module.train(was)
         for h in handles:
             h.remove()
 
@@ -200,16 +196,12 @@ def inner_tokens(module: nn.Module, args: tuple, kwargs: dict, any_shape: bool =
     hooks += [m.register_forward_pre_hook(lambda m, a, kw: read.append((m, first_tensor(a, kw)
               if any(isinstance(t, torch.Tensor) for t in (*a, *kw.values())) else None)), with_kwargs=True)
               for m in names]
-    was = module.training
     try:
-        with restored(module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            module.eval()  # not chained: a module's own train() may return None
+        with restored(module, []), probing(module), torch.no_grad():
             module(*args, **kwargs)
     except Exception:  # the trace's own error says more
         return []
     finally:
-        module.train(was)
         for h in hooks:
             h.remove()
     taken = [a for _, a in read if a is not None and not any(a is t for t in made)]  # a slice cut in the forward
@@ -230,19 +222,16 @@ def tokens_of_call(adapter, args: tuple, kwargs: dict) -> torch.Tensor:
     of the module (restored after)."""
     if adapter.input_module is adapter.module:
         return adapter.input_tokens(args, kwargs)
-    seen, was = {}, adapter.module.training
+    seen = {}
 
     def grab(m, a, kw) -> None:
         seen.setdefault("x", adapter.input_tokens(a, kw).detach())
 
     handle = adapter.input_module.register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        with restored(adapter.module, []), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            adapter.module.eval()  # not chained: a module's own train() may return None
+        with restored(adapter.module, []), probing(adapter.module), torch.no_grad():
             adapter.module(*args, **kwargs)
     finally:
-        adapter.module.train(was)
         handle.remove()
     return seen["x"]
 

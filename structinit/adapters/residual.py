@@ -19,8 +19,8 @@ from structinit.adapters.attention import AttentionAdapter
 from structinit.adapters.layout import TokenLayout, layout_position, prefix_pos_rows
 from structinit.adapters.observe import _tensors_in
 from structinit.adapters.position import Token
-from structinit.adapters.probe import first_sample, run_forward
-from structinit.adapters.provenance_record import _made_before, _producers, _Recorder, first_tensor
+from structinit.adapters.probe import first_sample, probing, run_forward
+from structinit.adapters.provenance_record import _CARRY, _MUL, _made_before, _producers, _Recorder, first_tensor
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import traced_patch_embedding
 from structinit.utils.state import in_parameters
@@ -181,13 +181,13 @@ def prefix_tokens(survey: ModelSurvey, layout: TokenLayout) -> list[Token]:
     return out
 
 
-# What a stream passes through between writes into it: sums, joins, slices, reshapes, copies, scales.
-_FLOWS = {torch.cat, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__radd__,
-          torch.Tensor.__iadd__, torch.Tensor.__getitem__, torch.reshape, torch.Tensor.reshape, torch.Tensor.view,
-          torch.flatten, torch.Tensor.flatten, torch.transpose, torch.Tensor.transpose, torch.permute,
-          torch.Tensor.permute, torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.to, torch.Tensor.expand,
-          torch.Tensor.unsqueeze, torch.Tensor.squeeze, F.dropout, torch.mul, torch.Tensor.mul, torch.Tensor.mul_,
-          torch.Tensor.__mul__, torch.Tensor.__rmul__}
+# What a stream passes through between writes into it: what the trace carries a tensor through (copies,
+# casts, dropout), scales, and sums, joins, slices and reshapes.
+_FLOWS = _CARRY | _MUL | {
+    torch.cat, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__radd__,
+    torch.Tensor.__iadd__, torch.Tensor.__getitem__, torch.reshape, torch.Tensor.reshape, torch.Tensor.view,
+    torch.flatten, torch.Tensor.flatten, torch.transpose, torch.Tensor.transpose, torch.permute, torch.Tensor.permute,
+    torch.Tensor.expand, torch.Tensor.unsqueeze, torch.Tensor.squeeze}
 _NORMS = {F.layer_norm, F.group_norm, F.rms_norm}
 
 
@@ -202,22 +202,19 @@ def stream_writers(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter
     model, probe = survey.model, survey.probe
     if probe is None:
         return []
-    received, recorder, was_training = {}, _Recorder(), model.training
+    received, recorder = {}, _Recorder()
 
     def grab(name):
         def hook(module, args, kwargs):  # the tokens, and how many calls made them
             received.setdefault(name, (first_tensor(args, kwargs), len(recorder.ops)))
         return hook
     hooks = [ad.input_module.register_forward_pre_hook(grab(name), with_kwargs=True) for name, ad in layers]
-    model.eval()
     try:
-        with torch.random.fork_rng(devices=[]), recorder:
-            torch.manual_seed(0)
+        with probing(model), recorder:
             run_forward(model, first_sample(probe))  # one image: the dataflow is the same for each
     except Exception:  # the forward failed on its own probe: no dataflow to read
         return []
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     ops, producers = recorder.ops, _producers(recorder.ops)

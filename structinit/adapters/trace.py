@@ -32,6 +32,7 @@ from structinit.adapters.probe import (
     first_sample,
     probe_images,
     probe_sizes,
+    probing,
     run_forward,
     token_candidates,
 )
@@ -73,11 +74,8 @@ def _stopped_at(model, module, grab, inputs, seed, keep_graph, output=False):
 
     handle = (module.register_forward_hook(stop, with_kwargs=True) if output
               else module.register_forward_pre_hook(stop, with_kwargs=True))
-    was_training = model.training
-    model.eval()
     try:
-        with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
-            torch.manual_seed(seed)
+        with probing(model, seed), torch.set_grad_enabled(keep_graph and torch.is_grad_enabled()):
             run_forward(model, inputs)
     except _Stop:
         pass
@@ -85,7 +83,6 @@ def _stopped_at(model, module, grab, inputs, seed, keep_graph, output=False):
         return None
     finally:
         handle.remove()
-        model.train(was_training)
     return seen.get("x")
 
 
