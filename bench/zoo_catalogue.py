@@ -155,7 +155,6 @@ class ShuffledEncoderViT(nn.Module):
 
 
 ROPE_NO_CHANNEL = r"rotates q and k by position \(RoPE\).*no learned q and k biases"
-NO_ADAPTER = "attention that no adapter understands"
 
 
 CATALOGUE: tuple[ZooModel, ...] = (
@@ -221,9 +220,9 @@ CATALOGUE: tuple[ZooModel, ...] = (
                       "mimetic": "does not depend on its attention's context.*not linear token by token"}),
     ZooModel("timm_efficientformerv2_s0_64px", "timm", _timm("efficientformerv2_s0", img_size=64), 64,
              "EfficientFormer-V2: heads mixed by 1×1 convolutions around the softmax, beside a learned bias",
-             # stage 2 strides its map inside the attention (pooled, left alone); stage 3's q is a conv and a BatchNorm
-             refused={s: NO_ADAPTER + r": stages\.3\.blocks\.2\.token_mixer .*q is the sum of several projections"
-                      for s in ("impulse", "mimetic")}),
+             # q, k and v are each a conv and a BatchNorm, two biases a channel; the talking heads set to the identity
+             # leave a GELU before the output projection, and the bias table gives mirrored offsets one row
+             refused={"impulse": "without biasing other pairs", "mimetic": "the value path is not linear"}),
     ZooModel("timm_twins_pcpvt_small_64px", "timm", _timm("twins_pcpvt_small", img_size=64, depths=(1, 1, 1, 1)), 64,
              "Twins-PCPVT: reduced-key attention, positional depthwise convs, no position embedding",
              refused={"impulse": "cannot infer the token grid"},

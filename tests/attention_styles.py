@@ -1,5 +1,6 @@
 """Attention modules written in styles no adapter names: raw Parameters through ``F.linear``,
-``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps, projections in a
+``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps (alone, or each followed
+by a BatchNorm), projections in a
 ``ModuleDict``, a ``Linear`` subclass, q, k and v packed per head, heads before the token
 blocks, values wider than queries and keys, one softmax per segment of a packed sequence, q and
 k normalised over every head's channels at once; and :class:`StyledViT`, a small ViT around any
@@ -65,6 +66,25 @@ class ConvMapAttention(_Records):
     def forward(self, x):
         b, c, hh, ww = x.shape
         q, k, v = self.qkv(x).reshape(b, 3, self.h, c // self.h, hh * ww).unbind(1)
+        logits = q.transpose(-2, -1) @ k * (c // self.h) ** -0.5
+        probs = self.keep(logits, torch.softmax(logits, -1))
+        return self.out((v @ probs.transpose(-2, -1)).reshape(b, c, hh, ww))
+
+
+class ConvNormMapAttention(_Records):
+    """EfficientFormer-V2's projections: on (B, D, H, W) maps, q, k and v each a 1×1 convolution
+    with a bias followed by a BatchNorm with its own, so two biases shift each channel; the output
+    a 1×1 convolution."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.q, self.k, self.v = (nn.Sequential(nn.Conv2d(dim, dim, 1), nn.BatchNorm2d(dim)) for _ in range(3))
+        self.out = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):
+        b, c, hh, ww = x.shape
+        q, k, v = (f(x).reshape(b, self.h, c // self.h, hh * ww) for f in (self.q, self.k, self.v))
         logits = q.transpose(-2, -1) @ k * (c // self.h) ** -0.5
         probs = self.keep(logits, torch.softmax(logits, -1))
         return self.out((v @ probs.transpose(-2, -1)).reshape(b, c, hh, ww))
@@ -314,13 +334,14 @@ class ChannelNorm(nn.LayerNorm):
 
 class StyledViT(nn.Module):
     """A small pre-norm ViT on 16×16 images (patch 2: an 8×8 grid, a learned PE) whose attention
-    is one of :data:`STYLES`, ``windows``, ``shifted-windows`` or ``packed``; ``conv-maps`` keeps the
-    tokens as (B, D, H, W) maps throughout, ``windows`` and ``shifted-windows`` as (B, H, W, D),
+    is one of :data:`STYLES`, ``windows``, ``shifted-windows``, ``packed`` or ``conv-norm-maps``;
+    ``conv-maps`` and ``conv-norm-maps`` keep the tokens as (B, D, H, W) maps throughout,
+    ``windows`` and ``shifted-windows`` as (B, H, W, D),
     ``packed`` as one sequence of every image's tokens."""
 
     def __init__(self, style, dim=48, heads=3, depth=2, classes=10):
         super().__init__()
-        self.maps, self.packed = style == "conv-maps", style == "packed"
+        self.maps, self.packed = style in ("conv-maps", "conv-norm-maps"), style == "packed"
         self.grid = style in ("windows", "shifted-windows")
         self.cut = style == "cut-windows"  # 2×2 windows of 4×4 tokens, cut by the model before each call
         self.segments = style == "segments"  # the same windows as segments of one sequence, window by window
@@ -329,7 +350,8 @@ class StyledViT(nn.Module):
         self.norms = nn.ModuleList(ChannelNorm(dim) if self.maps else nn.LayerNorm(dim) for _ in range(depth))
         make = (WindowAttention if self.grid else PackedAttention if self.packed
                 else CutWindowsAttention if self.cut else SegmentAttention if self.segments
-                else FullWidthNormAttention if style == "full-width-norm" else STYLES[style])
+                else FullWidthNormAttention if style == "full-width-norm"
+                else ConvNormMapAttention if style == "conv-norm-maps" else STYLES[style])
         self.attns = nn.ModuleList(ShiftedWindowAttention(dim, heads, shift=i % 2) if style == "shifted-windows"
                                    else make(dim, heads) for i in range(depth))
         self.head = nn.Linear(dim, classes)

@@ -62,6 +62,12 @@ class AttentionAdapter:
     def linear_views(self) -> Views:
         raise NotImplementedError
 
+    def read_views(self) -> Views:
+        """:meth:`linear_views` as the layer computes with them, for reading: where several biases
+        shift a role's channels (a projection's own, then its norm's), their sum (a copy). Writes
+        go to :meth:`linear_views`."""
+        return self.linear_views()
+
     @property
     def value_dim(self) -> int:
         """Channels a head of v has, and of the context the output projection reads: ``head_dim``
@@ -105,12 +111,12 @@ class AttentionAdapter:
     # -- reading ---------------------------------------------------------------------------
     def read_qk(self):
         """(Wq, bq, Wk, bk): weights (heads, D, r), biases (heads, r) or None."""
-        v = self.linear_views()
+        v = self.read_views()
         return (*self._split_heads(*v["q"]), *self._split_heads(*v["k"]))
 
     def read_vo(self):
         """(Wv (D, heads·r), bv, Wo (heads·r, D), bo), biases or None."""
-        v = self.linear_views()
+        v = self.read_views()
         (wv, bv), (wo, bo) = v["v"], v["o"]
         bv = None if bv is None else bv.reshape(-1)
         return in_matrix(wv.detach()).T.clone(), _clone(bv), out_matrix(wo.detach()).T.clone(), _clone(bo)

@@ -167,16 +167,17 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     inputs = tuple(owner.get_submodule(n) for n in readers)
     adapter = TracedAdapter(owner, {}, heads, r, 1.0, tokens_of, inputs=inputs)
     tokens = tokens_of_call(adapter, owner_args, owner_kwargs)
-    views, names = {}, {}
+    views, names, shifts = {}, {}, {}
     per_head = _read_role("q", q, params, head_leads(q, heads), dim)
-    views["q"], names["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
+    views["q"], names["q"], shifts["q"] = assemble("q", per_head, params, originals, heads, r, dim, "in")
     kv_of, v.place_allowed = None, values_by_place
     for role, operand in (("k", k), ("v", v)):
         shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
             raise TraceError("its keys and values are shared by the query heads in different groups")
         kv_of = shared
-        views[role], names[role] = assemble(role, per_kv, params, originals, len(per_kv), operand.channels, dim, "in")
+        views[role], names[role], shifts[role] = assemble(role, per_kv, params, originals, len(per_kv),
+                                                          operand.channels, dim, "in")
     made, token_axis = ops[v.product_index][3], v.context_axes[0]
     slices = made.numel() // (made.shape[token_axis] * rv * heads)
     gated = values_unread(v, dict(params)[names["v"]])
@@ -190,7 +191,8 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, slices * dim)
         if unread is None:
             raise
-    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv)
+    adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv,
+                            more_biases={role: b for role, b in shifts.items() if b and role in views})
     adapter.output_unread = unread
     if q.head is not None:  # the logits as the adapter's, heads after the other lead axes
         product = (product[0].movedim(q.head, -3), product[1])
@@ -362,7 +364,8 @@ def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) ->
             factor, residual = _fit(made[..., eye], ours[..., eye])
     if not math.isfinite(factor) or residual > 1e-3:
         raise TraceError("its q kᵀ is not that of the projections the trace found (tokens reordered or "
-                         "transformed between them)")
+                         "transformed between them, or a norm after a projection whose running statistics "
+                         "shift and scale its channels)")
     return factor * (after if sdpa_scale is None else sdpa_scale)
 
 

@@ -107,9 +107,11 @@ def along(ix: torch.Tensor, axis: int, width: int) -> bool:
 
 
 def assemble(role: str, per_head: list[list[dict]], params, originals, heads, r, width, kind):
-    """(weight view, bias view or None) of one role from each head's labelled entries, and the
-    weight's parameter name; the views are of ``originals[name]``."""
-    weight = bias = None
+    """(weight view, bias view or None) of one role from each head's labelled entries, the
+    weight's parameter name, and the views of any further biases: a projection with a bias
+    followed by a BatchNorm with its own (a 1×1 conv and its norm, EfficientFormer-V2's) shifts
+    each channel by their sum. The views are of ``originals[name]``."""
+    weight, biases = None, []
     for i, (name, _) in enumerate(params):
         param = originals[name]
         entries = [head[i] for head in per_head]
@@ -119,15 +121,16 @@ def assemble(role: str, per_head: list[list[dict]], params, originals, heads, r,
             raise TraceError(f"parameter {name!r} feeds only some heads of {role}")
         is_bias = all(len(ix) == 1 for e in entries for ix in e.values()) and width > 1
         view = block(name, param, entries, heads, r, width, "bias" if is_bias else kind)
-        if (bias if is_bias else weight) is not None:
-            raise TraceError(f"{role} is the sum of several projections (parameter {name!r} is one more)")
         if is_bias:
-            bias = view
+            biases.append(view)
+        elif weight is not None:
+            raise TraceError(f"{role} is the sum of several projections (parameter {name!r} is one more)")
         else:
             weight, weight_name = view, name
     if weight is None:
         raise TraceError(f"no parameter of the module projects the tokens to {role}")
-    return (weight, bias), weight_name
+    # the last bias, nearest the product (a norm's, after the projection's own), is the one a write sets
+    return (weight, biases[-1] if biases else None), weight_name, tuple(biases[:-1])
 
 
 def lines_in_storage_order(support: torch.Tensor, stride: tuple[int, ...], width: int,
@@ -296,7 +299,7 @@ def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads
     width = max((len(ix) for head in per_head for e in head for ix in e.values()), default=dim)
     if bias is not None and bias.shape != (width,):
         raise TraceError(f"the output's bias has {bias.numel()} entries, its projection {width} rows")
-    (weight, _), weight_name = assemble("the output", per_head, params, originals, heads, r, width, "out")
+    (weight, _), weight_name, _ = assemble("the output", per_head, params, originals, heads, r, width, "out")
     return (weight, bias), weight_name
 
 

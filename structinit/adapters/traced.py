@@ -21,7 +21,10 @@ class TracedAdapter(AttentionAdapter):
     windows a module cuts from them (:mod:`structinit.adapters.provenance_tokens`). ``kv_of[h]``
     is the key/value head query head h reads: grouped-query attention has fewer key/value heads
     than query heads (``kv_heads``), and the 'k' and 'v' views hold ``kv_heads`` of them. A head
-    of v may be wider than one of q and k (``value_dim``).
+    of v may be wider than one of q and k (``value_dim``). ``more_biases[role]`` holds the role's
+    biases beyond the one its view names (a projection's own bias before a BatchNorm's): reads
+    add them in (:meth:`read_views`), and every write of the role sets them to zero, so that the
+    bias written is the role's whole shift.
     """
 
     is_causal = False  # found by the trace: keys after the query are masked
@@ -31,7 +34,7 @@ class TracedAdapter(AttentionAdapter):
     def __init__(self, module: nn.Module, views: Views, num_heads: int, head_dim: int, scale: float,
                  token_map: TokenMap | None = None, param_names: dict[str, str] | None = None,
                  kv_of: tuple[int, ...] | None = None, inputs: tuple[nn.Module, ...] = (),
-                 value_dim: int | None = None):
+                 value_dim: int | None = None, more_biases: dict[str, tuple[torch.Tensor, ...]] | None = None):
         self.module, self._views = module, views
         self._inputs = tuple(inputs)  # the submodules that read the tokens, when the module normalises them inside
         self.num_heads, self.head_dim = int(num_heads), int(head_dim)
@@ -41,6 +44,7 @@ class TracedAdapter(AttentionAdapter):
         self.param_names = param_names or {}  # role → the parameter its weight lives in, for messages
         self.kv_of = tuple(range(self.num_heads)) if kv_of is None else tuple(kv_of)
         self.kv_heads = max(self.kv_of) + 1
+        self.more_biases = dict(more_biases or {})
 
     @property
     def grouped(self) -> bool:
@@ -49,6 +53,16 @@ class TracedAdapter(AttentionAdapter):
 
     def linear_views(self) -> Views:
         return dict(self._views)
+
+    def read_views(self) -> Views:
+        views = dict(self._views)
+        for role, more in self.more_biases.items():
+            weight, bias = views[role]
+            views[role] = (weight, bias.detach() + sum(b.detach().reshape(bias.shape) for b in more))
+        return views
+
+    def _more_zeroed(self, roles: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(b, torch.zeros_like(b)) for role in roles for b in self.more_biases.get(role, ())]
 
     @property
     def input_module(self) -> nn.Module:
@@ -87,7 +101,7 @@ class TracedAdapter(AttentionAdapter):
 
     def read_qk(self):
         """(Wq, bq, Wk, bk) per query head: a grouped layer's key heads repeated as its queries read them."""
-        v = self._views
+        v = self.read_views()
         wq, bq = self._heads_of(*v["q"], self.num_heads)
         wk, bk = self._heads_of(*v["k"], self.kv_heads)
         index = torch.tensor(self.kv_of)
@@ -102,7 +116,10 @@ class TracedAdapter(AttentionAdapter):
             out.append((w_dst, w.transpose(1, 2).reshape(w_dst.shape)))
             if b_dst is not None:
                 out.append((b_dst, torch.zeros_like(b_dst) if b is None else b.reshape(b_dst.shape)))
-        return out
+        return out + self._more_zeroed("qk")
+
+    def vo_writes(self, wv, wo, bv=None, bo=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return super().vo_writes(wv, wo, bv, bo) + self._more_zeroed("v")
 
     def head_values(self, v: torch.Tensor, heads: int) -> torch.Tensor | None:
         b, t, width = v.shape

@@ -192,7 +192,7 @@ def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor,
     (:func:`output_tolerance`); True when the layer returned nothing comparable."""
     if out is None:
         return True
-    views = adapter.linear_views()
+    views = adapter.read_views()
     (wv, bv), (wo, bo) = views["v"], views["o"]
     wv, wo, bv = in_matrix(wv), out_matrix(wo), None if bv is None else bv.reshape(-1)
     b, h, t, _ = probs.shape
@@ -367,7 +367,8 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
     """Talking heads: a layer refused for mixing its heads (before the softmax, or after it)
     whose mixers are Linear(h, h) or (h, h) parameters is judged again, in a second probe, with
     every such mixer set to the identity, and restored after. Where it is then plain
-    self-attention, its verdict is 'self' with the mixers named: the scheme sets them so."""
+    self-attention, its verdict is 'self' with the mixers named: the scheme sets them so. Where
+    it is then refused for another reason, that reason is its verdict, with the mixers named."""
     mixing = {i: m for i, (v, (_, ad)) in enumerate(zip(verdicts, candidates)) if v.kind == "refused"
               and v.code in (HEAD_MIXING, VALUE_PATH) and (m := head_mixers(ad.module, ad.num_heads))}
     if not mixing:
@@ -387,7 +388,10 @@ def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdic
     for i, mixers in mixing.items():
         name, ad = candidates[i]
         plain = judge(name, ad, calls[ad.module], dtype)
+        named = tuple(n for n, _, _ in mixers)
         if plain.kind == "self":
-            verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=tuple(n for n, _, _ in mixers),
-                                  tokens=verdicts[i].tokens)
+            verdicts[i] = Verdict(name, ad, "self", checked=plain.checked, mixers=named, tokens=verdicts[i].tokens)
+        elif plain.kind == "refused" and plain.code not in (verdicts[i].code, LAYOUT):
+            # plain heads but for another mechanism (a nonlinear value path): that one is what stops a scheme
+            verdicts[i] = dataclasses.replace(plain, mixers=named, tokens=verdicts[i].tokens)
     return verdicts

@@ -49,7 +49,8 @@ def test_catalogue_spans_the_packages_and_the_kinds_of_attention_people_ship():
     packages = {m.package for m in zoo.CATALOGUE}
     assert packages >= {"timm", "torchvision", "vit-pytorch", "open_clip", "transformers", "x-transformers"}
     refusals = " ".join(why for m in zoo.CATALOGUE for why in m.refused.values())
-    for kind in ("rotates q and k by position", "normalised", "no adapter", "forms no softmax"):
+    # (attention no trace reads, refused as such, is written by hand: tests/test_traced_attention.py)
+    for kind in ("rotates q and k by position", "normalised", "forms no softmax", "the value path is not linear"):
         assert kind in refusals, kind
     assert any(m.skipped for m in zoo.CATALOGUE)
     # talking heads (a Linear(h, h) and (h, h) parameters) are set, not refused
