@@ -7,12 +7,13 @@ import collections
 
 import pytest
 import torch
-from broken_attention import ReorderedViT
+from broken_attention import ReorderedViT, micro_vit_with
 
 import structinit
 from structinit.adapters import registry as adapter_registry
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import token_order
+from structinit.adapters.verify import POSITION_BIAS
 
 
 def _count_forwards(model: torch.nn.Module) -> list[int]:
@@ -41,6 +42,28 @@ def test_an_init_runs_the_model_forward_no_more_than_its_facts_need(name, scheme
     else:
         structinit.init_(model, scheme, seed=0)
     assert calls[0] <= most, calls[0]
+
+
+def _probe_batches(model: torch.nn.Module) -> list[int]:
+    sizes = []
+    model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[0]))
+    return sizes
+
+
+def test_plain_self_attention_is_surveyed_on_one_image():
+    model = structinit.create_model("vit_cpu_patch4_32")
+    sizes = _probe_batches(model)
+    survey = ModelSurvey(model)
+    assert all(v.kind == "self" and v.checked for v in survey.attention.verdicts)
+    assert sizes == [1] and survey.probe.shape[0] == 1
+
+
+def test_a_layer_refused_on_one_image_is_judged_again_on_two():
+    # a logit term that does not depend on content shows as what two images share: one cannot name it
+    model = micro_vit_with("extra_bias")
+    sizes = _probe_batches(model)
+    verdict = ModelSurvey(model).attention.verdict("blocks.0.attn")
+    assert sizes == [1, 2] and (verdict.kind, verdict.code) == ("refused", POSITION_BIAS)
 
 
 def test_each_module_is_looked_up_once_per_init(monkeypatch):

@@ -88,7 +88,7 @@ class ModelSurvey:
 
     @property
     def probe(self) -> torch.Tensor | ModelCall | None:
-        """The probe the model took: (2, C, H, W) images, (2, T) token ids or the caller's
+        """The probe the model took: (1 or 2, C, H, W) images, (2, T) token ids or the caller's
         :class:`~structinit.adapters.probe.ModelCall`; None if none."""
         return self.attention.probe
 

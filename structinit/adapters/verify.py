@@ -2,23 +2,19 @@
 
 A probe runs through the model (:func:`structinit.adapters.observe.observe`); each layer is judged on its first call:
 
-- **self**: it forms a (T × T) softmax map over the T tokens it receives, that map equals the
-  adapter's recomputation softmax(q kᵀ·scale + bias) from the same tokens, and its output is
-  that map applied to the value projection, through the output projection (or the per-head
-  context, when the output projection sits in a sibling module);
-- **pooling**: its maps are not over its tokens: few learned queries or the class token
-  attending to them (an attention-pooling or class-attention head), or queries, keys or both
-  pooled to fewer tokens inside the layer. It is not self-attention over the token grid;
-  schemes leave it alone and list it;
+- **self**: its (T × T) softmax map over the T tokens it receives equals the adapter's
+  softmax(q kᵀ·scale + bias) from them, and its output is that map applied to the value
+  projection, through the output projection (or the per-head context, when that is a sibling);
+- **pooling**: its maps are not over its tokens (an attention-pooling or class-attention head,
+  or queries, keys or both pooled to fewer tokens inside the layer); schemes leave it alone and list it;
 - **refused**: anything else, with what differs: heads mixed before the softmax (talking
   heads), q and k rotated by position (RoPE), a norm on q and k, a logit term that does not
   depend on content, a q/k layout other than the adapter's, no map at all (linear attention),
   or an output that is not the map applied to v.
 
 Modules that form an attention-shaped map and that no adapter claims are listed too
-(``unknown``): a scheme must not pretend the model has no attention there. A model that cannot
-be probed (no image size to build a probe from, or a forward that fails) is judged by names and
-shapes only; :attr:`AttentionSurvey.probed` says which happened.
+(``unknown``). A model that cannot be probed is judged by names and shapes only;
+:attr:`AttentionSurvey.probed` says which happened.
 """
 
 from __future__ import annotations
@@ -188,8 +184,8 @@ def _cosine(adapter: AttentionAdapter, real_logits: torch.Tensor | None, x: torc
 def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None,
                 rel: float = 1e-3) -> bool:
     """Whether ``out`` is ``probs`` applied to the value projection of ``x`` (then the output
-    projection, or as the per-head context), to ``rel`` of its largest entry
-    (:func:`output_tolerance`); True when the layer returned nothing comparable."""
+    projection, or as the per-head context), to ``rel`` of its largest entry; True when the
+    layer returned nothing comparable."""
     if out is None:
         return True
     views = adapter.read_views()
@@ -282,20 +278,27 @@ def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdap
     """Judge every candidate (name, adapter) by one probe through ``model``, the first of
     ``probes`` its forward takes (:func:`structinit.adapters.probe.probe_choices`), and list
     the attention no candidate covers (module doc). When it takes none, every candidate is
-    'self', unchecked, and ``probed`` is False."""
+    'self', unchecked, and ``probed`` is False. Images are probed with one first: where every map
+    is a claimed layer's plain self-attention, that is the survey; else the whole probe runs
+    (a logit term that does not depend on content shows as what two images share)."""
     for inputs in probes:
-        try:
-            calls, by_module = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in candidates])
-        except Exception:  # a probe the model does not take: the next size, or text
-            continue
-        return _judged(model, candidates, inputs, calls, by_module)
+        images = isinstance(inputs, torch.Tensor) and inputs.is_floating_point() and len(inputs) > 1
+        for probe in [inputs[:1], inputs] if images else [inputs]:
+            try:
+                calls, by_module = observe(model, probe, [(ad.module, ad.input_module, ad) for _, ad in candidates])
+            except Exception:  # a probe the model does not take: the next size, or text
+                continue
+            if (survey := _judged(model, candidates, probe, calls, by_module, whole=probe is inputs)) is not None:
+                return survey
     return AttentionSurvey([Verdict(n, ad, "self", checked=False) for n, ad in candidates])
 
 
-def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
+def _judged(model, candidates, inputs, calls, by_module, whole: bool = True) -> AttentionSurvey | None:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     verdicts = [dataclasses.replace(judge(n, ad, calls[ad.module], dtype), tokens=token_count(calls[ad.module]))
                 for n, ad in candidates]
+    if not whole and any(v.kind not in ("self", "pooling") for v in verdicts):
+        return None
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     names = {m: n for n, m in model.named_modules()}
     unclaimed, pooling = {}, []
@@ -311,6 +314,8 @@ def _judged(model, candidates, inputs, calls, by_module) -> AttentionSurvey:
             pooling.append((name, f"{type(module).__name__}: {pooling_words(m)}"))
         else:
             unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
+    if not whole and (unclaimed or pooling):
+        return None
     # A layer its adapter misread (another head layout, another value path) is read again by the trace;
     # the trace's verdict replaces the adapter's when it understands the layer, its reason joins the refusal if not.
     misread = {v.adapter.module: (v.name, "") for v in verdicts
@@ -364,11 +369,9 @@ def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[s
 
 
 def _with_plain_heads(model, candidates, verdicts, inputs, dtype) -> list[Verdict]:
-    """Talking heads: a layer refused for mixing its heads (before the softmax, or after it)
-    whose mixers are Linear(h, h) or (h, h) parameters is judged again, in a second probe, with
-    every such mixer set to the identity, and restored after. Where it is then plain
-    self-attention, its verdict is 'self' with the mixers named: the scheme sets them so. Where
-    it is then refused for another reason, that reason is its verdict, with the mixers named."""
+    """Talking heads: a layer refused for mixing its heads, with Linear(h, h) or (h, h) mixers, is
+    judged again with them set to the identity (restored after); a 'self' or another mechanism
+    then is its verdict, with the mixers named, which a scheme sets so."""
     mixing = {i: m for i, (v, (_, ad)) in enumerate(zip(verdicts, candidates)) if v.kind == "refused"
               and v.code in (HEAD_MIXING, VALUE_PATH) and (m := head_mixers(ad.module, ad.num_heads))}
     if not mixing:
