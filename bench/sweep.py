@@ -46,7 +46,9 @@ MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
                 "q and k are normalised", "rotated by position", "masks each token's logit on itself",
                 "no attention layer found", "tokens carry no position", "without biasing other pairs",
-                "not self-attention over its tokens", "the layer is causal", "no product of projections of one token"),
+                "not self-attention over its tokens", "the layer is causal", "no product of projections of one token",
+                # rotary positions with no content-free channel in q and k to carry the impulse
+                "it has no learned q and k biases, and no affine LayerNorm"),
     "mimetic": ("no softmax(q kᵀ) map", "linear or factorised", "no attention layer found",
                 "not self-attention over its tokens", "the value path is not linear",
                 "no product of projections of one token"),
