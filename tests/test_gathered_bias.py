@@ -82,7 +82,8 @@ def test_impulse_writes_a_table_whose_offsets_each_have_an_entry_and_hits_on_the
 
 def test_impulse_refuses_a_table_that_mirrored_offsets_share_and_mimetic_sets_the_layer():
     check_rejected(BiasedViT(mirrored=True), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
-                   r"does not give the offset .* one table row of its own .* without biasing other pairs")
+                   r"impulse cannot set the attention of layer 'attn' .*does not give the offset .* one table row "
+                   r"of its own .* without biasing other pairs.*nothing was written. Pass offsets=")
     model = BiasedViT(mirrored=True)
     table = model.attn.biases.detach().clone()
     structinit.init_(model, "mimetic", seed=0)

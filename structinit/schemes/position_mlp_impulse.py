@@ -96,7 +96,10 @@ def plan_position_mlp_impulse(plan: Plan, chosen, biases: list[PositionMlpBias],
             raise _refuse(name, ad, "it shares its position MLP with another layer, and its cosine attention needs a "
                                     "logit scale fitted to the table of its own")
         if id(pb.mlp) not in fitted:
-            rows = [pb.row_of(tuple(o)) for o in offsets]
+            try:
+                rows = [pb.row_of(tuple(o)) for o in offsets]
+            except ValueError as err:
+                raise _refuse(name, ad, str(err)) from None
             writes, fitted[id(pb.mlp)] = _fit(name, ad, pb, rows, keys, target_mass, generator)
             plan.add(writes)
         record_fit = fitted[id(pb.mlp)]
