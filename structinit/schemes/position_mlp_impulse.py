@@ -71,6 +71,17 @@ def _refuse(name: str, ad, what: str) -> ValueError:
                       "nothing was written. Use 'mimetic', which sets only the projections")
 
 
+def offset_rows(name: str, ad, bias, offsets: list[Offset]) -> list[int]:
+    """The row of a relative bias table (stored, or made by an MLP) that holds each offset, each
+    within the window; a ValueError naming the layer where one has no row of its own."""
+    try:
+        return [bias.row_of(tuple(o)) for o in offsets]
+    except ValueError as err:
+        raise ValueError(f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): {err}; "
+                         "nothing was written. Pass offsets= whose pairs have a table row of their own, or use "
+                         "'mimetic', which sets only the projections") from None
+
+
 def plan_position_mlp_impulse(plan: Plan, chosen, biases: list[PositionMlpBias], per_layer: list[list[Offset]],
                               target_mass: float, generator: torch.Generator | None) -> None:
     """Add to ``plan`` the position MLP, and W_q or the logit scale, of every chosen layer (module
@@ -96,10 +107,7 @@ def plan_position_mlp_impulse(plan: Plan, chosen, biases: list[PositionMlpBias],
             raise _refuse(name, ad, "it shares its position MLP with another layer, and its cosine attention needs a "
                                     "logit scale fitted to the table of its own")
         if id(pb.mlp) not in fitted:
-            try:
-                rows = [pb.row_of(tuple(o)) for o in offsets]
-            except ValueError as err:
-                raise _refuse(name, ad, str(err)) from None
+            rows = offset_rows(name, ad, pb, offsets)
             writes, fitted[id(pb.mlp)] = _fit(name, ad, pb, rows, keys, target_mass, generator)
             plan.add(writes)
         record_fit = fitted[id(pb.mlp)]

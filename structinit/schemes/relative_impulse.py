@@ -24,7 +24,7 @@ from structinit.functional.relative import impulse_logit
 from structinit.functional.targets import Offset
 from structinit.schemes.impulse_request import ImpulseRequest, Placed, check_shared_offsets
 from structinit.schemes.plan import Plan
-from structinit.schemes.position_mlp_impulse import POSITION_MLP_TARGET_MASS, plan_position_mlp_impulse
+from structinit.schemes.position_mlp_impulse import POSITION_MLP_TARGET_MASS, offset_rows, plan_position_mlp_impulse
 from structinit.utils import make_generator
 from structinit.utils.checks import show
 
@@ -70,7 +70,7 @@ def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_la
                              f"the identity whatever is written, and only offset (0, 0) fits, not "
                              f"{sorted({tuple(o) for o in offsets} - {(0, 0)})}; leave the layer out with layers= "
                              "(the other layers' indices), as on images too small for the model's stages")
-        rows = _rows(name, ad, rb, offsets)
+        rows = offset_rows(name, ad, rb, offsets)
         beta = 0.0 if keys == 1 else impulse_logit(target_mass, keys)  # one key: softmax is 1 on it already
         table = torch.zeros(tuple(rb.table.shape), dtype=torch.float64)
         table[rows, torch.arange(len(rows))] = beta
@@ -78,17 +78,6 @@ def plan_relative_impulse(plan: Plan, chosen, biases: list[RelativeBias], per_la
         plan.records.append((ad.module, "impulse", {
             "offsets": list(offsets), "grid": rb.grid, "num_prefix_tokens": rb.num_prefix_tokens,
             "solver": RELATIVE_SOLVER, "logit": beta}))
-
-
-def _rows(name: str, ad, rb: RelativeBias, offsets: list[Offset]) -> list[int]:
-    """The table row of each offset (each must fit the window, not the whole kernel); a
-    ValueError naming the layer where one has no row of its own."""
-    try:
-        return [rb.row_of(o) for o in offsets]
-    except ValueError as err:
-        raise ValueError(f"impulse cannot set the attention of layer {name!r} ({type(ad.module).__name__}): {err}; "
-                         "nothing was written. Pass offsets= whose pairs have a table row of their own, or use "
-                         "'mimetic', which sets only the projections") from None
 
 
 def plan_on_relative(request: ImpulseRequest, plan: Plan) -> Placed:
