@@ -9,6 +9,7 @@ from structinit.functional.targets import (
     kernel_offsets,
     random_offsets,
     target_index,
+    target_indices,
 )
 
 
@@ -29,6 +30,19 @@ def test_impulse_matrix_equals_zero_padded_conv(h, w, k, data):
     x = torch.randn(h * w, 4, dtype=torch.float64)
     hm = impulse_matrix((h, w), offset, dtype=torch.float64)
     torch.testing.assert_close(hm @ x, conv_reference(x, (h, w), offset, k))
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 7), w=st.integers(1, 7),
+       offsets=st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3)), min_size=1, max_size=6))
+def test_target_indices_are_each_offsets_targets(h, w, offsets):
+    got = target_indices((h, w), offsets)
+    assert got.shape == (len(offsets), h * w) and got.dtype == torch.long
+    for k, (dy, dx) in enumerate(offsets):
+        want = [(y + dy) * w + (x + dx) if 0 <= y + dy < h and 0 <= x + dx < w else -1
+                for y in range(h) for x in range(w)]
+        assert got[k].tolist() == want
+        assert torch.equal(target_index((h, w), (dy, dx)), got[k])
 
 
 def test_target_index_matches_matrix():

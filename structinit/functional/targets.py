@@ -87,12 +87,18 @@ def check_offsets(offsets: Sequence[Offset], kernel_size: int) -> list[Offset]:
 
 def target_index(grid: tuple[int, int], offset: Offset) -> torch.Tensor:
     """Index of each token's target, shape (N,), long; −1 where the target leaves the grid."""
+    return target_indices(grid, [offset])[0]
+
+
+def target_indices(grid: tuple[int, int], offsets: Sequence[Offset]) -> torch.Tensor:
+    """:func:`target_index` of every offset at once: shape (len(offsets), N), long, row k the
+    targets of ``offsets[k]``."""
     h, w = grid
-    dy, dx = offset
+    off = torch.tensor([(int(dy), int(dx)) for dy, dx in offsets], dtype=torch.long).reshape(-1, 2)
     y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    ty, tx = y + dy, x + dx
+    ty, tx = y.reshape(1, -1) + off[:, :1], x.reshape(1, -1) + off[:, 1:]
     inside = (ty >= 0) & (ty < h) & (tx >= 0) & (tx < w)
-    return torch.where(inside, ty * w + tx, torch.full_like(ty, -1)).reshape(-1)
+    return torch.where(inside, ty * w + tx, torch.full_like(ty, -1))
 
 
 def target_pairs(target: torch.Tensor, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical, maps_on_grid
 from structinit.adapters.verify import TRANSFORMS, Verdict, tolerance
-from structinit.functional.targets import target_index, target_pairs
+from structinit.functional.targets import target_index, target_indices, target_pairs
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
 _HINTS = {
@@ -158,16 +158,18 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
     """Per head, the share of grid rows (open in the call) whose argmax is the head's target,
     for maps (B, H, T, T): over every key, as :func:`structinit.impulse_fidelity` counts it (a
     class token that takes a row's argmax leaves that row without its convolution)."""
-    prefix = probs.shape[-1] - layout.num_patches
-    arg = probs.argmax(-1)
-    rates = []
-    for h, offset in enumerate(offsets):
-        rows, cols = target_pairs(target_index(layout.grid, offset).to(probs.device), prefix)
-        hits = arg[:, h, rows] == cols
-        if open_pairs is not None:
-            hits = hits[open_pairs[:, min(h, open_pairs.shape[1] - 1), rows, cols]]
-        rates.append(float(hits.double().mean()) if hits.numel() else 1.0)
-    return rates
+    heads, n = len(offsets), layout.num_patches
+    prefix = probs.shape[-1] - n
+    target = target_indices(layout.grid, offsets).to(probs.device)  # (heads, N), −1 off the grid
+    hits = probs[:, :heads, prefix:].argmax(-1) == target + prefix  # (B, heads, N)
+    counted = (target >= 0).expand(hits.shape)
+    if open_pairs is not None:  # a pair the call masks is no target (its mask may be one for all heads)
+        shared = open_pairs[:, [min(h, open_pairs.shape[1] - 1) for h in range(heads)], prefix:]
+        at_target = target.clamp_min(0)[None, :, :, None] + prefix
+        counted = counted & shared.gather(-1, at_target.expand(shared.shape[0], -1, -1, 1)).squeeze(-1)
+    total = counted.sum(dim=(0, 2))
+    rates = (hits & counted).sum(dim=(0, 2)).double() / total.clamp_min(1)
+    return [float(r) if t else 1.0 for r, t in zip(rates, total)]
 
 
 def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: torch.Tensor | None = None,
