@@ -87,9 +87,11 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     from structinit.schemes.checks import diagonals, maps_gap
 
     survey = ModelSurvey(model, example_inputs=call)  # the probe the init's own survey takes, and its layers
+    written = set(structinit.get_record(model, "init")["layers"])  # not those it left alone (a layer never called)
+    chosen = [i for i, (name, _) in enumerate(survey.layers()) if name in written]
     if scheme == "impulse":
-        return float(torch.nan_to_num(structinit.impulse_fidelity(survey)["hit"], nan=1.0).min())
-    layers, inputs = survey.layers(), survey.probe
+        return float(torch.nan_to_num(structinit.impulse_fidelity(survey, layers=chosen)["hit"], nan=1.0).min())
+    layers, inputs = [survey.layers()[i] for i in chosen], survey.probe
     calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
     ratios = []
     for (_, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):

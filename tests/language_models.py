@@ -100,3 +100,42 @@ class GroupedRotaryAttention(nn.Module):
         else:
             y = logits.softmax(-1) @ full_v
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class SeqAttention(nn.Module):
+    """Attention with separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` (Bart's names):
+    self-attention, causal or not, or with ``memory`` cross-attention from x to it."""
+
+    def __init__(self, dim, heads, causal=False):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
+        self.heads, self.causal = heads, causal
+
+    def forward(self, x, memory=None):
+        b, t, c = x.shape
+        source = x if memory is None else memory
+        split = lambda y: y.view(b, y.shape[1], self.heads, c // self.heads).transpose(1, 2)
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(source)), split(self.v_proj(source))
+        att = q @ k.transpose(-2, -1) / (c // self.heads) ** 0.5
+        if self.causal:
+            att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        self.last_logits = att.detach()
+        return self.out_proj((F.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class TinySeq2Seq(nn.Module):
+    """An encoder block over the ids, then a decoder block of causal self-attention and
+    cross-attention to the encoder's output (Bart's layout, one block each, post-norm-free)."""
+
+    def __init__(self, vocab=97, block=32, dim=48, heads=3):
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(vocab, dim), nn.Embedding(block, dim)
+        self.encoder_attn_self = SeqAttention(dim, heads)
+        self.self_attn, self.encoder_attn = SeqAttention(dim, heads, causal=True), SeqAttention(dim, heads)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx) + self.pos(torch.arange(idx.shape[1]))
+        memory = x + self.encoder_attn_self(x)
+        y = x + self.self_attn(x)
+        return self.head(y + self.encoder_attn(y, memory))

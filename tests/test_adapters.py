@@ -290,24 +290,43 @@ def test_children_of_a_matched_module_are_not_searched():
     assert [n for n, _ in layers] == ["0"]
 
 
-def test_layer_skipped_by_forward_is_an_error_not_a_silent_gap():
-    """A registered attention layer that the forward pass never calls (unused, or bypassed by a
-    fused fast path) cannot have its maps captured: both diagnostics must say so by name."""
+class TwoAttn(nn.Module):
+    """Two attention layers, of which the forward calls one (``calls_none``: neither)."""
 
-    class TwoAttn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.pos_embed = nn.Parameter(structinit.sincos_2d((4, 4), 32)[None])
-            self.used = nn.MultiheadAttention(32, 2, batch_first=True)
-            self.unused = nn.MultiheadAttention(32, 2, batch_first=True)
+    def __init__(self, calls_none: bool = False):
+        super().__init__()
+        self.calls_none = calls_none
+        self.pos_embed = nn.Parameter(structinit.sincos_2d((4, 4), 32)[None])
+        self.used = nn.MultiheadAttention(32, 2, batch_first=True)
+        self.unused = nn.MultiheadAttention(32, 2, batch_first=True)
 
-        def forward(self, x):
-            x = x + self.pos_embed
-            return self.used(x, x, x)[0]
+    def forward(self, x):
+        x = x + self.pos_embed
+        return x if self.calls_none else self.used(x, x, x)[0]
 
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_layer_the_forward_never_calls_is_left_alone_and_named(scheme):
+    """A layer the forward never calls (a decoder's cross-attention with no encoder, or one
+    bypassed by a fused fast path) has no maps to check a write against: by default it is left
+    alone, bit for bit, and named in a warning and in the record; asked for by index, it is a
+    refusal; and a model whose forward calls none of its layers is refused."""
+    model, grid = TwoAttn(), {"grid": (4, 4)} if scheme == "impulse" else {}
+    before = {k: v.clone() for k, v in model.unused.state_dict().items()}
+    with pytest.warns(UserWarning, match=r"left alone: unused \(MultiheadAttention: not called in the model's "
+                                         r"forward.*layers="):
+        structinit.init_(model, scheme, seed=0, **grid)
+    assert all(torch.equal(v, before[k]) for k, v in model.unused.state_dict().items())
+    record = structinit.get_record(model, "init")
+    assert record["layers"] == ["used"] and [n for n, _ in record["skipped"]] == ["unused"]
+    check_rejected(TwoAttn(), lambda m: structinit.init_(m, scheme, seed=0, layers=[1], **grid), ValueError,
+                   r"layer 'unused' .*not called in the model's forward.*nothing was written.*layers=")
+    check_rejected(TwoAttn(calls_none=True), lambda m: structinit.init_(m, scheme, seed=0, **grid), ValueError,
+                   r"layer 'used' .*not called in the model's forward.*nothing was written")
+
+
+def test_the_maps_of_a_layer_the_forward_never_calls_cannot_be_read():
     model = TwoAttn()
-    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0, grid=(4, 4)), ValueError,
-                   r"layer 'unused' .*not called in the model's forward.*layers=")
     structinit.init_(model, "impulse", seed=0, grid=(4, 4), layers=[0])
     x = torch.randn(2, 16, 32)
     with pytest.raises(RuntimeError, match="unused"):

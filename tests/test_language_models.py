@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from language_models import GroupedRotaryAttention, TinyGPT
+from language_models import GroupedRotaryAttention, TinyGPT, TinySeq2Seq
 
 import structinit
 from rejection import check_rejected
@@ -58,6 +58,25 @@ def test_mimetic_on_a_language_model_shows_in_its_own_causal_logits_and_values(n
         assert torch.isneginf(logits[0, 0, 0, 1:]).all()
         assert (diagonal_strength(logits) > 1.0).all()
         assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)
+
+
+def test_mimetic_on_an_encoder_decoder_leaves_its_cross_attention_alone_and_says_so():
+    """The decoder's cross-attention projects its keys from the encoder's output, as many tokens
+    as its own: no self-attention to shape. It is left alone, bit for bit, and named; the encoder's
+    and the decoder's self-attention are written, and their own logits show the diagonal."""
+    torch.manual_seed(0)
+    model = TinySeq2Seq()
+    cross = {k: v.clone() for k, v in model.encoder_attn.state_dict().items()}
+    with pytest.warns(UserWarning, match=r"left alone: encoder_attn \(cross-attention: its keys are projected "
+                                         r"from other tokens than its queries"):
+        structinit.init_(model, "mimetic", seed=0)
+    assert structinit.get_record(model, "init")["layers"] == ["encoder_attn_self", "self_attn"]
+    assert all(torch.equal(v, cross[k]) for k, v in model.encoder_attn.state_dict().items())
+    with torch.no_grad():
+        model(_ids())
+    for attn in (model.encoder_attn_self, model.self_attn):
+        assert (diagonal_strength(attn.last_logits) > 1.0).all()
+    assert torch.isneginf(model.self_attn.last_logits[0, 0, 0, 1:]).all()  # the decoder's causal mask kept
 
 
 @pytest.mark.parametrize(("name", "options", "words"), [

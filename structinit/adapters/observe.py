@@ -87,6 +87,7 @@ class ModuleCall:
     # of its maps and its output in their rows, for a layer that cuts (pads, shifts) its own windows
     q_input: torch.Tensor | None = None
     o_output: torch.Tensor | None = None
+    k_input: torch.Tensor | None = None  # what a k projection apart from q's received (an encoder's output?)
 
 
 def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
@@ -232,9 +233,11 @@ def observe(model: nn.Module, inputs, watched: Iterable[tuple[nn.Module, nn.Modu
             return
         ptr = weight.untyped_storage().data_ptr()
         for call in active:
-            q_ptr, o_ptr = projections[id(call)]
+            q_ptr, k_ptr, o_ptr = projections[id(call)]
             if ptr == q_ptr and call.q_input is None:
                 call.q_input = args[0].detach()
+            elif ptr == k_ptr != q_ptr and call.k_input is None:
+                call.k_input = args[0].detach()
             elif ptr == o_ptr and call.o_output is None:
                 call.o_output = out.detach()
 
@@ -276,14 +279,14 @@ def _joined_segments(maps: list[AttentionMap], x: torch.Tensor | None) -> list[A
     return [AttentionMap(probs, logits, "segments", open_pairs=open_pairs)]
 
 
-def _projection_storages(adapter) -> tuple[int | None, int | None]:
-    """The storages of an adapter's q and output projection weights (a fused qkv's q rows share
-    the storage of the weight the layer hands ``F.linear``), or None where it has none."""
+def _projection_storages(adapter) -> tuple[int | None, int | None, int | None]:
+    """The storages of an adapter's q, k and output projection weights (a fused qkv's q rows share
+    the storage of the weight the layer hands ``F.linear``: k's is then q's), or None where it has none."""
     try:
         views = adapter.linear_views()
     except (AttributeError, NotImplementedError, TypeError, ValueError):
-        return None, None
-    return tuple(views[role][0].untyped_storage().data_ptr() if role in views else None for role in "qo")
+        return None, None, None
+    return tuple(views[role][0].untyped_storage().data_ptr() if role in views else None for role in "qko")
 
 
 def _watch_calls(watched: list, calls: dict[nn.Module, ModuleCall], active: list[ModuleCall], substitute: dict) -> list:

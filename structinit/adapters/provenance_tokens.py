@@ -308,6 +308,17 @@ def pooling_words(m: AttentionMap) -> str:
     return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
 
 
+def keys_from_elsewhere(call: ModuleCall) -> str:
+    """Why a call is cross-attention from its queries to other tokens, or '': its k projection
+    (a weight apart from q's) read other tokens than its q projection (a decoder's queries over
+    an encoder's output, as many as its own tokens)."""
+    q, k = call.q_input, call.k_input
+    if q is None or k is None or (q.shape == k.shape and torch.equal(q, k)):
+        return ""
+    return ("cross-attention: its keys are projected from other tokens than its queries (an encoder's output, "
+            "or another stream), so it has no self-attention over its tokens to shape")
+
+
 def pooled_inside(call: ModuleCall) -> str:
     """Why a call's map is over tokens pooled inside the layer, or '': its maps square over k of
     the T tokens of its input, T a whole multiple of k, one map per head and sample ((B, heads,

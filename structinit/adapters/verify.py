@@ -33,6 +33,7 @@ from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
     fits_maps,
+    keys_from_elsewhere,
     map_tokens,
     maps_over_tokens,
     module_output,
@@ -123,14 +124,11 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
     """(code, words) for a layer whose real map differs from the adapter's (module doc)."""
     ours_logits = _rows_centred(adapter_logits(adapter, x.float(), terms))
     shape = ours_logits.shape
-    if real.q is not None and real.k is not None:
-        q_real = real.q if tuple(real.q.shape[:3]) == tuple(shape[:3]) else None
-        q_ours, _ = adapter.qk_features(x.float())
-        if q_real is not None and q_real.shape == q_ours.shape and not torch.allclose(q_real, q_ours, rtol=1e-3,
-                                                                                      atol=1e-5):
-            norms = q_real.norm(dim=-1)
-            if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
-                return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
+    q_ours = adapter.qk_features(x.float())[0] if real.q is not None and real.k is not None else None
+    if q_ours is not None and real.q.shape == q_ours.shape and not torch.allclose(real.q, q_ours, rtol=1e-3, atol=1e-5):
+        norms = real.q.norm(dim=-1)  # the same length for every token and head: a norm on q (and k)
+        if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
+            return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
     raw_real = None if real.logits is None else _as(real.logits, shape)
     if raw_real is not None:
         raw_ours = adapter_logits(adapter, x.float(), terms)
@@ -225,10 +223,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     if fits_maps(rows, maps):  # a layer that cuts its own windows: its maps' rows are what its projections see
         x, out = rows, call.o_output
     # No tokens of its maps to read, or NaN/inf in the model already: the probe can tell nothing.
-    if x is None and all(m.queries != m.keys for m in maps if m.probs.ndim >= 4):
-        cross = next((m for m in maps if m.probs.ndim >= 4), None)  # queries pooled inside the layer (SAM 2's Hiera)
-        if cross is not None:
-            return Verdict(name, adapter, "pooling", reason=pooling_words(cross))
+    cross = next((m for m in maps if m.probs.ndim >= 4), None)  # queries pooled inside the layer (SAM 2's Hiera)
+    if x is None and cross is not None and all(m.queries != m.keys for m in maps if m.probs.ndim >= 4):
+        return Verdict(name, adapter, "pooling", reason=pooling_words(cross))
     if x is None or not bool(torch.isfinite(x).all()):
         return Verdict(name, adapter, "self", checked=False)
     tokens = x.shape[-2]
@@ -253,6 +250,8 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     tol = tolerance(dtype)
     if real is None or (float((real - ours).abs().max()) > tol and not masked_inside(real, ours, tol)
                         and not same_logits(adapter_logits(adapter, x.float(), terms), square, dtype)):
+        if crossed := keys_from_elsewhere(call):  # not a misread: no self-attention at all
+            return Verdict(name, adapter, "pooling", reason=crossed)
         best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
                    if _as(m.probs, ours.shape) is not None else float("inf"))
         if _as(best.probs, ours.shape) is None:

@@ -17,9 +17,10 @@ from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
 from structinit.adapters.provenance_tokens import call_rows
+from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical, maps_on_grid
-from structinit.adapters.verify import TRANSFORMS, Verdict, tolerance
+from structinit.adapters.verify import TRANSFORMS, UNCALLED, Verdict, tolerance
 from structinit.functional.targets import target_index, target_indices, target_pairs
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
@@ -117,6 +118,25 @@ def require_probe(survey: ModelSurvey, scheme: str) -> None:
         f"can build (images of the size the model states or of common sizes{grid}, token ids); nothing was written. "
         "Pass example_inputs= what the forward takes (a tensor, a tuple of positional arguments or a dict of "
         "keyword arguments), or, for a model of images that states no image size, grid=(h, w)")
+
+
+def layers_to_write(survey: ModelSurvey, layers) -> tuple[list, list[tuple[str, str]]]:
+    """The (name, adapter) a scheme writes and the (name, why) it leaves alone. ``layers``
+    given: those layers (indices into ``survey.layers()``), and a refusal later for any the
+    forward does not call. ``layers=None``: every layer, but the attention-pooling heads and,
+    when the forward called others, the layers it never called (a decoder's cross-attention
+    with no encoder to attend to): a write there could not be checked in the model's forward."""
+    found = survey.layers()
+    if layers is not None:
+        return select_layers(found, layers), []
+    uncalled = {v.name for v in survey.attention.of("refused") if v.code == UNCALLED}
+    called = [(name, ad) for name, ad in found if name not in uncalled]
+    if not called:  # nothing the forward runs: the refusal names the first
+        return found, survey.attention.skipped()
+    unchecked = [(name, f"{type(ad.module).__name__}: not called in the model's forward, so a write could not be "
+                        "checked; initialise it with layers= once the forward uses it") for name, ad in found
+                 if name in uncalled]
+    return called, survey.attention.skipped() + unchecked
 
 
 def require_judged(survey: ModelSurvey, chosen, scheme: str) -> None:
@@ -346,4 +366,4 @@ def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
 
 
 __all__ = ["GROUPED", "TRANSFORMS", "check_settable", "diagonal_strength", "impulse_check", "mimetic_check",
-           "require_judged"]
+           "layers_to_write", "require_judged"]

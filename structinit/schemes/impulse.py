@@ -41,13 +41,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from structinit.adapters import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import NO_PROJECTION
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import Offset, check_kernel_size, check_offsets
-from structinit.schemes.checks import check_settable, finish_plan, impulse_check
+from structinit.schemes.checks import check_settable, finish_plan, impulse_check, layers_to_write
 from structinit.schemes.embedding_impulse import plan_on_embedding
 from structinit.schemes.impulse_request import ImpulseRequest, Placed, resolve_offsets
 from structinit.schemes.plan import Plan
@@ -169,8 +168,7 @@ def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_la
     """The chosen attention layers (name, adapter), those skipped, and each one's relative bias
     (or None), once every chosen layer is known to take an impulse (one whose output is no
     projection of its context only with ``value_init='keep'``: impulse then sets its q and k alone)."""
-    chosen = select_layers(survey.layers(), layers)
-    skipped = survey.attention.skipped() if layers is None else []
+    chosen, skipped = layers_to_write(survey, layers)
     if offsets is not None:  # one per head of each chosen layer (a throwaway generator: none drawn from the caller's)
         resolve_offsets(chosen, offsets, kernel_size, per_layer_offsets, torch.Generator().manual_seed(0))
     # What the model computes decides next (a layout error would hide it): every chosen layer must compute plain

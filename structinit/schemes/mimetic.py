@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from structinit.adapters import grid_pos_embed, infer_layout, select_layers
+from structinit.adapters import grid_pos_embed, infer_layout
 from structinit.adapters.attention import out_matrix
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.verify import no_value_path
@@ -17,6 +17,7 @@ from structinit.schemes.checks import (
     TRANSFORMS,
     check_settable,
     finish_plan,
+    layers_to_write,
     mimetic_check,
     require_judged,
     require_probe,
@@ -70,7 +71,7 @@ def plan_mimetic(
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma), ("delta", delta)):
         check_number(name, value, low=0)  # a negative scale flips the noise's sign or the identity's: not the init
     reserve = check_choice("reserve", "none" if reserve is None else reserve, RESERVE_MODES)
-    chosen = select_layers(survey.layers(), layers)
+    chosen, skipped = layers_to_write(survey, layers)
     # Mimetic sets the projections alone: a rotation, a q/k norm or a bias the model adds on top is the
     # model's own; a layer whose projections structinit cannot read, or that forms no map, is refused.
     check_settable(survey, chosen, "mimetic", accept=TRANSFORMS | {GROUPED})
@@ -97,7 +98,7 @@ def plan_mimetic(
     if reservation is not None:
         reservation.plan(plan)
     plan.checks.append(mimetic_check(survey, chosen))
-    finish_plan(plan, survey, "mimetic", chosen, survey.attention.skipped() if layers is None else [])
+    finish_plan(plan, survey, "mimetic", chosen, skipped)
     return plan
 
 

@@ -254,14 +254,14 @@ def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> Non
 
 def commit_and_report(plan: Plan, what: str) -> None:
     """``plan.commit()``, then a warning that lists the layers the scheme left alone on purpose
-    (attention-pooling heads), if any: the caller must not believe they were initialised."""
+    (attention-pooling heads, layers the forward never calls), if any, each with why: the caller
+    must not believe they were initialised."""
     plan.commit()
     for note in plan.notes:
         warnings.warn(f"{what}: {note}", UserWarning, stacklevel=3)
     if plan.skipped:
         warnings.warn(f"{what} left alone: " + "; ".join(f"{n} ({why})" for n, why in plan.skipped)
-                      + "; they are not self-attention over the tokens (structinit.get_record(model, 'init') "
-                      "lists them)", UserWarning, stacklevel=3)
+                      + " (structinit.get_record(model, 'init') lists them)", UserWarning, stacklevel=3)
 
 
 _LAYERS_OF: dict[str, Callable[[nn.Module], bool]] = {"conv": is_depthwise, "ssm": is_ssm,
