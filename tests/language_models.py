@@ -139,3 +139,32 @@ class TinySeq2Seq(nn.Module):
         memory = x + self.encoder_attn_self(x)
         y = x + self.self_attn(x)
         return self.head(y + self.encoder_attn(y, memory))
+
+
+class TwoNormAttention(SeqAttention):
+    """Self-attention whose q and k read the tokens through norms of their own: keys projected
+    from other tensors than the queries, yet over the same tokens."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.q_norm_in, self.k_norm_in = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        with torch.no_grad():
+            self.k_norm_in.weight.mul_(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x, memory=None):
+        b, t, c = x.shape
+        split = lambda y: y.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        q, k, v = split(self.q_proj(self.q_norm_in(x))), split(self.k_proj(self.k_norm_in(x))), split(self.v_proj(x))
+        att = F.softmax(q @ k.transpose(-2, -1) / (c // self.heads) ** 0.5, dim=-1)
+        return self.out_proj((att @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class TinyEncoder(nn.Module):
+    def __init__(self, attn, vocab=97, block=32, dim=48):
+        super().__init__()
+        self.embed, self.pos, self.attn, self.head = nn.Embedding(vocab, dim), nn.Embedding(block, dim), attn, \
+            nn.Linear(dim, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx) + self.pos(torch.arange(idx.shape[1]))
+        return self.head(x + self.attn(x))

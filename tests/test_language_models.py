@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from language_models import GroupedRotaryAttention, TinyGPT, TinySeq2Seq
+from language_models import GroupedRotaryAttention, TinyEncoder, TinyGPT, TinySeq2Seq, TwoNormAttention
 
 import structinit
 from rejection import check_rejected
@@ -77,6 +77,16 @@ def test_mimetic_on_an_encoder_decoder_leaves_its_cross_attention_alone_and_says
     for attn in (model.encoder_attn_self, model.self_attn):
         assert (diagonal_strength(attn.last_logits) > 1.0).all()
     assert torch.isneginf(model.self_attn.last_logits[0, 0, 0, 1:]).all()  # the decoder's causal mask kept
+
+
+def test_keys_read_through_another_norm_are_still_self_attention_not_cross_attention():
+    """Only a layer that neither its adapter nor the trace reads is called cross-attention for
+    keys projected from other tensors than its queries: q and k behind norms of their own read
+    the same tokens, and such a layer is refused for what the adapter misreads, not left alone."""
+    torch.manual_seed(0)
+    message = check_rejected(TinyEncoder(TwoNormAttention(48, 3)), lambda m: structinit.init_(m, "mimetic", seed=0),
+                             ValueError, r"layer 'attn' .*its q kᵀ is not that of the projections")
+    assert "cross-attention" not in message
 
 
 @pytest.mark.parametrize(("name", "options", "words"), [

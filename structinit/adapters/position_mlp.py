@@ -32,7 +32,8 @@ from torch.nn import functional as F
 from structinit.adapters.relative import _offset_row, _window
 from structinit.functional.targets import Offset
 
-__all__ = ["CosineLogits", "PositionMlpBias", "find_cosine_logits", "find_position_mlp", "held_position_mlp"]
+__all__ = ["CosineLogits", "PositionMlpBias", "cosine_fits", "find_cosine_logits", "find_position_mlp",
+           "held_position_mlp"]
 
 COSINE_MAX_LOG = math.log(100.0)  # Swin-V2 clamps logit_scale at log(1 / 0.01)
 SWIN_V2_GAIN = 16.0
@@ -216,3 +217,19 @@ def find_cosine_logits(module: nn.Module) -> CosineLogits | None:
     if isinstance(scale, nn.Parameter) and isinstance(heads, int) and tuple(scale.shape) == (heads, 1, 1):
         return CosineLogits(scale)
     return None
+
+
+def cosine_fits(adapter, real_logits: torch.Tensor | None, x: torch.Tensor, shape) -> bool:
+    """Whether the real logits are s_h · cos(q_i, k_j) + a term the same for every sample (Swin-V2's
+    cosine attention with its position bias): the difference between two samples' logits must be
+    s_h times the difference of their cosines, for one s_h per head."""
+    if real_logits is None or not torch.isfinite(real_logits).all():
+        return False
+    q, k = adapter.qk_features(x.float())
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+    other = shape[0] // 2  # the same window of the second probe image (windows of one image have other masks)
+    d_real = (real_logits[0] - real_logits[other]).flatten(1).double()  # (H, T·T)
+    d_cos = (cos[0] - cos[other]).flatten(1).double()
+    scale = (d_real * d_cos).sum(1, keepdim=True) / (d_cos * d_cos).sum(1, keepdim=True).clamp_min(1e-12)
+    residual = (d_real - scale * d_cos).norm() / d_real.norm().clamp_min(1e-12)
+    return bool(residual < 1e-3)

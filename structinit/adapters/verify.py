@@ -29,6 +29,7 @@ from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, adapter_logits, head_mixers, in_matrix, out_matrix
 from structinit.adapters.observe import AttentionMap, ModuleCall, masked_inside, observe
+from structinit.adapters.position_mlp import cosine_fits
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
@@ -156,27 +157,11 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
         if shape[0] > 1 and shape[0] % 2 == 0 and constant:
             return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                    "structinit does not model)")
-    if shape[0] > 1 and _cosine(adapter, raw_real, x, shape):
+    if shape[0] > 1 and cosine_fits(adapter, raw_real, x, shape):
         return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
                          "cos(q, k) plus a term that does not depend on content)")
     return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
                     "packed per head, or a transform of q and k)")
-
-
-def _cosine(adapter: AttentionAdapter, real_logits: torch.Tensor | None, x: torch.Tensor, shape) -> bool:
-    """Whether the real logits are s_h · cos(q_i, k_j) + a term the same for every sample (Swin-V2's
-    cosine attention with its position bias): the difference between two samples' logits must be
-    s_h times the difference of their cosines, for one s_h per head."""
-    if real_logits is None or not torch.isfinite(real_logits).all():
-        return False
-    q, k = adapter.qk_features(x.float())
-    cos = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
-    other = shape[0] // 2  # the same window of the second probe image (windows of one image have other masks)
-    d_real = (real_logits[0] - real_logits[other]).flatten(1).double()  # (H, T·T)
-    d_cos = (cos[0] - cos[other]).flatten(1).double()
-    scale = (d_real * d_cos).sum(1, keepdim=True) / (d_cos * d_cos).sum(1, keepdim=True).clamp_min(1e-12)
-    residual = (d_real - scale * d_cos).norm() / d_real.norm().clamp_min(1e-12)
-    return bool(residual < 1e-3)
 
 
 def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None,
@@ -250,8 +235,6 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     tol = tolerance(dtype)
     if real is None or (float((real - ours).abs().max()) > tol and not masked_inside(real, ours, tol)
                         and not same_logits(adapter_logits(adapter, x.float(), terms), square, dtype)):
-        if crossed := keys_from_elsewhere(call):  # not a misread: no self-attention at all
-            return Verdict(name, adapter, "pooling", reason=crossed)
         best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
                    if _as(m.probs, ours.shape) is not None else float("inf"))
         if _as(best.probs, ours.shape) is None:
@@ -324,14 +307,24 @@ def _judged(model, candidates, inputs, calls, by_module, whole: bool = True) -> 
     again = {name for name, _ in misread.values()}
     better = {v.name: v for v in traced if v.name in again and v.kind != "refused"}
     why = {n: w.lstrip("; ") for n, w in unknown if n in again}
-    verdicts = [better.get(v.name) or (dataclasses.replace(v, reason=f"{v.reason}; read by what it computes, "
-                                       f"{why[v.name]}") if v.name in why else v) for v in verdicts]
+    verdicts = [better.get(v.name) or _unread(v, why.get(v.name), calls[v.adapter.module]) for v in verdicts]
     traced = [v for v in traced if v.name not in again]
     pooling += [c for c in crossed if c[0] not in again]  # left alone as a pooling head is
     unknown = [u for u in unknown if u[0] not in again]
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
     return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)
+
+
+def _unread(verdict: Verdict, why: str | None, call: ModuleCall) -> Verdict:
+    """A layer its adapter misread that the trace could not read either (``why``): cross-attention,
+    left alone as a pooling head is, where its keys are projected from other tokens than its
+    queries; else refused, with both reasons."""
+    if why is None:
+        return verdict
+    if crossed := keys_from_elsewhere(call):
+        return dataclasses.replace(verdict, kind="pooling", code="", reason=crossed)
+    return dataclasses.replace(verdict, reason=f"{verdict.reason}; read by what it computes, {why}")
 
 
 def traced_verdicts(model: nn.Module, inputs, unclaimed: dict[nn.Module, tuple[str, str]],
