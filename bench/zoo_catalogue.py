@@ -240,8 +240,8 @@ CATALOGUE: tuple[ZooModel, ...] = (
              "MaxViT: q, k and v packed per head, windows and grid cells cut before the call, channels last, "
              "relative position bias; read by the trace"),
     ZooModel("timm_nest_tiny_64px", "timm", _timm("nest_tiny", img_size=64), 64,
-             "NesT: tokens in blocks, heads before the blocks, the context read back head-minor",
-             refused={"impulse": "cannot infer the token grid"}),
+             "NesT: tokens in blocks, each level's position embedding added block by block, heads before the "
+             "blocks, the context read back head-minor"),
     # -- torchvision --------------------------------------------------------------------------
     ZooModel("tv_vit_b_16", "torchvision", _torchvision_vit(patch_size=16, num_layers=4), 224,
              "ViT-B/16 (4 layers), class token `class_token`"),

@@ -334,3 +334,52 @@ def test_the_maps_of_a_layer_the_forward_never_calls_cannot_be_read():
     with pytest.raises(RuntimeError, match="unused"):
         structinit.impulse_fidelity(model, x, grid=(4, 4), offsets=[(0, 0), (0, 1)])
     assert structinit.attention_maps(model, x, layers=[0])[0].shape == (2, 2, 16, 16)
+
+
+def _tie(model: SepViT, tie: str) -> SepViT:
+    """``model`` with two projections of each layer sharing weights: one module serving both
+    (``k=v``), or one Parameter held by both modules (``q.o``, ``v.o``, ``q.k``)."""
+    for block in model.blocks:
+        attn = block.attn
+        a, b = (getattr(attn, f"{r}_proj") for r in (tie[0], tie[2]))
+        if tie[1] == "=":
+            setattr(attn, f"{tie[2]}_proj", a)
+        else:
+            b.weight, b.bias = a.weight, a.bias
+    return model
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+@pytest.mark.parametrize("tie", ["k=v", "q.o", "q.k", "v.o"])
+def test_projections_that_share_weights_are_refused_untouched_not_written_half(scheme, tie):
+    """A write to one of two projections that share weights changes the other as well: mimetic
+    would write k, then v over it (k=v), and the layer's own logits lose the designed diagonal.
+    Each scheme refuses the layer before any write, naming the two roles, whenever a role it
+    writes is one of them; impulse, which leaves v and o alone, writes a model whose tied pair is
+    v and o, and its heads hit their targets in the model's own maps."""
+    torch.manual_seed(0)
+    model = _tie(SepViT(), tie)
+    roles = {tie[0], tie[2]}
+    if scheme == "impulse" and roles == {"v", "o"}:
+        structinit.init_(model, scheme, seed=0)
+        assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
+        return
+    check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
+                   rf"its {min(roles, key='qkvo'.index)} and {max(roles, key='qkvo'.index)} projections share their "
+                   "weights .* nothing was written")
+
+
+def test_a_fused_qkv_weight_is_no_tie():
+    """The q, k and v slices of one fused weight share a storage but no element: written."""
+    from structinit.schemes.checks import shared_roles
+
+    weight = torch.zeros(12, 4)
+    views = {"q": (weight[0:4], None), "k": (weight[4:8], None), "v": (weight[8:12], None),
+             "o": (torch.zeros(4, 4), None)}
+    assert shared_roles(views, "qkvo") is None
+    interleaved = weight.view(4, 3, 4)  # q, k, v packed per head: strided, interleaved, still apart
+    views = {"q": (interleaved[:, 0], None), "k": (interleaved[:, 1], None), "v": (interleaved[:, 2], None)}
+    assert shared_roles(views, "qkvo") is None
+    views["v"] = (interleaved[:, 1], None)
+    assert shared_roles(views, "qkvo") == ("k", "v")
+    assert shared_roles(views, "q") is None  # a tie among roles the scheme does not write

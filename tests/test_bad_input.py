@@ -124,6 +124,39 @@ def test_a_meta_device_model_is_refused_saying_how_to_materialise_it(scheme, cal
     assert all(t.is_meta for t in model.state_dict().values())
 
 
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic", "timm"])
+def test_a_model_with_lazy_modules_is_refused_and_stays_lazy(scheme):
+    """A probe's forward would materialise a lazy module's parameters, which no restore undoes:
+    the model is refused before any run, saying how to materialise it, and stays lazy."""
+    from torch.nn.parameter import is_lazy
+
+    model = structinit.create_model("vit_micro_patch2_16", img_size=8)
+    model.head = nn.LazyLinear(10)
+    with pytest.raises(ValueError, match=r"^model: 2 tensors \(head\.weight, …\) belong to lazy modules.*Run the "):
+        structinit.init_(model, scheme, seed=0)
+    assert isinstance(model.head, nn.LazyLinear) and is_lazy(model.head.weight)
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_refused_model_in_train_mode_keeps_the_power_iteration_of_its_spectral_norms(scheme):
+    """Reading a spectral-normed weight in train mode runs one power iteration, updating the
+    parametrisation's ``_u`` and ``_v`` buffers: structinit reads weights to survey and validate,
+    and a refused init leaves those buffers bit for bit as they were."""
+    from torch.nn.utils import parametrizations
+
+    model = structinit.create_model("vit_micro_patch2_16", img_size=8).train()
+    for block in model.blocks:
+        parametrizations.spectral_norm(block.mlp.fc1)
+        parametrizations.spectral_norm(block.attn.proj)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    options = {"kernel_size": 9} if scheme == "impulse" else {"alpha": -1.0}  # refused after the survey
+    with pytest.raises(ValueError):
+        structinit.init_(model, scheme, seed=0, **options)
+    after = model.state_dict()
+    assert any(k.endswith("._u") for k in after)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+
+
 def test_deferred_initialisation_to_empty_then_init_gives_the_eager_models_weights():
     with torch.device("meta"):
         deferred = structinit.create_model("vit_micro_patch2_16", img_size=8)

@@ -238,3 +238,62 @@ def test_attention_within_segments_one_softmax_each_is_one_map_with_the_pairs_ac
     broken.attns[1].misread = True
     assert isinstance(broken.attns[1], SegmentAttention)
     check_rejected(broken, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError, r"attns\.1")
+
+
+def _block_shifts(probs: torch.Tensor, blocks: int, size: int) -> list[float]:
+    """Per head, the share of the rows whose target lies in the query's block that put their
+    argmax on the head's most common (dy, dx) shift, read on the image's own grid (NesT's blocks
+    are row-major over the image, tokens row-major inside a block)."""
+    side = round(blocks**0.5)
+    t, n = torch.meshgrid(torch.arange(blocks), torch.arange(size * size), indexing="ij")
+    y, x = (t // side) * size + n // size, (t % side) * size + n % size
+    shares = []
+    for head in probs[0].argmax(-1):  # (blocks, n): the key each query puts its argmax on
+        dy, dx = torch.gather(y, 1, head) - y, torch.gather(x, 1, head) - x
+        pairs = torch.stack([dy.flatten(), dx.flatten()], 1)
+        shift, _ = max(((p, int((pairs == p).all(1).sum())) for p in pairs.unique(dim=0)), key=lambda c: c[1])
+        ty, tx = y + shift[0], x + shift[1]
+        inside = ((ty // size == y // size) & (tx // size == x // size) & (ty >= 0) & (tx >= 0)).flatten()
+        shares.append(float((pairs[inside] == shift).all(1).float().mean()))
+    return shares
+
+
+def test_impulse_on_position_embeddings_added_block_by_block_hits_on_the_image_grid():
+    """NesT adds each level's (1, blocks, n, D) position embedding after cutting the grid into
+    blocks, so its rows run block by block: impulse reads where each row sits on the image from
+    the model's own spatial maps, lays each level's layers out as windows of that level's grid,
+    and every head of both levels puts its argmax on one shift of the image grid in the model's
+    own maps on the position-only input (the patch and the pooling silenced)."""
+    from nested_models import NestedViT
+
+    torch.manual_seed(0)
+    model = NestedViT().eval()
+    structinit.init_(model, "impulse", seed=0)
+    record = structinit.get_record(model, "init")
+    assert record["layers"] == ["levels.0.attn", "levels.1.attn"]
+    zero = lambda module, args, out: torch.zeros_like(out)
+    handles = [model.patch.register_forward_hook(zero), model.levels[1].pool.register_forward_hook(zero)]
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    for handle in handles:
+        handle.remove()
+    for level, blocks in zip(model.levels, (16, 4)):
+        assert min(_block_shifts(level.attn.last_probs, blocks, 4)) == 1.0
+        assert level.pos_embed.grad is None and not torch.equal(level.pos_embed, torch.zeros_like(level.pos_embed))
+    assert bool((structinit.impulse_fidelity(model)["hit"].nan_to_num(1.0) == 1).all())
+
+
+def test_the_rows_of_a_block_by_block_embedding_are_placed_on_the_image_grid():
+    """The survey's position embedding of NestedViT permutes its rows onto the 16×16 grid as
+    blockify does: grid position (y, x) reads row (block, index in the block)."""
+    from nested_models import NestedViT
+
+    from structinit.adapters.layout import grid_positions
+    from structinit.adapters.survey import ModelSurvey
+
+    found = ModelSurvey(NestedViT()).position
+    assert found.pos_embed_name == "levels.0.pos_embed" and found.grid == (16, 16)
+    y, x = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
+    row_of_position = ((y // 4) * 4 + x // 4) * 16 + (y % 4) * 4 + x % 4  # blockify's order
+    positions = grid_positions(found, 256)
+    assert torch.equal(positions[row_of_position.flatten()], torch.arange(256))

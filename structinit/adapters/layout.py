@@ -231,6 +231,21 @@ def _embedding_rows(found: Discovery) -> torch.Tensor | None:
     return (found.pos_reader @ _table_rows(found)).to(pos.device, pos.dtype)
 
 
+def grid_positions(found: Discovery, num_patches: int) -> torch.Tensor | None:
+    """(N,) long: the grid position (row-major) each of the N grid rows of ``found``'s position
+    embedding gives its token: each its own index, or, for an embedding whose rows a permutation
+    places on the grid (``pos_reader`` one 1 per row and column: NesT's rows run block by block),
+    where that puts it; None for a reader that is no permutation (a resized table)."""
+    reader = found.pos_reader
+    if reader is None:
+        return torch.arange(num_patches)
+    ones = reader == 1
+    if reader.shape != (num_patches, num_patches) or not bool(((reader == 0) | ones).all()) or not (
+            bool((ones.sum(0) == 1).all()) and bool((ones.sum(1) == 1).all())):
+        return None
+    return ones.long().argmax(0)
+
+
 def _table_rows(found: Discovery) -> torch.Tensor:
     """The rows of the tables a read position embedding comes from, one table after the other,
     as the reader's columns take them (R, D), float64."""

@@ -4,27 +4,22 @@ masking shuffles them, even at mask ratio 0). The same reading names the grid po
 token of the windows a later layer attends within (:func:`window_order`).
 
 One forward runs with the position embedding's leaf tensor recording gradients, stopped at the
-first attention layer. Per probe sample, two cotangents go back from the tokens the layer
-receives: u on every token, and (t + 1)·u on token t (u a fixed random direction). A grid row r
-of the embedding that feeds exactly one token t gets the gradient g on the first and (t + 1)·g
-on the second, so their ratio names t; a row that feeds none gets nothing, and a row whose
-ratio is not one whole number feeds several tokens (they mix before the layer, and no order
-can be read). A token no grid row feeds is off the grid (a class or register token). The
-forward runs seeded, so a random order is the same as in any other probe of that seed
-(:func:`structinit.adapters.observe.observe`).
+layer, and each token is read back to the one grid row of the embedding that feeds it
+(:func:`structinit.adapters.row_reading.read_rows`); a token no grid row feeds is off the grid
+(a class or register token). The forward runs seeded, so a random order is the same as in any
+other probe of that seed (:func:`structinit.adapters.observe.observe`).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
-from structinit.adapters.layout import TokenLayout
+from structinit.adapters.layout import TokenLayout, grid_positions, layout_position
 from structinit.adapters.probe import first_sample, is_token_probe
+from structinit.adapters.row_reading import read_rows, recording, silenced
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.trace import recording, tokens_at
+from structinit.adapters.trace import tokens_at
 
 
 def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches: int, inputs,
@@ -38,39 +33,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
         x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
         if x is None or x.ndim != 3 or not x.requires_grad:  # (B·windows, h, w, C): no row order
             return None
-        return _read_order(x, leaf, pos_embed, num_patches)
-
-
-def _read_order(x: torch.Tensor, leaf: torch.Tensor, pos_embed: torch.Tensor, num_patches: int) -> torch.Tensor | None:
-    batch, tokens, width = x.shape
-    u = torch.randn(width, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    labels = torch.arange(1, tokens + 1, dtype=torch.float64)
-    order = torch.full((batch, tokens), -1, dtype=torch.long)
-    for b in range(batch):
-        grads = []
-        for weight in (torch.ones(tokens, dtype=torch.float64), labels):
-            cot = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
-            cot[b] = (weight[:, None] * u).to(x.device)
-            (g,) = torch.autograd.grad(x, leaf, cot.to(x.dtype), retain_graph=True, allow_unused=True)
-            if g is None:
-                return None
-            view = g.as_strided(pos_embed.shape, pos_embed.stride(), pos_embed.storage_offset() - leaf.storage_offset())
-            rows = view.reshape(-1, view.shape[-1]).double().cpu()
-            grads.append(rows[rows.shape[0] - num_patches:])
-        ones, labelled = grads
-        norm = ones.norm(dim=-1)
-        if bool((norm <= 1e-6 * float(norm.max())).any()):
-            return None  # a grid row that reaches no token: not one token per grid position
-        token = (labelled * ones).sum(-1) / norm**2  # the ratio, read where the gradient is
-        nearest = token.round()
-        residual = (labelled - nearest[:, None] * ones).norm(dim=-1) / norm
-        if bool((residual > 1e-3).any()) or bool(((nearest < 1) | (nearest > tokens)).any()):
-            return None  # rows that feed several tokens: they mix before the layer
-        index = nearest.long() - 1
-        if index.unique().numel() != num_patches:
-            return None
-        order[b, index] = torch.arange(num_patches)
-    return order
+        return read_rows(x, leaf, pos_embed, num_patches)
 
 
 def out_of_order(survey: ModelSurvey, first: tuple, num_patches: int, inputs, seed: int = 0) -> torch.Tensor | None:
@@ -112,20 +75,23 @@ def layer_windows(survey: ModelSurvey, name: str, adapter, layout: TokenLayout) 
     """``layout`` with the windows layer ``name`` attends within (:func:`window_order`), for a
     layer whose maps span another count of tokens than prefix + grid (smaller windows, or one
     padded past the grid) and whose position comes with the tokens (no relative bias, no
-    rotation); None when it is not such a layer or they cannot be read on the survey's probe."""
+    rotation); None when it is not such a layer or they cannot be read on the survey's probe.
+    The windows are read on the position embedding ``layout`` takes (a later stage's own)."""
     verdict = survey.attention.verdict(name)
     tokens = None if verdict is None else verdict.tokens
     probe = survey.probe
     if (tokens is None or tokens == layout.num_tokens or probe is None or is_token_probe(probe)
             or adapter.rotary is not None or survey.relative_bias(name, adapter) is not None):
         return None
-    if getattr(getattr(adapter, "token_map", None), "windows", None) is not None:
+    cut = getattr(getattr(adapter, "token_map", None), "windows", None)
+    if cut is not None and not torch.equal(cut.flatten().cpu(), torch.arange(cut.numel())):
         return None  # it cuts its windows itself, from the grid it receives: its input is not the windows
+    # (windows that are whole leading axes of its input, as NesT's (B, blocks, n, D), are its input)
     others = [v.adapter.module for v in survey.attention.verdicts if v.adapter.module is not adapter.module]
-    order = window_order(survey, adapter, others, layout.num_patches, tokens, first_sample(probe))
+    order = window_order(survey, adapter, others, layout, tokens, first_sample(probe))
     if order is None or not cut_from_grid(order, layout.grid):
         return None
-    return TokenLayout(layout.grid, layout.num_prefix_tokens, windows=order)
+    return TokenLayout(layout.grid, layout.num_prefix_tokens, windows=order, position=layout.position)
 
 
 def cut_from_grid(windows: torch.Tensor, grid: tuple[int, int]) -> bool:
@@ -152,47 +118,33 @@ def cut_from_grid(windows: torch.Tensor, grid: tuple[int, int]) -> bool:
 OFF_GRID = -2  # in a window order: a token no grid position feeds that is not padding (a class token)
 
 
-def window_order(survey: ModelSurvey, adapter, others: list[nn.Module], num_patches: int, tokens: int,
+def window_order(survey: ModelSurvey, adapter, others: list[nn.Module], layout: TokenLayout, tokens: int,
                  inputs) -> torch.Tensor | None:
     """(slices, ``tokens``) long: the grid index of each token of each window the layer of
     ``adapter`` attends within, −1 for a window's padding (zero tokens no grid position feeds),
     :data:`OFF_GRID` for another token no grid position feeds; None when it cannot be read so.
-    Read as :func:`token_order` reads the first layer's order, on one probe image, with the
-    output of every attention module in ``others`` (the model's other attention layers) zero
-    for the forward: the layers before then mix no tokens, and each grid row of the position
-    embedding reaches the one token it becomes (SAM's ViT pads its grid to whole windows and
-    cuts them before each windowed layer)."""
-    pe = survey.position.pos_embed
-    if pe is None or survey.position.pos_reader is not None:
+    Read as :func:`token_order` reads the first layer's order, on one probe image, from the rows
+    of the position embedding ``layout`` takes, each placed on the grid where it sits
+    (:func:`~structinit.adapters.layout.grid_positions`), with the output of every attention
+    module in ``others`` (the model's other attention layers) zero for the forward: the layers
+    before then mix no tokens, and each grid row of the position embedding reaches the one token
+    it becomes (SAM's ViT pads its grid to whole windows and cuts them before each windowed layer;
+    NesT adds its embedding to blocks of the grid)."""
+    found = layout_position(survey, layout)
+    pe, positions, num_patches = found.pos_embed, grid_positions(found, layout.num_patches), layout.num_patches
+    if pe is None or positions is None:
         return None
-    with recording(pe) as leaf, _silenced(others):
+    with recording(pe) as leaf, silenced(others):
         x = None if leaf is None else tokens_at(survey.model, adapter, inputs, keep_graph=True)
         if x is None or not x.requires_grad or x.numel() % (tokens * x.shape[-1]):
             return None
         flat = x.reshape(1, -1, x.shape[-1])
-        order = _read_order(flat, leaf, pe, num_patches)
+        order = read_rows(flat, leaf, pe, num_patches)
     if order is None:
         return None
+    order = torch.where(order >= 0, positions[order.clamp(min=0)], order)
     order[(order < 0) & flat.detach().ne(0).any(-1).cpu()] = OFF_GRID  # a token, not padding: a class token
     return order.reshape(-1, tokens)
-
-
-@contextlib.contextmanager
-def _silenced(modules: list[nn.Module]):
-    """Every module in ``modules`` returns zeros of its output's shape (the first tensor of a
-    tuple) while the context lasts."""
-    def zero(module, args, out):
-        if isinstance(out, torch.Tensor):
-            return torch.zeros_like(out)
-        if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
-            return (torch.zeros_like(out[0]), *out[1:])
-        return out
-    handles = [m.register_forward_hook(zero) for m in modules]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def windows_in_grid(probs: torch.Tensor, windows: torch.Tensor, num_patches: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ from structinit.adapters.probe import (
     run_forward,
     token_candidates,
 )
+from structinit.adapters.row_reading import leaf_of, raster_rows, recording
 
 
 class _Stop(Exception):
@@ -86,26 +87,14 @@ def _stopped_at(model, module, grab, inputs, seed, keep_graph, output=False):
     return seen.get("x")
 
 
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    """The tensor ``t`` views (a parameter, a buffer or a plain tensor attribute), or ``t``."""
-    return t if t._base is None else t._base
-
-
-@contextlib.contextmanager
-def recording(pos_embed: torch.Tensor):
-    """The tensor ``pos_embed`` views, recording gradients inside (its flag restored after);
-    None when it cannot (not floating point, or made by an op)."""
-    leaf = _leaf(pos_embed)
-    if not leaf.is_floating_point() or leaf.grad_fn is not None:
-        yield None
-        return
-    was = leaf.requires_grad
-    try:
-        leaf.requires_grad_(True)
-        with torch.enable_grad():
-            yield leaf
-    finally:
-        leaf.requires_grad_(was)
+def image_tokens(model: nn.Module, adapter, inputs) -> torch.Tensor | None:
+    """:func:`tokens_at`, with a layer that attends within windows of the probe images (B·windows,
+    n, D; NesT's blocks) given each image's tokens as one sample, (B, windows·n, D)."""
+    x = tokens_at(model, adapter, inputs)
+    images = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.ndim == 4 else None
+    if x is not None and x.ndim == 3 and images and x.shape[0] > images and x.shape[0] % images == 0:
+        x = x.reshape(images, -1, x.shape[-1])
+    return x
 
 
 @torch.no_grad()
@@ -115,7 +104,7 @@ def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Te
     gen = torch.Generator().manual_seed(0)
     t.add_(torch.randn(t.shape, generator=gen).to(t.dtype) * (float(saved.float().std(correction=0)) + 1.0))
     try:
-        after = tokens_at(model, adapter, images)
+        after = image_tokens(model, adapter, images)
     finally:
         t.copy_(saved)
     if after is None or after.shape != base.shape:
@@ -139,26 +128,41 @@ def traced_discovery(survey, on_probe: bool = False, layer=None) -> Discovery | 
     if not candidates or (on_probe and not images):
         return None
     on = [(probe, tuple(probe.shape[-2:]))] if images else None
+    attention = [v.adapter.module for v in survey.attention.verdicts]
     if on_probe:
-        return _trace(survey.model, first, candidates, survey.example, on)
+        return _trace(survey.model, first, candidates, attention, survey.example, on)
     # the sizes the model states first (its PE's own grid); then the images its layers were probed with, which
     # a model built for another size than it states takes (TNT's at 64 px)
-    return _trace(survey.model, first, candidates, survey.example) or (
-        _trace(survey.model, first, candidates, None, on) if on and survey.example is None else None)
+    return _trace(survey.model, first, candidates, attention, survey.example) or (
+        _trace(survey.model, first, candidates, attention, None, on) if on and survey.example is None else None)
 
 
-def _trace(model, first, candidates, example: ModelCall | None = None, probes=None) -> Discovery | None:
+def _trace(model, first, candidates, attention, example: ModelCall | None = None, probes=None) -> Discovery | None:
     # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike;
     # a caller's input is the only probe when given
     probes = probes or ([(example, None)] if example is not None else
                         ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
     for inputs, image in probes:
-        base = tokens_at(model, first[1], inputs)
+        base = image_tokens(model, first[1], inputs)
         if base is not None:
             found = _classify(model, first, inputs, base, candidates)
             if found is not None:
-                return _with_grid(model, *found, image)
+                return _on_image(model, _with_grid(model, *found, image), inputs, attention)
     return None
+
+
+def _on_image(model: nn.Module, found: Discovery, inputs, attention: list[nn.Module]) -> Discovery:
+    """``found`` with its rows placed where they sit on the image, when the model's spatial maps
+    show them in another order than row-major (:func:`~structinit.adapters.row_reading.raster_rows`):
+    as a ``pos_reader`` that permutes them, so that every reader takes them in grid order."""
+    pe, n = found.pos_embed, _rows(found.pos_embed)
+    if found.pos_reader is not None or found.num_prefix_tokens or found.grid is None or math.prod(found.grid) != n:
+        return found
+    with recording(pe) as leaf:
+        order = None if leaf is None else raster_rows(model, inputs, leaf, pe, n, attention)
+    if order is None or bool((order == torch.arange(n)).all()):
+        return found
+    return dataclasses.replace(found, pos_reader=torch.eye(n, dtype=torch.float64)[order])  # row g: order[g]'s
 
 
 def _classify(model, first, images, base, candidates) -> tuple[Discovery, int] | None:
@@ -215,7 +219,7 @@ def table_reader(model: nn.Module, inputs, tables: list[tuple[str, torch.Tensor]
     (:func:`_token_takers`). A comes from one backward per D tokens (token t's cotangent one-hot
     on channel t mod D) and is checked on a random change of the tables, restored bit for bit.
     None when no such place shows a linear, per-channel reading."""
-    if any(_leaf(t) is not t or not t.is_floating_point() for _, t in tables):
+    if any(leaf_of(t) is not t or not t.is_floating_point() for _, t in tables):
         return None  # a view or a computed tensor: no rows to write through
     modules = dict(model.named_modules())
     ancestors = lambda path: [p for p in (".".join(path.split(".")[:i]) for i in range(path.count(".") + 1, 0, -1))

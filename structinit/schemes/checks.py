@@ -22,6 +22,7 @@ from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical, maps_on_grid
 from structinit.adapters.verify import TRANSFORMS, UNCALLED, Verdict, tolerance
 from structinit.functional.targets import target_index, target_indices, target_pairs
+from structinit.utils.state import shares_memory
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
 _HINTS = {
@@ -46,11 +47,20 @@ MIN_DESIGNED_DIAGONAL = 1.0  # a head whose written diagonal is weaker (α ≫ �
 GROUPED = "grouped"  # a scheme that accepts it sets grouped-query layers (shared key/value heads)
 
 
-def check_settable(survey: ModelSurvey, chosen, scheme: str, accept: frozenset[str] = frozenset()) -> list[Verdict]:
+def check_settable(survey: ModelSurvey, chosen, scheme: str, accept: frozenset[str] = frozenset(),
+                   writes: str = "qkvo") -> list[Verdict]:
     """The probe's verdict on every chosen (name, adapter); ValueError naming the first layer
-    whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do."""
+    whose verdict is 'refused' for a reason not in ``accept``, with what differs and what to do,
+    or one of whose projections the scheme writes (``writes``, of q, k, v, o) shares its weights
+    with another of the layer's (:func:`shared_roles`)."""
     verdicts = [survey.attention.verdict(name) for name, _ in chosen]
     for name, ad in chosen:
+        if tied := shared_roles(ad.linear_views(), writes):
+            raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): its "
+                             f"{tied[0]} and {tied[1]} projections share their weights (one module or one Parameter "
+                             f"serves both), so writing the {tied[0] if tied[0] in writes else tied[1]} projection "
+                             "would change the other too and the layer would not compute what was designed; nothing "
+                             "was written. Give each projection its own weights, or leave the layer out with layers=")
         rows = in_matrix(ad.linear_views()["q"][0]).shape[0]
         if rows != ad.num_heads * ad.head_dim:  # heads of r = rows // heads channels leave some rows out
             raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): its "
@@ -68,6 +78,19 @@ def check_settable(survey: ModelSurvey, chosen, scheme: str, accept: frozenset[s
             raise ValueError(f"{scheme} cannot set the attention of layer {name!r} ({type(ad.module).__name__}): "
                              f"{verdict.reason}; nothing was written. {_HINTS.get(verdict.code, '')}".rstrip())
     return [v for v in verdicts if v is not None]
+
+
+def shared_roles(views, writes: str) -> tuple[str, str] | None:
+    """The first two of a layer's q, k, v, o projections (``views``, role → (weight, bias)) that
+    share memory, one of them in ``writes``; None when none do. The slices of one fused weight
+    (a qkv Linear, or heads packed together) are apart and pass."""
+    roles = [r for r in "qkvo" if r in views]
+    for i, a in enumerate(roles):
+        for b in roles[i + 1:]:
+            if (a in writes or b in writes) and any(
+                    shares_memory(x, y) for x in views[a] if x is not None for y in views[b] if y is not None):
+                return a, b
+    return None
 
 
 def plain_heads(plan, survey: ModelSurvey, chosen) -> list[str]:

@@ -120,9 +120,13 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
 
 def _stage(survey: ModelSurvey, name: str, ad, tokens: int | None) -> TokenLayout | None:
     """The layout of a layer off the model's first grid that takes a later stage's own position
-    embedding (added after a merge: Visformer's, CrossViT's second branch), or None."""
+    embedding (added after a merge: Visformer's, CrossViT's second branch), attending over the
+    stage's grid or within windows of it (NesT's blocks); or None."""
     found = None if tokens is None else survey.stage_position(name, ad)
-    return None if found is None or found.pos_embed is None else stage_layout(found, tokens)
+    if found is None or found.pos_embed is None:
+        return None
+    whole = found.grid and TokenLayout(tuple(found.grid), found.num_prefix_tokens or 0, position=found)
+    return stage_layout(found, tokens) or (whole and layer_windows(survey, name, ad, whole))
 
 
 def _refuse_unplaced(survey: ModelSurvey, odd: list) -> None:

@@ -175,7 +175,8 @@ def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_la
     # softmax(q kᵀ·scale + bias) from the q/k writes, normalising neither q nor k (the solvers design q kᵀ itself).
     # A layer whose output is no projection of its context (LeViT's): impulse sets its q and k alone, unless
     # asked for the value path too
-    check_settable(survey, chosen, "impulse", accept=frozenset({NO_PROJECTION} if value_init == "keep" else ()))
+    check_settable(survey, chosen, "impulse", accept=frozenset({NO_PROJECTION} if value_init == "keep" else ()),
+                   writes="qk" if value_init == "keep" else "qkvo")
     for name, ad in chosen:
         if ad.qk_normalised and survey.relative_bias(name, ad) is None:
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 
 def check_model(model: object) -> None:
@@ -18,6 +19,12 @@ def check_model(model: object) -> None:
                          "nothing was written. Materialise the model first, model.to_empty(device='cpu') (or your "
                          "device), then initialise it: a whole-model scheme such as 'timm' gives every weight a value, "
                          "and an attention or conv scheme after it reads them")
+    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if is_lazy(t)]
+    if lazy:
+        raise ValueError(f"model: {len(lazy)} tensors ({lazy[0]}, …) belong to lazy modules not yet materialised and "
+                         "hold no values; nothing was written. Run the model once on a batch of its input, so that "
+                         "they take their shapes, then initialise it (structinit reads a model by running it, and a "
+                         "run would materialise them, which cannot be undone)")
     quantised = [(n, f"{type(m).__module__}.{type(m).__name__}") for n, m in model.named_modules() if _quantised(m)]
     quantised = [(n, k) for n, k in quantised if not any(n.startswith(f"{o}.") for o, _ in quantised)]  # outermost
     if quantised:
@@ -32,7 +39,7 @@ def _quantised(module: nn.Module) -> bool:
     """Whether ``module`` keeps its weights quantised: torch's quantised layers (packed
     parameters, or a class from a ``quantized`` package) or a weight that is not a float
     (bitsandbytes' int8 and 4-bit layers)."""
-    weight = getattr(module, "weight", None)
+    weight = module._parameters.get("weight")  # not module.weight: a parametrised one computes (and may update)
     return (hasattr(module, "_packed_params") or ".quantized" in type(module).__module__
             or (isinstance(weight, torch.Tensor) and not weight.is_floating_point())
             or any(t.is_quantized for t in module.parameters(recurse=False)))

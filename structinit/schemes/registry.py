@@ -200,17 +200,15 @@ def _numbers(options: dict, tensors: bool = False) -> str:
 
 
 def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str,
-          survey: ModelSurvey | None = None) -> Plan:
-    """``scheme.plan(survey, *args, **options)`` on a checked model, surveyed once (``survey``,
-    or a new one) (:func:`~structinit.schemes.model_checks.check_model`), its
-    options checked first and its plan after:
-    every planned value must be finite in the dtype of the tensor it goes to. A finite but huge
-    (or tiny) option can still overflow the maths or the model's dtype; that is a ``ValueError``
-    naming the numeric options given, raised before anything is written."""
+          survey: ModelSurvey | None = None, state: ModuleState | None = None) -> Plan:
+    """``scheme.plan(survey, *args, **options)`` on a checked model, surveyed once (``survey``, or a new one)
+    (:func:`~structinit.schemes.model_checks.check_model`), its options checked first and its plan after:
+    every planned value must be finite in the dtype of the tensor it goes to. A finite but huge (or tiny)
+    option can still overflow the maths or the model's dtype: a ``ValueError`` naming the numeric options."""
     options = dict(options)
     example = options.pop("example_inputs", None)  # the survey's, whatever the scheme
     _check_options(scheme, args, options, what)
-    state = ModuleState(model)  # the probes run the model: what their forwards cache is put back
+    state = state or ModuleState(model)  # the probes run the model: what their forwards cache is put back
     try:
         survey = survey or ModelSurvey(model, example_inputs=example, grid=options.get("grid"))
         plan = scheme.plan(survey, *args, **options)
@@ -353,8 +351,12 @@ def plan_init(model: nn.Module, scheme: str, **options) -> Plan:
     example = options.pop("example_inputs", None)
     survey = ModelSurvey(model, example_inputs=example, grid=options.get("grid"))  # one per init, read by the planner
     given = "target" in options
-    entry, options = resolve_scheme(model, scheme, options, survey)
-    plan = _plan(entry, model, (), options, f"scheme {scheme!r}", survey)
+    state = ModuleState(model)  # what an error leaves: a read may change a model (a spectral norm in train mode)
+    try:
+        entry, options = resolve_scheme(model, scheme, options, survey)
+    finally:
+        state.restore()
+    plan = _plan(entry, model, (), options, f"scheme {scheme!r}", survey, state)
     said = None if given else _dispatch_record(model, scheme, entry)
     if said is not None:  # another kind of layer than the name's attention: said, never silent
         plan.records.append((model, "init", said))

@@ -63,3 +63,19 @@ def in_parameters(module: nn.Module, t: torch.Tensor | None) -> bool:
         return False
     ptr = t.untyped_storage().data_ptr()
     return any(p.untyped_storage().data_ptr() == ptr for p in module.parameters())
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether views ``a`` and ``b`` share an element of memory (not merely a storage)."""
+    if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if a.dtype != b.dtype or a.numel() == 0 or b.numel() == 0:
+        return a.numel() > 0 and b.numel() > 0  # one storage read as two dtypes: shared, to be safe
+    spans = [(t.storage_offset(), t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())))
+             for t in (a, b)]
+    if spans[0][1] < spans[1][0] or spans[1][1] < spans[0][0]:
+        return False
+    index = torch.arange(max(spans[0][1], spans[1][1]) + 1)
+    held = torch.zeros(len(index), dtype=torch.bool)
+    held[index.as_strided(a.shape, a.stride(), a.storage_offset())] = True
+    return bool(held[index.as_strided(b.shape, b.stride(), b.storage_offset())].any())
