@@ -1,10 +1,10 @@
 """Attention modules written in styles no adapter names: raw Parameters through ``F.linear``,
 ``einsum`` on a (3, heads, r, D) weight, 1×1 convolutions on image maps (alone, or each followed
-by a BatchNorm), projections in a
-``ModuleDict``, a ``Linear`` subclass, q, k and v packed per head, heads before the token
-blocks, values wider than queries and keys, one softmax per segment of a packed sequence, q and
-k normalised over every head's channels at once; and :class:`StyledViT`, a small ViT around any
-of them. Each records the softmax input and output its own forward formed (``last_logits``,
+by a BatchNorm), projections in a ``ModuleDict``, a ``Linear`` subclass, q, k and v packed per
+head, heads before the token blocks, values wider than queries and keys, one softmax per segment
+of a packed sequence, q and k normalised over every head's channels at once, heads folded into
+the batch with the scale as ``baddbmm``'s ``alpha``; and :class:`StyledViT`, a small ViT around
+any of them. Each records the softmax input and output its own forward formed (``last_logits``,
 ``last_probs``), the ground truth the tests compare structinit against."""
 
 import math
@@ -319,10 +319,29 @@ class FullWidthNormAttention(_Records):
         return self.o_proj((probs @ split(self.v_proj(x))).transpose(1, 2).reshape(b, t, d))
 
 
+class BatchHeadsAttention(_Records):
+    """Heads folded into the batch, (B·heads, T, r), as ``rearrange(q, 'b n (h d) -> (b h) n d')``
+    leaves them; the logits from ``torch.baddbmm`` with the scale as its ``alpha``."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h, self.qkv, self.proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        r = d // self.h
+        q, k, v = (u.reshape(b, t, self.h, r).transpose(1, 2).reshape(b * self.h, t, r)
+                   for u in self.qkv(x).chunk(3, dim=-1))
+        logits = torch.baddbmm(torch.zeros(b * self.h, t, t, dtype=x.dtype), q, k.transpose(1, 2), alpha=r**-0.5)
+        probs = logits.softmax(-1)
+        self.keep(logits.view(b, self.h, t, t), probs.view(b, self.h, t, t))
+        return self.proj(torch.bmm(probs, v).view(b, self.h, t, r).transpose(1, 2).reshape(b, t, d))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
           "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention,
-          "wide-values": WideValuesAttention}
+          "wide-values": WideValuesAttention, "batch-heads": BatchHeadsAttention}
 
 
 class ChannelNorm(nn.LayerNorm):

@@ -138,3 +138,54 @@ def test_a_model_is_proved_free_of_attention_only_by_a_graph_that_shows_none():
         def forward(self, x):
             return x.relu() if x.sum() > 0 else x
     assert not forms_no_attention(Branchy())
+
+
+class _PooledKeys(torch.nn.Module):
+    """CvT's attention: q from a depthwise convolution, k and v from a strided one (4× fewer
+    tokens), heads folded into the batch: a (B·heads, 64, 16) softmax map over 3-D logits."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.h = heads
+        conv = torch.nn.Conv2d
+        self.to_q = torch.nn.Sequential(conv(dim, dim, 3, padding=1, groups=dim), conv(dim, dim, 1))
+        self.to_kv = torch.nn.Sequential(conv(dim, dim, 3, padding=1, stride=2, groups=dim), conv(dim, 2 * dim, 1))
+        self.out = conv(dim, dim, 1)
+
+    def forward(self, x):  # (B, D, H, W)
+        b, d, hh, ww = x.shape
+        fold = lambda t: t.reshape(b * self.h, d // self.h, -1).transpose(1, 2)  # (B·heads, T, r)
+        q, (k, v) = fold(self.to_q(x)), (fold(t) for t in self.to_kv(x).chunk(2, dim=1))
+        probs = torch.einsum("bid,bjd->bij", q, k).softmax(-1)
+        return self.out(torch.einsum("bij,bjd->bid", probs, v).transpose(1, 2).reshape(b, d, hh, ww))
+
+
+class _PooledKeysNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.attn, self.head = torch.nn.Conv2d(3, 16, 4, stride=4), _PooledKeys(), torch.nn.Linear(16, 10)
+
+    def forward(self, images):
+        x = self.stem(images)
+        return self.head((x + self.attn(x)).mean((2, 3)))
+
+
+def test_attention_over_pooled_keys_is_not_passed_over_for_the_conv_layers_beside_it():
+    """A softmax over (B·heads, queries, fewer keys) is no map structinit reads as self-attention
+    or as pooling, and no adapter claims it; the model has depthwise convolutions too. 'impulse'
+    names the map and the escape (``target='conv'``) instead of initialising the convolutions in
+    the attention's place; the model is left bit for bit as it was. Asked for, the convolutions
+    are written."""
+    from rejection import check_rejected
+
+    torch.manual_seed(0)
+    model = _PooledKeysNet()
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"has attention that no adapter understands: attn \(_PooledKeys: a 64×16 softmax map over 3-D "
+                   r"logits\); nothing was written\..*target='conv'")
+    check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"no attention layer found in _PooledKeysNet \(softmax maps it reads neither as self-attention nor "
+                   r"as pooling: attn \(_PooledKeys: a 64×16 softmax map")
+    before = model.attn.to_q[0].weight.detach().clone()
+    structinit.init_(model, "impulse", target="conv", seed=0)
+    assert not torch.equal(model.attn.to_q[0].weight, before)

@@ -188,9 +188,9 @@ def _back_to_product(ops, producers, t: torch.Tensor, before: int, depth: int = 
     i = _made_before(producers, t, before)
     if i is None or depth == 0:
         return None
-    func, args, kwargs, _ = ops[i]
-    if func in _PRODUCTS:
-        return i, float(kwargs.get("alpha", 1.0)) if func in _BADDBMM else 1.0
+    func, args, _, _ = ops[i]
+    if func in _PRODUCTS:  # baddbmm's alpha is in the product's output already, as every factor it applies
+        return i, 1.0
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.ndim == t.ndim]
     tensors.sort(key=lambda a: a.shape != t.shape)  # the logits themselves before a bias or mask added to them
     for a in tensors:

@@ -120,6 +120,8 @@ class ModelSurvey:
             skipped = survey.skipped()
             also = (f" (only attention-pooling heads: {', '.join(n for n, _ in skipped)}; pass pooling=True to "
                     "include those an adapter understands)") if skipped else ""
+            also += (" (softmax maps it reads neither as self-attention nor as pooling: " + ", ".join(
+                f"{n} ({what})" for n, what in survey.unread[:2]) + ")") if survey.unread else ""
             raise ValueError(
                 f"no attention layer found in {type(self.model).__name__}{also} (module types: {', '.join(types)}). "
                 "structinit initialises self-attention; register an adapter with "

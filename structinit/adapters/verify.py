@@ -83,6 +83,9 @@ class AttentionSurvey:
     pooling: list[tuple[str, str]] = field(default_factory=list)  # unclaimed pooling heads (name, why)
     probed: bool = False
     probe: object = None  # what the model took: (B, C, H, W) images, (B, T) token ids, or a caller's ModelCall
+    # Softmax maps over 3-D logits of unequal counts in unclaimed modules, (name, what): attention whose keys
+    # are pooled (CvT's), or a router's; not read as attention, but a reason to write nothing else in its place
+    unread: list[tuple[str, str]] = field(default_factory=list)
 
     def of(self, kind: str) -> list[Verdict]:
         return [v for v in self.verdicts if v.kind == kind]
@@ -283,13 +286,15 @@ def _judged(model, candidates, inputs, calls, by_module, whole: bool = True) -> 
         return None
     verdicts = _with_plain_heads(model, candidates, verdicts, inputs, dtype)
     names = {m: n for n, m in model.named_modules()}
-    unclaimed, pooling = {}, []
+    unclaimed, pooling, unread = {}, [], []
     for module, maps in by_module.items():
         if any(module is m for _, ad in candidates for m in ad.module.modules()):
             continue
         # (B, heads, [windows,] q, k) is attention whatever its counts; a 3-D softmax of unequal ones may not be
         attention = [m for m in maps if m.probs.ndim >= 3 and (m.queries == m.keys or m.probs.ndim >= 4)]
         if not attention:
+            unread += [(names.get(module, "?"), f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map over "
+                        "3-D logits") for m in [m for m in maps if m.probs.ndim == 3 and m.applied][:1]]
             continue
         m, name = attention[0], names.get(module, "?")
         if all(a.queries != a.keys for a in attention):
@@ -313,7 +318,7 @@ def _judged(model, candidates, inputs, calls, by_module, whole: bool = True) -> 
     unknown = [u for u in unknown if u[0] not in again]
     order = list(names)
     verdicts = sorted([*verdicts, *traced], key=lambda v: order.index(v.name) if v.name in order else len(order))
-    return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs)
+    return AttentionSurvey(verdicts, unknown, pooling, probed=True, probe=inputs, unread=unread)
 
 
 def _unread(verdict: Verdict, why: str | None, call: ModuleCall) -> Verdict:

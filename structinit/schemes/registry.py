@@ -308,7 +308,7 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
         # initialise the other kind instead. find_attention_layers names the attention it cannot read; a
         # model whose graph provably has none (ConvMixer) is not run to see.
         found = survey.attention if not forms_no_attention(model) else None
-        unknown = [] if found is None else found.unknown
+        unknown = [] if found is None else [*found.unknown, *found.unread]
         if found is not None and found.verdicts:  # attention only the trace read is attention all the same
             present, kinds = [next(e for e in entries if e.target == "attention"), *present], ["attention", *kinds]
         elif unknown:
