@@ -189,3 +189,34 @@ def test_attention_over_pooled_keys_is_not_passed_over_for_the_conv_layers_besid
     before = model.attn.to_q[0].weight.detach().clone()
     structinit.init_(model, "impulse", target="conv", seed=0)
     assert not torch.equal(model.attn.to_q[0].weight, before)
+
+
+class _SequentialSoftmax(torch.nn.Module):
+    """vit-pytorch MaxViT's habit: the softmax inside ``nn.Sequential(nn.Softmax(dim=-1), nn.Dropout(p))``."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h, self.qkv, self.proj = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.attend = torch.nn.Sequential(torch.nn.Softmax(dim=-1), torch.nn.Dropout(0.0))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        self.last_probs = self.attend(q @ k.transpose(-2, -1) * (d // self.h) ** -0.5)
+        return self.proj((self.last_probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_softmax_kept_in_a_sequential_with_a_dropout_is_its_attention_modules_map(scheme):
+    """The map made in the Sequential belongs to the attention module around it (not to the
+    Sequential, where no projection is: it was read as a head whose q and k are pooled, and left
+    alone); both schemes write the layer, and impulse's heads hit in the module's own maps."""
+    from attention_modules import SepViT
+
+    torch.manual_seed(0)
+    model = SepViT(attn_cls=_SequentialSoftmax)
+    assert [n for n, _ in ModelSurvey(model).layers()] == ["blocks.0.attn", "blocks.1.attn"]
+    structinit.init_(model, scheme, seed=0, **({"reserve": "none"} if scheme == "impulse" else {}))
+    assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]
+    if scheme == "impulse":
+        assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())

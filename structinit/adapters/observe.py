@@ -44,9 +44,10 @@ _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
 _MHA_SIGNATURE = inspect.signature(_MHA)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-# Leaf modules that only carry a softmax or pass tensors through: a map made in one belongs to
-# its parent (vit-pytorch's ``attend = nn.Softmax(dim=-1)``).
+# Modules that only carry a softmax or pass tensors through, or a Sequential of them alone: a map made in one
+# belongs to its parent (vit-pytorch's ``attend = nn.Softmax(dim=-1)``, or MaxViT's with a Dropout after it).
 _CARRIERS = (nn.Softmax, nn.Dropout, nn.Identity)
+_carrier = lambda m: isinstance(m, _CARRIERS) or (isinstance(m, nn.Sequential) and len(m) > 0 and all(map(_carrier, m)))
 
 
 @dataclass
@@ -184,7 +185,7 @@ def _tensors_in(values) -> list[torch.Tensor]:
 
 
 def _owner(stack: list[nn.Module]) -> nn.Module:
-    return next((module for module in reversed(stack) if not isinstance(module, _CARRIERS)), stack[-1])
+    return next((module for module in reversed(stack) if not _carrier(module)), stack[-1])
 
 
 @torch.no_grad()
