@@ -181,6 +181,9 @@ def pos_embed_writes(model: nn.Module | ModelSurvey, layout: TokenLayout,
     found = layout_position(model, layout)
     if found.pos_reader is None:
         return [(grid_pos_embed(model, layout), grid_rows)]
+    positions = None if found.pos_tables else grid_positions(found, layout.num_patches)
+    if positions is not None:  # rows a permutation places (NesT's): each table row is one grid row, no solve
+        return [(found.pos_embed, grid_rows.detach()[positions].reshape(found.pos_embed.shape))]
     tables = [(found.pos_embed_name, found.pos_embed), *found.pos_tables]
     flat = _table_rows(found)
     reader = found.pos_reader[found.pos_reader.shape[0] - layout.num_patches:]
