@@ -8,7 +8,7 @@ import torch
 
 import structinit
 from structinit.adapters import TokenLayout
-from structinit.adapters.verify import _rows_centred
+from structinit.adapters.logit_transforms import _rows_centred
 from structinit.schemes.checks import _hit_rates
 
 

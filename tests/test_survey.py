@@ -11,9 +11,9 @@ from broken_attention import ReorderedViT, micro_vit_with
 
 import structinit
 from structinit.adapters import registry as adapter_registry
+from structinit.adapters.logit_transforms import POSITION_BIAS
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import token_order
-from structinit.adapters.verify import POSITION_BIAS
 
 
 def _count_forwards(model: torch.nn.Module) -> list[int]:
@@ -220,3 +220,59 @@ def test_a_softmax_kept_in_a_sequential_with_a_dropout_is_its_attention_modules_
     assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]
     if scheme == "impulse":
         assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
+
+
+class _BiasedAttention(_SequentialSoftmax):
+    """Plain attention that takes an optional additive logit bias (RegionViT's local calls)."""
+
+    def forward(self, x, bias=None):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5
+        self.last_probs = self.attend(logits if bias is None else logits + bias)
+        return self.proj((self.last_probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class _CalledTwice(torch.nn.Module):
+    """Each block's one attention module called twice per forward: on all 16 tokens, then, with
+    ``unlike``, on 2×2 windows with a logit bias (RegionViT's regional-then-local calls); else on
+    all tokens again (weights shared, as ALBERT shares them)."""
+
+    def __init__(self, unlike: bool, dim=16, heads=2):
+        super().__init__()
+        from attention_modules import Patchify
+
+        self.unlike, self.patch_embed = unlike, Patchify((16, 16), 4, dim)
+        self.pos_embed = torch.nn.Parameter(structinit.sincos_2d((4, 4), dim)[None])
+        self.attn = torch.nn.ModuleList([_BiasedAttention(dim, heads) for _ in range(2)])
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, 4, 4))
+
+    def forward(self, images):
+        x = self.patch_embed(images) + self.pos_embed
+        b, t, d = x.shape
+        for attn in self.attn:
+            x = x + attn(x)
+            if not self.unlike:
+                x = x + attn(x)
+                continue
+            win = x.reshape(b, 2, 2, 2, 2, d).permute(0, 1, 3, 2, 4, 5).reshape(b * 4, 4, d)
+            win = win + attn(win, bias=self.bias)
+            x = win.reshape(b, 2, 2, 2, 2, d).permute(0, 1, 3, 2, 4, 5).reshape(b, t, d)
+        return x.mean(1)
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_a_layer_called_on_two_token_layouts_in_one_forward_is_refused_and_one_called_alike_is_written(scheme):
+    """A module the forward calls twice, handed other shapes and a bias the second time, is checked
+    on one call only: both schemes refuse it, naming the two calls, and leave the model as it was.
+    The same module called twice alike (shared weights) is written."""
+    from rejection import check_rejected
+
+    options = {"reserve": "none"} if scheme == "impulse" else {}
+    torch.manual_seed(0)
+    check_rejected(_CalledTwice(unlike=True), lambda m: structinit.init_(m, scheme, seed=0, **options), ValueError,
+                   r"layer 'attn.0' .*called 2 times in one forward, and not alike: first with \(\(2, 16, 16\)\), "
+                   r"later with \(\(8, 4, 16\), bias=\(1, 2, 4, 4\)\).*nothing was written.*layers=")
+    model = _CalledTwice(unlike=False)
+    structinit.init_(model, scheme, seed=0, **options)
+    assert structinit.get_record(model, "init")["layers"] == ["attn.0", "attn.1"]

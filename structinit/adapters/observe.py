@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from structinit.adapters.probe import call_copy, detach_all, probing, replaced_tokens, run_forward
+from structinit.adapters.probe import call_copy, detach_all, handed, probing, replaced_tokens, run_forward
 from structinit.adapters.relative import reachable
+from structinit.functional.attention import MASKED_PROB
 
 if TYPE_CHECKING:
     from structinit.adapters.attention import AttentionAdapter
@@ -89,6 +90,10 @@ class ModuleCall:
     q_input: torch.Tensor | None = None
     o_output: torch.Tensor | None = None
     k_input: torch.Tensor | None = None  # what a k projection apart from q's received (an encoder's output?)
+    # Calls in the forward; what the first was handed, and the first later one handed otherwise (if any)
+    times: int = 0
+    handed: tuple = ()
+    unlike: tuple | None = None
 
 
 def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
@@ -298,9 +303,13 @@ def _watch_calls(watched: list, calls: dict[nn.Module, ModuleCall], active: list
         call = calls[module]
 
         def enter(mod, args, kwargs, call=call):
-            if not call.done and call not in active:
-                call.args, call.kwargs = call_copy(args), call_copy(kwargs)
-                active.append(call)
+            if call not in active:  # (not the module called inside its own call)
+                call.times += 1
+                if not call.done:
+                    call.args, call.kwargs, call.handed = call_copy(args), call_copy(kwargs), handed(args, kwargs)
+                    active.append(call)
+                elif call.unlike is None and (now := handed(args, kwargs)) != call.handed:
+                    call.unlike = now
 
         def leave(mod, args, kwargs, output, call=call):
             if call in active:
@@ -346,21 +355,6 @@ class RealMap:
     probs: torch.Tensor
     open_pairs: torch.Tensor | None
     logits: torch.Tensor | None = None  # the softmax's input, same shape, when it was visible
-
-
-MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
-
-
-def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
-    """Whether the real maps are the adapter's with some pairs closed and every row renormalised
-    over the others: a mask the layer builds inside its forward (Swin's shifted windows, when the
-    module makes it itself), a logit term that does not depend on content."""
-    open_pairs = real > MASKED_PROB
-    if bool(open_pairs.all()) or not bool(open_pairs.any(-1).all()):
-        return False
-    kept = ours.masked_fill(~open_pairs, 0)
-    kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
-    return float((real - kept).abs().max()) <= atol
 
 
 @torch.no_grad()

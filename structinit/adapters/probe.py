@@ -297,6 +297,28 @@ def detach_all(value):
     return value
 
 
+def handed(args: tuple, kwargs: dict) -> tuple:
+    """What a call was handed, in short: each tensor argument's shape, each other argument's value
+    when it is a plain number, flag or string (a None is left out, as if not passed)."""
+    def brief(v):
+        if isinstance(v, torch.Tensor):
+            return tuple(v.shape)
+        return v if isinstance(v, (bool, int, float, str)) else type(v).__name__
+    return (tuple(brief(a) for a in args),
+            tuple(sorted((k, brief(v)) for k, v in kwargs.items() if v is not None)))
+
+
+def unlike_calls(times: int, first: tuple, later: tuple) -> str:
+    """Why a module called differently within one forward is refused, with what each call was
+    :func:`handed`."""
+    def shown(given: tuple) -> str:
+        args, kwargs = given
+        return ", ".join([*(str(a) for a in args), *(f"{k}={v}" for k, v in kwargs)]) or "nothing"
+    return (f"it is called {times} times in one forward, and not alike: first with ({shown(first)}), later with "
+            f"({shown(later)}). One layer's weights then serve two token layouts or two mechanisms, and an init "
+            "checked on one call is not checked on the other")
+
+
 def call_copy(value, detach: bool = True):
     """An argument of a call as it was when the call began, to call again with: tensors detached
     (kept as they are with ``detach=False``), and a stateful object copied (a key/value cache

@@ -9,18 +9,16 @@ A probe runs through the model (:func:`structinit.adapters.observe.observe`); ea
   or queries, keys or both pooled to fewer tokens inside the layer); schemes leave it alone and list it;
 - **refused**: anything else, with what differs: heads mixed before the softmax (talking
   heads), q and k rotated by position (RoPE), a norm on q and k, a logit term that does not
-  depend on content, a q/k layout other than the adapter's, no map at all (linear attention),
-  or an output that is not the map applied to v.
+  depend on content, a q/k layout other than the adapter's, no map at all (linear attention), an
+  output that is not the map applied to v, or a later call in the forward handed other shapes.
 
-Modules that form an attention-shaped map and that no adapter claims are listed too
-(``unknown``). A model that cannot be probed is judged by names and shapes only;
-:attr:`AttentionSurvey.probed` says which happened.
+Modules that form an attention-shaped map and that no adapter claims are listed too (``unknown``).
+A model that cannot be probed is judged by names only; :attr:`AttentionSurvey.probed` says which.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,8 +26,20 @@ import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, adapter_logits, head_mixers, in_matrix, out_matrix
-from structinit.adapters.observe import AttentionMap, ModuleCall, masked_inside, observe
-from structinit.adapters.position_mlp import cosine_fits
+from structinit.adapters.logit_transforms import (
+    HEAD_MIXING,
+    LAYOUT,
+    NO_MAP,
+    NO_PROJECTION,
+    SELF_MASK,
+    UNCALLED,
+    UNLIKE_CALLS,
+    VALUE_PATH,
+    as_shape,
+    diagnose,
+)
+from structinit.adapters.observe import ModuleCall, observe
+from structinit.adapters.probe import unlike_calls
 from structinit.adapters.provenance import TraceError, trace_attention
 from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
@@ -46,14 +56,7 @@ from structinit.adapters.provenance_tokens import (
     tokens_of_call,
 )
 from structinit.adapters.traced import CallTokens
-
-# Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
-# one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
-HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
-SELF_MASK = "self-mask"
-LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
-NO_PROJECTION = "no-output-projection"  # q, k and v read; the output is no projection of the context (a mechanism)
-TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, SELF_MASK})
+from structinit.functional.attention import masked_inside
 
 
 @dataclass(frozen=True)
@@ -110,63 +113,6 @@ def output_tolerance(dtype: torch.dtype) -> float:  # a layer output's, relative
     return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
-def _as(t: torch.Tensor, shape) -> torch.Tensor | None:
-    return t.reshape(shape) if t.numel() == torch.Size(shape).numel() else None
-
-
-def _rows_centred(t: torch.Tensor) -> torch.Tensor:
-    """Logits with each row's mean over its open entries removed: a softmax does not see it. A
-    pair masked with the dtype's lowest float (Hugging Face's eager masks) is closed, as −∞ is:
-    summed, such entries overflow the mean."""
-    finite = torch.isfinite(t) & (t > torch.finfo(t.dtype).min / 2)
-    mean = torch.where(finite, t, torch.zeros_like(t)).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
-    return torch.where(finite, t - mean, torch.zeros_like(t))
-
-
-def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, x: torch.Tensor,
-             terms: torch.Tensor | None) -> tuple[str, str]:
-    """(code, words) for a layer whose real map differs from the adapter's (module doc)."""
-    ours_logits = _rows_centred(adapter_logits(adapter, x.float(), terms))
-    shape = ours_logits.shape
-    q_ours = adapter.qk_features(x.float())[0] if real.q is not None and real.k is not None else None
-    if q_ours is not None and real.q.shape == q_ours.shape and not torch.allclose(real.q, q_ours, rtol=1e-3, atol=1e-5):
-        norms = real.q.norm(dim=-1)  # the same length for every token and head: a norm on q (and k)
-        if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
-            return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
-    raw_real = None if real.logits is None else _as(real.logits, shape)
-    if raw_real is not None:
-        raw_ours = adapter_logits(adapter, x.float(), terms)
-        eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
-        diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
-        if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
-            # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
-            return ROTATION, ("the q and k it really uses are its projections' rotated by position (rotary "
-                              "position embeddings): its logits keep the diagonal and differ off it")
-        real_logits = _rows_centred(raw_real)
-        heads = shape[1]
-        a = ours_logits.transpose(0, 1).reshape(heads, -1).T  # (pairs, H)
-        b = real_logits.transpose(0, 1).reshape(heads, -1).T
-        design = torch.cat([a, torch.ones(len(a), 1, device=a.device)], 1).double()
-        mix = torch.linalg.lstsq(design, b.double()).solution
-        residual = float((design @ mix - b.double()).norm() / b.double().norm().clamp_min(1e-12))
-        identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
-        if heads > 1 and residual < 1e-3 and not torch.allclose(mix[:heads], identity, atol=1e-3):
-            return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map "
-                                 "is not its own q kᵀ")
-        diff = real_logits - ours_logits
-        half = shape[0] // 2  # the probe's two images, window by window
-        spread = float(diff.abs().max())
-        constant = math.isfinite(spread) and torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + spread))
-        if shape[0] > 1 and shape[0] % 2 == 0 and constant:
-            return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
-                                   "structinit does not model)")
-    if shape[0] > 1 and cosine_fits(adapter, raw_real, x, shape):
-        return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
-                         "cos(q, k) plus a term that does not depend on content)")
-    return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
-                    "packed per head, or a transform of q and k)")
-
-
 def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None,
                 rel: float = 1e-3) -> bool:
     """Whether ``out`` is ``probs`` applied to the value projection of ``x`` (then the output
@@ -199,8 +145,10 @@ def _value_path(adapter: AttentionAdapter, probs: torch.Tensor, x: torch.Tensor,
 def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.dtype) -> Verdict:
     """The :class:`Verdict` on one adapted layer from its recorded call (module doc)."""
     if not call.done:
-        return Verdict(name, adapter, "refused", UNCALLED,
-                       "it was not called in the model's forward (an unused layer, or a fused fast path)")
+        return Verdict(name, adapter, "refused", UNCALLED, "it was not called in the model's forward (an unused "
+                       "layer, or a fused fast path)")
+    if call.unlike is not None:
+        return Verdict(name, adapter, "refused", UNLIKE_CALLS, unlike_calls(call.times, call.handed, call.unlike))
     maps = [m for m in call.maps if m.probs.ndim >= 3]
     if not maps:
         return Verdict(name, adapter, "refused", NO_MAP,
@@ -238,9 +186,9 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     tol = tolerance(dtype)
     if real is None or (float((real - ours).abs().max()) > tol and not masked_inside(real, ours, tol)
                         and not same_logits(adapter_logits(adapter, x.float(), terms), square, dtype)):
-        best = min(square, key=lambda m: float((_as(m.probs, ours.shape) - ours).abs().max())
-                   if _as(m.probs, ours.shape) is not None else float("inf"))
-        if _as(best.probs, ours.shape) is None:
+        best = min(square, key=lambda m: float((as_shape(m.probs, ours.shape) - ours).abs().max())
+                   if as_shape(m.probs, ours.shape) is not None else float("inf"))
+        if as_shape(best.probs, ours.shape) is None:
             return Verdict(name, adapter, "refused", LAYOUT,
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)

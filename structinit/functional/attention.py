@@ -59,3 +59,18 @@ def heads_last_lead(probs: torch.Tensor, heads: int) -> torch.Tensor:
         return probs
     axis = next((a for a in reversed(range(probs.ndim - 2)) if probs.shape[a] == heads), None)
     return probs if axis is None else probs.movedim(axis, -3)
+
+
+MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
+
+
+def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
+    """Whether the real maps are the adapter's with some pairs closed and every row renormalised
+    over the others: a mask the layer builds inside its forward (Swin's shifted windows, when the
+    module makes it itself), a logit term that does not depend on content."""
+    open_pairs = real > MASKED_PROB
+    if bool(open_pairs.all()) or not bool(open_pairs.any(-1).all()):
+        return False
+    kept = ours.masked_fill(~open_pairs, 0)
+    kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
+    return float((real - kept).abs().max()) <= atol

@@ -13,6 +13,7 @@ import torch
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import adapter_logits, head_mixers, in_matrix
+from structinit.adapters.logit_transforms import TRANSFORMS, UNCALLED
 from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
@@ -20,7 +21,7 @@ from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import canonical, maps_on_grid
-from structinit.adapters.verify import TRANSFORMS, UNCALLED, Verdict, tolerance
+from structinit.adapters.verify import Verdict, tolerance
 from structinit.functional.targets import target_index, target_indices, target_pairs
 from structinit.utils.state import shares_memory
 
@@ -30,12 +31,16 @@ _HINTS = {
     "rotation": "Use 'mimetic', which sets only the projections",
     "qk-norm": "Use 'mimetic', or build the model without the q/k norm for the init",
     "head-mixing": "Build the model without head mixing, or use 'mimetic'",
+    "head-scale": "Use 'mimetic', or fix the temperatures to 1 for the init",
+    "logit-cap": "Use 'mimetic', or build the model without the soft-cap for the init",
+    "key-bias": "Use 'mimetic', or build the model without the per-key bias for the init",
     "position-bias": "Use 'mimetic', or register an adapter that models the bias (structinit.register_adapter)",
     "self-mask": "Use 'mimetic', or build the model without the masked diagonal for the init",
     "layout": "Register an adapter that reads this layer's q, k, v and output (structinit.register_adapter)",
     "no-map": "Structinit's attention schemes need a softmax(q kᵀ) map; leave these layers to the model's own init",
     "value-path": "Register an adapter that models this layer's output (structinit.register_adapter)",
     "uncalled": "Initialise only the layers the forward uses (layers=)",
+    "unlike-calls": "Leave the layer out with layers=, or give each use of it its own module",
 }
 HIT_SLACK = 0.02  # per head: how far the real hit rate may fall below the written q/k's (ties, float error)
 # Per head, with a solver that promises the argmax: the share of grid rows whose argmax the written

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from structinit.adapters.logit_transforms import NO_PROJECTION
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.verify import NO_PROJECTION
 from structinit.functional.impulse_solvers import IMPULSE_SOLVERS, make_impulse_solver
 from structinit.functional.mimetic import mimetic_vo
 from structinit.functional.targets import Offset, check_kernel_size, check_offsets

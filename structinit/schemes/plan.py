@@ -61,35 +61,109 @@ class Plan:
         """Apply the plan; when an action or a check raises, restore every tensor written (the
         writes' destinations and ``touched``) and every record, and raise its error. An action
         that changes a module's structure (a parametrisation) is not undone."""
-        saved = self._save() if self.checks or self.actions else None
+        guarded = bool(self.checks or self.actions)
+        touched = _clones(self.touched) if guarded else []
+        records = [(module, kind, get_record(module, kind)) for module, kind, _ in self.records][::-1]
+        done: list[tuple[torch.Tensor, torch.Tensor, bool]] = []  # (destination, what it held, exchanged)
         try:
             for action in self.actions:
                 action()
-            self._apply(self.writes, self.records)
+            self._write(done if guarded else None)
+            for module, kind, record in self.records:
+                set_record(module, kind, record)
             for check in self.checks:
                 check()
         except BaseException:
-            if saved is not None:
-                self._apply(*saved)
+            if guarded:
+                with torch.no_grad():
+                    for dst, held, exchanged in reversed(done):
+                        _exchange(dst, held) if exchanged else dst.copy_(held)
+                    for dst, old in touched:
+                        dst.copy_(old)
+                for module, kind, record in records:  # last-first, so the oldest state wins
+                    set_record(module, kind, record)
             raise
+        else:
+            with torch.no_grad():
+                for dst, held, exchanged in done:
+                    if exchanged:  # the plan's value back in the tensor that held the model's old one
+                        held.copy_(dst)
         finally:
             if self.state is not None and self.checks:
                 self.state.restore([*(dst for dst, _ in self.writes), *self.touched], drop_new=not self.actions)
 
-    def _save(self):
-        tensors, seen = [], set()
-        for dst in [*(dst for dst, _ in self.writes), *self.touched]:
-            key = (dst.data_ptr(), tuple(dst.shape), dst.stride())
-            if key not in seen:
-                seen.add(key)
-                tensors.append((dst, dst.detach().clone()))
-        records = [(module, kind, get_record(module, kind)) for module, kind, _ in self.records]
-        return tensors, records[::-1]  # restored last-first, so the oldest state wins
-
-    @staticmethod
-    def _apply(writes, records) -> None:
+    def _write(self, done: list | None) -> None:
+        """Copy every value to its destination; with ``done``, keep what each destination held
+        there first. A value that is the plan's own memory (not the model's, not any other write's)
+        and a destination no other write overlaps are exchanged, element for element, instead of
+        cloned: the value then keeps the old weights until the commit succeeds, and a large model
+        is spared allocating (and faulting in) a second copy of every tensor it writes."""
+        exchangeable = self._exchangeable() if done is not None else set()
         with torch.no_grad():
-            for dst, value in writes:
+            for i, (dst, value) in enumerate(self.writes):
+                if i in exchangeable:
+                    _exchange(dst, value)
+                    done.append((dst, value, True))
+                    continue
+                if done is not None:
+                    done.append((dst, dst.detach().clone(), False))
                 dst.copy_(value.to(device=dst.device, dtype=dst.dtype))
-        for module, kind, record in records:
-            set_record(module, kind, record)
+
+    def _exchangeable(self) -> set[int]:
+        """Indices of the writes whose value and destination may be exchanged (see :meth:`_write`)."""
+        if self.state is None:  # the model's memory is unknown: no value can be shown not to be the model's
+            return set()
+        model = self.state.storages()
+        spans = [_span(dst) for dst, _ in self.writes] + [_span(value) for _, value in self.writes]
+        crossed, group, reach = set(), [], (-1, -1)  # spans in a chain of overlapping extents
+        for i in sorted(range(len(spans)), key=lambda i: spans[i]):
+            storage, first, last = spans[i]
+            if (storage, first) <= reach:
+                group.append(i)
+            else:
+                crossed |= set(group) if len(group) > 1 else set()
+                group, reach = [i], (storage, last)
+            reach = (storage, max(reach[1], last))
+        crossed |= set(group) if len(group) > 1 else set()
+        n = len(self.writes)
+        return {i for i, (dst, value) in enumerate(self.writes)
+                if i not in crossed and i + n not in crossed and spans[i + n][0] not in model
+                and value.dtype == dst.dtype and value.device == dst.device and value.is_contiguous()
+                and not value.requires_grad and value.numel() > 0}
+
+
+def _clones(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out, seen = [], set()
+    for t in tensors:
+        key = (t.data_ptr(), tuple(t.shape), t.stride())
+        if key not in seen:
+            seen.add(key)
+            out.append((t, t.detach().clone()))
+    return out
+
+
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage, first byte, last byte) that ``t``'s elements can reach."""
+    size = t.element_size()
+    first = t.storage_offset() * size
+    reach = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0) if t.numel() else 0
+    return t.untyped_storage().data_ptr(), first, first + (reach + 1) * size - 1
+
+
+_CHUNK = 1 << 18  # elements exchanged at a time, through one small buffer
+
+
+def _exchange(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Swap the contents of ``a`` and ``b`` (same shape and dtype, no shared memory) in place,
+    a slab of leading rows at a time."""
+    if a.ndim == 0:
+        a, b = a.unsqueeze(0), b.unsqueeze(0)
+    row = max(1, a[0].numel()) if len(a) else 1
+    step = max(1, _CHUNK // row)
+    scratch = torch.empty(min(len(a), step) * row, dtype=a.dtype, device=a.device)
+    for i in range(0, len(a), step):
+        x, y = a[i:i + step], b[i:i + step]
+        held = scratch[: x.numel()].view(x.shape)
+        held.copy_(x)
+        x.copy_(y)
+        y.copy_(held)

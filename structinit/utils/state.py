@@ -31,6 +31,16 @@ class ModuleState:
                 tensors += [p for p in m._parameters.values() if p is not None]
             self._saved.append((m, buffers, attributes, [(t, t.detach().clone()) for t in tensors]))
 
+    def storages(self) -> set[int]:
+        """The storage addresses of every parameter, buffer and tensor attribute saved: the
+        memory the model holds, which nothing but its own writes may touch."""
+        held = set()
+        for m, buffers, attributes, _ in self._saved:
+            for t in [*m._parameters.values(), *buffers.values(), *attributes.values()]:
+                if t is not None:
+                    held.add(t.untyped_storage().data_ptr())
+        return held
+
     def restore(self, spare: Iterable[torch.Tensor] = (), *, drop_new: bool = True) -> None:
         """Put every saved buffer and tensor attribute back, by identity and value, except the
         memory of ``spare`` (what an init writes on purpose). ``drop_new`` also removes the

@@ -1,0 +1,139 @@
+"""What a layer does to its q kᵀ before the softmax, read by comparing the logits the model
+really formed with those its projections give (:func:`diagnose`), and the codes a verdict
+names it by.
+
+Each transform has a signature in the two sets of logits, tried in this order: q and k of one
+length (a norm on q/k); the diagonal kept and the rest changed (a rotation by position); each
+head's logits a fixed linear mix of all heads' (talking heads), or of its own alone (a per-head
+temperature); an elementwise monotone function of them (a soft-cap); a term the same for both
+probe images (a position bias), or the same for every query of a key (a per-key bias). A
+scheme that sets only the projections (mimetic) accepts the transforms in :data:`TRANSFORMS`,
+and its check in the model's own forward then says whether the structure survived them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from structinit.adapters.attention import adapter_logits
+from structinit.adapters.position_mlp import cosine_fits
+
+if TYPE_CHECKING:
+    from structinit.adapters.attention import AttentionAdapter
+    from structinit.adapters.observe import AttentionMap
+
+# Why a layer is not plain self-attention, as a scheme decides on it (impulse refuses every
+# one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
+HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
+HEAD_SCALE, LOGIT_CAP, KEY_BIAS = "head-scale", "logit-cap", "key-bias"
+SELF_MASK, UNLIKE_CALLS = "self-mask", "unlike-calls"  # the latter: one module called on two token layouts
+LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
+NO_PROJECTION = "no-output-projection"  # q, k and v read; the output is no projection of the context (a mechanism)
+TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, HEAD_SCALE, LOGIT_CAP, KEY_BIAS, SELF_MASK})
+
+
+def as_shape(t: torch.Tensor, shape) -> torch.Tensor | None:
+    return t.reshape(shape) if t.numel() == torch.Size(shape).numel() else None
+
+
+def _rows_centred(t: torch.Tensor) -> torch.Tensor:
+    """Logits with each row's mean over its open entries removed: a softmax does not see it. A
+    pair masked with the dtype's lowest float (Hugging Face's eager masks) is closed, as −∞ is:
+    summed, such entries overflow the mean."""
+    finite = torch.isfinite(t) & (t > torch.finfo(t.dtype).min / 2)
+    mean = torch.where(finite, t, torch.zeros_like(t)).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
+    return torch.where(finite, t - mean, torch.zeros_like(t))
+
+
+def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, x: torch.Tensor,
+             terms: torch.Tensor | None) -> tuple[str, str]:
+    """(code, words) for a layer whose real map differs from the adapter's (module doc)."""
+    raw_ours = adapter_logits(adapter, x.float(), terms)
+    ours_logits = _rows_centred(raw_ours)
+    shape = ours_logits.shape
+    q_ours = adapter.qk_features(x.float())[0] if real.q is not None and real.k is not None else None
+    if q_ours is not None and real.q.shape == q_ours.shape and not torch.allclose(real.q, q_ours, rtol=1e-3, atol=1e-5):
+        norms = real.q.norm(dim=-1)  # the same length for every token and head: a norm on q (and k)
+        if float(norms.std() / norms.mean().clamp_min(1e-12)) < 1e-3:
+            return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
+    raw_real = None if real.logits is None else as_shape(real.logits, shape)
+    if raw_real is not None:
+        eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
+        diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
+        if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
+            # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
+            return ROTATION, ("the q and k it really uses are its projections' rotated by position (rotary "
+                              "position embeddings): its logits keep the diagonal and differ off it")
+        real_logits = _rows_centred(raw_real)
+        if mixed := _head_mix(ours_logits, real_logits):
+            return mixed
+        if _monotone(raw_ours, raw_real):
+            return LOGIT_CAP, ("its logits pass an elementwise, order-keeping function after q kᵀ (a soft-cap such "
+                               "as c·tanh(x/c)), which changes the gaps between them")
+        if bias := _added_term(real_logits - ours_logits):
+            return bias
+    if shape[0] > 1 and cosine_fits(adapter, raw_real, x, shape):
+        return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
+                         "cos(q, k) plus a term that does not depend on content)")
+    return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
+                    "packed per head, or a transform of q and k)")
+
+
+def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:
+    """Each head's real (row-centred) logits as a fixed linear mix of the heads' own: talking heads,
+    or, when each head reads only itself, a per-head scale; None when no mix fits."""
+    heads = ours.shape[1]
+    a = ours.transpose(0, 1).reshape(heads, -1).T.double()  # (pairs, H)
+    b = real.transpose(0, 1).reshape(heads, -1).T.double()
+    design = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype, device=a.device)], 1)
+    solution = torch.linalg.lstsq(design, b).solution
+    residual = float((design @ solution - b).norm() / b.norm().clamp_min(1e-12))
+    mix = solution[:heads]
+    identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
+    if heads == 1 or residual >= 1e-3 or torch.allclose(mix, identity, atol=1e-3):
+        if heads == 1 and residual < 1e-3 and abs(float(mix[0, 0]) - 1) > 1e-3:
+            return HEAD_SCALE, f"its logits are q kᵀ scaled by {float(mix[0, 0]):.4g} (a learned temperature)"
+        return None
+    scale = mix.diagonal()
+    if torch.allclose(mix - torch.diag(scale), torch.zeros_like(mix), atol=1e-3 * float(scale.abs().max())):
+        shown = ", ".join(f"{float(s):.3g}" for s in scale[:8]) + (", …" if heads > 8 else "")
+        return HEAD_SCALE, (f"each head's logits are its q kᵀ scaled by a factor of its own ({shown}: a learned "
+                            "per-head temperature), not mixed with other heads")
+    return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map is not its "
+                         "own q kᵀ")
+
+
+def _monotone(ours: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether the real logits are one increasing, non-affine function of the adapter's, entry by entry."""
+    open_ = torch.isfinite(ours) & torch.isfinite(real) & (real > torch.finfo(real.dtype).min / 2)
+    a, b = ours[open_].double(), real[open_].double()
+    if a.numel() < 8 or float(a.std()) == 0:
+        return False
+    order = torch.argsort(a)
+    steps = b[order].diff()
+    spread = float(b.abs().max())
+    if float(steps.min()) < -1e-5 * (1 + spread):
+        return False
+    design = torch.stack([a, torch.ones_like(a)], 1)
+    fit = design @ torch.linalg.lstsq(design, b[:, None]).solution
+    return float((fit[:, 0] - b).norm() / b.norm().clamp_min(1e-12)) > 1e-3
+
+
+def _added_term(diff: torch.Tensor) -> tuple[str, str] | None:
+    """A logit term added to q kᵀ (row-centred ``diff`` (B', H, T, T), real minus ours): the same for
+    both probe images (a position bias or mask), or the same for every query of a key (a per-key bias)."""
+    spread = float(diff.abs().max())
+    if not math.isfinite(spread):
+        return None
+    half = diff.shape[0] // 2  # the probe's two images, window by window
+    if diff.shape[0] > 1 and diff.shape[0] % 2 == 0 and torch.allclose(diff[:half], diff[half:2 * half],
+                                                                        atol=1e-3 * (1 + spread)):
+        return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
+                               "structinit does not model)")
+    if diff.shape[-2] > 1 and float((diff - diff.mean(-2, keepdim=True)).abs().max()) <= 1e-3 * (1 + spread):
+        return KEY_BIAS, ("it adds a logit term that depends on each key alone, the same for every query (a "
+                          "per-key content bias such as u·k_j)")
+    return None

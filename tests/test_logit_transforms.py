@@ -1,0 +1,73 @@
+"""A transform a layer applies to its q kᵀ before the softmax is named for what it is: a
+per-head temperature (not talking heads), a soft-cap and a per-key content bias (not "another
+head layout"). Impulse refuses each, naming it and leaving the model as it was; mimetic, which
+sets only the projections, writes each and its check in the model's own forward passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import structinit
+from attention_modules import SepViT
+from rejection import check_rejected
+from structinit.adapters.logit_transforms import HEAD_SCALE, KEY_BIAS, LOGIT_CAP
+from structinit.adapters.survey import ModelSurvey
+
+
+class _Transformed(nn.Module):
+    """Plain attention with one transform of its logits (``kind``) between q kᵀ and the softmax."""
+
+    kind = ""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h, self.qkv, self.proj = heads, nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.temperature = nn.Parameter(torch.linspace(0.5, 2.0, heads).reshape(heads, 1, 1))
+        self.u = nn.Parameter(0.1 * torch.randn(heads, dim // heads))  # small: the diagonal survives it
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-2, -1) * (d // self.h) ** -0.5
+        if self.kind == "temperature":
+            logits = logits * self.temperature
+        elif self.kind == "soft-cap":
+            logits = 2.0 * torch.tanh(logits / 2.0)
+        elif self.kind == "key-bias":  # Transformer-XL's content bias: u·k_j, the same for every query
+            logits = logits + torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]
+        self.last_probs = logits.softmax(-1)
+        return self.proj((self.last_probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+CASES = {  # kind → (code, words impulse's refusal must name)
+    "temperature": (HEAD_SCALE, r"each head's logits are its q kᵀ scaled by a factor of its own \(0\.5, 1, 1\.5, 2: "
+                                r"a learned per-head temperature\), not mixed with other heads"),
+    "soft-cap": (LOGIT_CAP, r"its logits pass an elementwise, order-keeping function after q kᵀ \(a soft-cap"),
+    "key-bias": (KEY_BIAS, r"a logit term that depends on each key alone, the same for every query \(a per-key"),
+}
+
+
+def _model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    attn = type(f"Attn_{kind}", (_Transformed,), {"kind": kind})
+    return SepViT(dim=32, heads=4, attn_cls=attn)
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_a_transform_of_the_logits_is_named_for_what_it_is(kind):
+    code, words = CASES[kind]
+    model = _model(kind)
+    verdicts = ModelSurvey(model).attention.verdicts
+    assert [(v.kind, v.code) for v in verdicts] == [("refused", code)] * 2, [v.reason for v in verdicts]
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"), ValueError,
+                   rf"impulse cannot set the attention of layer 'blocks\.0\.attn' .*{words}.*nothing was written\. "
+                   r"Use 'mimetic'")
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_mimetic_writes_through_a_transform_of_the_logits_and_checks_it_in_the_models_own_maps(kind):
+    model = _model(kind)
+    structinit.init_(model, "mimetic", seed=0)  # its check after the write reads the model's own maps
+    assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]
