@@ -91,3 +91,43 @@ def test_a_head_under_the_one_bar_is_refused_and_was_accepted_at_the_old_bar(mon
     monkeypatch.setattr(checks, "MIN_HEAD_HIT", 0.9)  # the bar the library held before
     structinit.init_(model, "impulse", seed=0)
     assert float(structinit.impulse_fidelity(model)["hit"][0, 0]) == hit
+
+
+class _LatePosition(torch.nn.Module):
+    """A ViT whose position embedding is added after its first block: that block's tokens carry
+    no position (a class token, an 8×8 grid, width 32, 2 heads)."""
+
+    def __init__(self, late: bool = True):
+        super().__init__()
+        from attention_modules import Block, SepAttention
+
+        self.late, self.patch_embed = late, torch.nn.Conv2d(3, 32, 2, 2)
+        self.cls_token = torch.nn.Parameter(0.02 * torch.randn(1, 1, 32))
+        self.pos_embed = torch.nn.Parameter(0.02 * torch.randn(1, 65, 32))
+        self.blocks = torch.nn.ModuleList([Block(SepAttention(32, 2), 32) for _ in range(2)])
+        for block in self.blocks:  # an MLP after the attention, which the reservation projects
+            block.mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+
+    def forward(self, images):
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], 1)
+        for i, block in enumerate(self.blocks):
+            x = block(x + self.pos_embed if i == int(self.late) else x)
+            x = x + block.mlp(x)
+        return x.mean(1)
+
+
+def test_a_layer_the_position_embedding_does_not_reach_is_refused_and_the_layers_after_it_are_written():
+    """The embedding is found by its name and shape, and every layer receives its 65 tokens, but
+    the first block's tokens carry no position: its heads' argmax cannot be on their targets, so
+    the write is undone, naming why; the layers after it are written, their heads on their targets
+    in the model's own maps. Added before the first block, the same model is written whole."""
+    torch.manual_seed(0)
+    check_rejected(_LatePosition(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                   r"attention layer 'blocks\.0\.attn': the position embedding does not reach the "
+                   r"tokens this layer receives .* the write was undone\. Initialise only the layers the position "
+                   r"embedding reaches \(layers=\)")
+    model = _LatePosition()
+    structinit.init_(model, "impulse", seed=0, layers=[1])
+    assert bool((structinit.impulse_fidelity(model, layers=[1])["hit"] == 1).all())
+    structinit.init_(_LatePosition(late=False), "impulse", seed=0)

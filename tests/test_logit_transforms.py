@@ -1,7 +1,8 @@
 """A transform a layer applies to its q kᵀ before the softmax is named for what it is: a
 per-head temperature (not talking heads), a soft-cap and a per-key content bias (not "another
-head layout"). Impulse refuses each, naming it and leaving the model as it was; mimetic, which
-sets only the projections, writes each and its check in the model's own forward passes."""
+head layout"), a 2-D ALiBi bias (not a rotation). Impulse refuses each, naming it and leaving
+the model as it was; mimetic, which sets only the projections, writes each and its check in
+the model's own forward passes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 import structinit
 from attention_modules import SepViT
 from rejection import check_rejected
-from structinit.adapters.logit_transforms import HEAD_SCALE, KEY_BIAS, LOGIT_CAP
+from structinit.adapters.logit_transforms import HEAD_SCALE, KEY_BIAS, LOGIT_CAP, POSITION_BIAS
 from structinit.adapters.survey import ModelSurvey
 
 
@@ -37,6 +38,10 @@ class _Transformed(nn.Module):
             logits = 2.0 * torch.tanh(logits / 2.0)
         elif self.kind == "key-bias":  # Transformer-XL's content bias: u·k_j, the same for every query
             logits = logits + torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]
+        elif self.kind == "alibi":  # a 2-D ALiBi: −slope_h · |Δy| + |Δx| on the 8×8 grid, 0 on the diagonal
+            cell = torch.arange(t)
+            far = ((cell[:, None] // 8 - cell[None] // 8).abs() + (cell[:, None] % 8 - cell[None] % 8).abs()).float()
+            logits = logits - self.temperature * far
         self.last_probs = logits.softmax(-1)
         return self.proj((self.last_probs @ v).transpose(1, 2).reshape(b, t, d))
 
@@ -46,6 +51,8 @@ CASES = {  # kind → (code, words impulse's refusal must name)
                                 r"a learned per-head temperature\), not mixed with other heads"),
     "soft-cap": (LOGIT_CAP, r"its logits pass an elementwise, order-keeping function after q kᵀ \(a soft-cap"),
     "key-bias": (KEY_BIAS, r"a logit term that depends on each key alone, the same for every query \(a per-key"),
+    # 0 on the diagonal, as a rotation's change is: named for what it is, a term that does not depend on content
+    "alibi": (POSITION_BIAS, r"it adds a logit term that does not depend on content \(a position bias"),
 }
 
 

@@ -276,3 +276,61 @@ def test_a_layer_called_on_two_token_layouts_in_one_forward_is_refused_and_one_c
     model = _CalledTwice(unlike=False)
     structinit.init_(model, scheme, seed=0, **options)
     assert structinit.get_record(model, "init")["layers"] == ["attn.0", "attn.1"]
+
+
+class _Attend(torch.nn.Module):
+    """The core of the attention, with no parameter: the parent hands it q, k and v (vit-pytorch's
+    ``Attend``, x-transformers' too)."""
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+class _HandsQKV(_SequentialSoftmax):
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.attend = _Attend()
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        return self.proj(self.attend(q, k, v).transpose(1, 2).reshape(b, t, d))
+
+
+class _MemoryKeys(_SequentialSoftmax):
+    """Self-attention over its tokens and two learned memory keys and values."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.memory = torch.nn.Parameter(torch.randn(2, 2, heads, 1, dim // heads))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        k, v = (torch.cat([m.transpose(0, 1).expand(b, -1, 2, -1), t_], 2) for m, t_ in zip(self.memory, (k, v)))
+        probs = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def test_a_map_made_in_a_module_without_parameters_is_its_parents():
+    """q, k and v handed to a parameter-free module that makes the map: the map is the parent's,
+    whose projections make them (it was filed under the child, read as handed queries, and the
+    layer left alone as a pooling head). Mimetic writes the layer and checks it in its own maps."""
+    from attention_modules import SepViT
+
+    torch.manual_seed(0)
+    model = SepViT(attn_cls=_HandsQKV)
+    assert [n for n, _ in ModelSurvey(model).layers()] == ["blocks.0.attn", "blocks.1.attn"]
+    structinit.init_(model, "mimetic", seed=0)
+    assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]
+
+
+def test_attention_over_its_tokens_and_a_few_learned_keys_is_named_so_not_a_pooling_head():
+    from attention_modules import SepViT
+    from rejection import check_rejected
+
+    torch.manual_seed(0)
+    check_rejected(SepViT(attn_cls=_MemoryKeys), lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"no attention layer found in SepViT \(only layers it leaves alone: blocks\.0\.attn, "
+                   r"blocks\.1\.attn, the first as _MemoryKeys: self-attention of 64 tokens over 66 keys, 2 more "
+                   r"than its tokens \(learned memory keys, an attention sink")

@@ -3,10 +3,11 @@ really formed with those its projections give (:func:`diagnose`), and the codes 
 names it by.
 
 Each transform has a signature in the two sets of logits, tried in this order: q and k of one
-length (a norm on q/k); the diagonal kept and the rest changed (a rotation by position); each
-head's logits a fixed linear mix of all heads' (talking heads), or of its own alone (a per-head
-temperature); an elementwise monotone function of them (a soft-cap); a term the same for both
-probe images (a position bias), or the same for every query of a key (a per-key bias). A
+length (a norm on q/k); a term added the same for both probe images (a position bias, ALiBi's
+too, though it is 0 on the diagonal); the diagonal kept and the rest changed with the content (a
+rotation by position); each head's logits a fixed linear mix of all heads' (talking heads), or
+of its own alone (a per-head temperature); an elementwise monotone function of them (a
+soft-cap); a term the same for every query of a key (a per-key bias). A
 scheme that sets only the projections (mimetic) accepts the transforms in :data:`TRANSFORMS`,
 and its check in the model's own forward then says whether the structure survived them.
 """
@@ -61,20 +62,24 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
             return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
     raw_real = None if real.logits is None else as_shape(real.logits, shape)
     if raw_real is not None:
+        real_logits = _rows_centred(raw_real)
+        if _content_free(real_logits - ours_logits):  # before the rotation: an ALiBi bias is 0 on the diagonal too
+            return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
+                                   "structinit does not model)")
         eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
         diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
         if torch.isfinite(diag_ours).all() and torch.allclose(diag_real, diag_ours, rtol=1e-3, atol=1e-4):
-            # q_i·k_i kept, q_i·k_j changed: a rotation by the relative position, which is 0 on the diagonal
+            # q_i·k_i kept, q_i·k_j changed by content: a rotation by the relative position, 0 on the diagonal
             return ROTATION, ("the q and k it really uses are its projections' rotated by position (rotary "
                               "position embeddings): its logits keep the diagonal and differ off it")
-        real_logits = _rows_centred(raw_real)
         if mixed := _head_mix(ours_logits, real_logits):
             return mixed
         if _monotone(raw_ours, raw_real):
             return LOGIT_CAP, ("its logits pass an elementwise, order-keeping function after q kᵀ (a soft-cap such "
                                "as c·tanh(x/c)), which changes the gaps between them")
-        if bias := _added_term(real_logits - ours_logits):
-            return bias
+        if _per_key(real_logits - ours_logits):
+            return KEY_BIAS, ("it adds a logit term that depends on each key alone, the same for every query (a "
+                              "per-key content bias such as u·k_j)")
     if shape[0] > 1 and cosine_fits(adapter, raw_real, x, shape):
         return QK_NORM, ("q and k are normalised after their projections (cosine attention: its logits are a scaled "
                          "cos(q, k) plus a term that does not depend on content)")
@@ -122,18 +127,17 @@ def _monotone(ours: torch.Tensor, real: torch.Tensor) -> bool:
     return float((fit[:, 0] - b).norm() / b.norm().clamp_min(1e-12)) > 1e-3
 
 
-def _added_term(diff: torch.Tensor) -> tuple[str, str] | None:
-    """A logit term added to q kᵀ (row-centred ``diff`` (B', H, T, T), real minus ours): the same for
-    both probe images (a position bias or mask), or the same for every query of a key (a per-key bias)."""
+def _content_free(diff: torch.Tensor) -> bool:
+    """Whether a logit term added to q kᵀ (row-centred ``diff`` (B', H, T, T), real minus ours) is
+    the same for both probe images, window by window: a position bias or mask."""
+    spread, half = float(diff.abs().max()), diff.shape[0] // 2
+    return (math.isfinite(spread) and diff.shape[0] > 1 and diff.shape[0] % 2 == 0
+            and torch.allclose(diff[:half], diff[half:2 * half], atol=1e-3 * (1 + spread)))
+
+
+def _per_key(diff: torch.Tensor) -> bool:
+    """Whether a logit term added to q kᵀ (as in :func:`_content_free`) is the same for every
+    query of a key (a per-key content bias)."""
     spread = float(diff.abs().max())
-    if not math.isfinite(spread):
-        return None
-    half = diff.shape[0] // 2  # the probe's two images, window by window
-    if diff.shape[0] > 1 and diff.shape[0] % 2 == 0 and torch.allclose(diff[:half], diff[half:2 * half],
-                                                                        atol=1e-3 * (1 + spread)):
-        return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
-                               "structinit does not model)")
-    if diff.shape[-2] > 1 and float((diff - diff.mean(-2, keepdim=True)).abs().max()) <= 1e-3 * (1 + spread):
-        return KEY_BIAS, ("it adds a logit term that depends on each key alone, the same for every query (a "
-                          "per-key content bias such as u·k_j)")
-    return None
+    return (math.isfinite(spread) and diff.shape[-2] > 1
+            and float((diff - diff.mean(-2, keepdim=True)).abs().max()) <= 1e-3 * (1 + spread))

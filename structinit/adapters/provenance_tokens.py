@@ -1,14 +1,10 @@
 """Where each token of an attention map comes from in the module's input, found by provenance:
-the module may take (B, T, D) tokens, (B, D, H, W) or (B, H, W, D) maps, and may cut the maps
-into windows itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its
-gradient on the input say which input position each of that slice's tokens reads, whatever
-reshapes, permutes and rolls the module does on the way. The result, a :class:`TokenMap`,
-turns any call's input (or output) into the (slices, T, D) tokens the map is made of.
-
-A module that transforms its input inside before projecting it (vit-pytorch's LayerNorm in
-the attention module) is read from the tokens its projections take: :func:`inner_tokens`
-finds the submodules that read them, :func:`leaf_at` hands the trace a copy there, and
-:func:`tokens_of_call` reads them from any call."""
+the module may take (B, T, D) tokens, (B, D, H, W) or (B, H, W, D) maps, and may cut windows
+itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its gradient on
+the input say which input position each token reads, whatever reshapes, permutes and rolls the
+module does; a :class:`TokenMap` turns any call's input (or output) into the map's tokens.
+A module that transforms its input before projecting it (vit-pytorch's LayerNorm inside) is read
+where its projections take the tokens (:func:`inner_tokens`, :func:`leaf_at`, :func:`tokens_of_call`)."""
 
 from __future__ import annotations
 
@@ -302,10 +298,14 @@ def token_count(call: ModuleCall) -> int | None:
 
 
 def pooling_words(m: AttentionMap) -> str:
-    """Why a map of fewer queries than keys, or the reverse, is cross-attention, in words."""
-    kind = ("an attention-pooling or class-attention head, or queries pooled to fewer tokens" if m.queries < m.keys else
-            "learned queries, or keys pooled to fewer tokens")
-    return f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens ({kind})"
+    """Why a map of fewer queries than keys, or the reverse, is no self-attention over its tokens, in words."""
+    more = m.keys - m.queries  # a few keys more than its tokens: memory keys, a sink, a bias key
+    return (f"self-attention of {m.queries} tokens over {m.keys} keys, {more} more than its tokens (learned memory "
+            "keys, an attention sink, or nn.MultiheadAttention's add_bias_kv or add_zero_attn), whose maps an init "
+            "shaped on the tokens alone does not set" if m.queries > 1 and 0 < more <= max(2, m.queries // 4) else
+            f"cross-attention of {m.queries} quer{'y' if m.queries == 1 else 'ies'} over {m.keys} tokens (" +
+            ("an attention-pooling or class-attention head, or queries pooled to fewer tokens)" if more > 0 else
+             "learned queries, or keys pooled to fewer tokens)"))
 
 
 def keys_from_elsewhere(call: ModuleCall) -> str:

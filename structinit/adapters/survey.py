@@ -118,8 +118,8 @@ class ModelSurvey:
         if not found:
             types = sorted({type(m).__name__ for m in self.model.modules()})
             skipped = survey.skipped()
-            also = (f" (only attention-pooling heads: {', '.join(n for n, _ in skipped)}; pass pooling=True to "
-                    "include those an adapter understands)") if skipped else ""
+            also = (f" (only layers it leaves alone: {', '.join(n for n, _ in skipped)}, the first as {skipped[0][1]}; "
+                    "pass pooling=True to include those an adapter understands)") if skipped else ""
             also += (" (softmax maps it reads neither as self-attention nor as pooling: " + ", ".join(
                 f"{n} ({what})" for n, what in survey.unread[:2]) + ")") if survey.unread else ""
             raise ValueError(

@@ -31,9 +31,33 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     model changes (one forward, module doc)."""
     with recording(pos_embed) as leaf:
         x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
-        if x is None or x.ndim != 3 or not x.requires_grad:  # (B·windows, h, w, C): no row order
-            return None
-        return read_rows(x, leaf, pos_embed, num_patches)
+        unread = x is None or x.ndim != 3 or not x.requires_grad  # (B·windows, h, w, C): no row order
+        apart = not unread and torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
+                                                   allow_unused=True)[0] is None  # no gradient from the PE
+        order = None if unread or apart else read_rows(x, leaf, pos_embed, num_patches)
+    # a rotary layer carries its position itself: a table of the rotation's is no embedding its tokens must take
+    if apart and adapter.rotary is None and _unmoved(model, adapter, pos_embed, inputs, seed, x):
+        raise PositionUnreached("the position embedding does not reach the tokens this layer receives (the model "
+                                "adds it after the layer, or on another path): the layer's tokens carry no position")
+    return order
+
+
+class PositionUnreached(ValueError):
+    """The first attention layer's tokens do not depend on the position embedding at all."""
+
+
+@torch.no_grad()
+def _unmoved(model: nn.Module, adapter, pos_embed: torch.Tensor, inputs, seed: int, x: torch.Tensor) -> bool:
+    """Whether the tokens ``x`` the layer received stay the same with every entry of ``pos_embed``
+    moved (restored bit for bit after): no gradient reached them, and no path without one does either
+    (a copy made under ``no_grad``, a ``.data`` read)."""
+    saved = pos_embed.detach().clone()
+    try:
+        pos_embed.add_(1.0 + saved.abs())
+        moved = tokens_at(model, adapter, inputs, seed)
+    finally:
+        pos_embed.copy_(saved)
+    return moved is not None and moved.shape == x.shape and torch.equal(moved, x.detach())
 
 
 def out_of_order(survey: ModelSurvey, first: tuple, num_patches: int, inputs, seed: int = 0) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from structinit.adapters.probe import first_sample
 from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.token_order import canonical, maps_on_grid
+from structinit.adapters.token_order import PositionUnreached, canonical, maps_on_grid
 from structinit.adapters.verify import Verdict, tolerance
 from structinit.functional.targets import target_index, target_indices, target_pairs
 from structinit.utils.state import shares_memory
@@ -31,9 +31,7 @@ _HINTS = {
     "rotation": "Use 'mimetic', which sets only the projections",
     "qk-norm": "Use 'mimetic', or build the model without the q/k norm for the init",
     "head-mixing": "Build the model without head mixing, or use 'mimetic'",
-    "head-scale": "Use 'mimetic', or fix the temperatures to 1 for the init",
-    "logit-cap": "Use 'mimetic', or build the model without the soft-cap for the init",
-    "key-bias": "Use 'mimetic', or build the model without the per-key bias for the init",
+    **dict.fromkeys(("head-scale", "logit-cap", "key-bias"), "Use 'mimetic', which sets only the projections"),
     "position-bias": "Use 'mimetic', or register an adapter that models the bias (structinit.register_adapter)",
     "self-mask": "Use 'mimetic', or build the model without the masked diagonal for the init",
     "layout": "Register an adapter that reads this layer's q, k, v and output (structinit.register_adapter)",
@@ -196,7 +194,12 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
     require_probe(survey, "impulse")
 
     def check() -> None:
-        maps, calls, order = position_only_maps(survey, chosen, layouts, pos_embed)
+        try:
+            maps, calls, order = position_only_maps(survey, chosen, layouts, pos_embed)
+        except PositionUnreached as err:  # the first chosen layer's tokens do not depend on the embedding
+            raise ValueError(f"impulse: attention layer {chosen[0][0]!r}: {err}, so impulse "
+                             "cannot shape its maps; the write was undone. Initialise only the layers the position "
+                             "embedding reaches (layers=), or use 'mimetic', which needs no position") from None
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact)
     return check
