@@ -297,3 +297,41 @@ def test_the_rows_of_a_block_by_block_embedding_are_placed_on_the_image_grid():
     row_of_position = ((y // 4) * 4 + x // 4) * 16 + (y % 4) * 4 + x % 4  # blockify's order
     positions = grid_positions(found, 256)
     assert torch.equal(positions[row_of_position.flatten()], torch.arange(256))
+
+
+class _PixelsInPatches(nn.Module):
+    """TNT's two levels: attention over the 3×3 pixels inside each 3×3 patch of a 12×12 image,
+    with one (9, 16) pixel position embedding added to every patch alike (windows of
+    (B·16, 9, 16)), then attention over the 4×4 patches with their own embedding."""
+
+    def __init__(self):
+        super().__init__()
+        from attention_modules import SepAttention
+
+        self.pixel = nn.Conv2d(3, 16, 1)
+        self.pixel_pos = nn.Parameter(structinit.sincos_2d((3, 3), 16)[None])
+        self.inner = SepAttention(16, 2)
+        self.merge = nn.Linear(144, 32)
+        self.patch_pos = nn.Parameter(structinit.sincos_2d((4, 4), 32)[None])
+        self.outer = SepAttention(32, 2)
+        self.image_size = 12
+
+    def forward(self, images):
+        b = len(images)
+        x = self.pixel(images).reshape(b, 16, 4, 3, 4, 3).permute(0, 2, 4, 3, 5, 1).reshape(b * 16, 9, 16)
+        x = x + self.pixel_pos
+        x = x + self.inner(x)
+        x = self.merge(x.reshape(b, 16, 144)) + self.patch_pos
+        return (x + self.outer(x)).mean(1)
+
+
+def test_an_embedding_added_to_every_window_alike_is_found_on_the_windows():
+    """The pixel embedding changes each window's 9 rows one to one, the same in every window: its
+    grid is a window's (3×3), not the image's (a reading of the image's tokens as one sample, right
+    for NesT's blocks, found no embedding, and impulse refused TNT); both levels are written and
+    checked in the model's own maps."""
+    torch.manual_seed(0)
+    model = _PixelsInPatches()
+    structinit.init_(model, "impulse", seed=0, reserve="none")
+    assert structinit.get_record(model, "init")["layers"] == ["inner", "outer"]
+    assert [structinit.get_record(model.inner)["grid"], structinit.get_record(model.outer)["grid"]] == [(3, 3), (4, 4)]

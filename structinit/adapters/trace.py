@@ -87,14 +87,16 @@ def _stopped_at(model, module, grab, inputs, seed, keep_graph, output=False):
     return seen.get("x")
 
 
-def image_tokens(model: nn.Module, adapter, inputs) -> torch.Tensor | None:
-    """:func:`tokens_at`, with a layer that attends within windows of the probe images (B·windows,
-    n, D; NesT's blocks) given each image's tokens as one sample, (B, windows·n, D)."""
-    x = tokens_at(model, adapter, inputs)
+def token_views(x: torch.Tensor | None, inputs) -> list[torch.Tensor]:
+    """The tokens ``x`` a layer received (:func:`tokens_at`) as the trace reads them: windows of the
+    probe images (B·windows, n, D) first as one sample per image, (B, windows·n, D), for an embedding
+    of the whole image (NesT's blocks), then as windows, for one added to each alike (TNT's pixels)."""
     images = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.ndim == 4 else None
-    if x is not None and x.ndim == 3 and images and x.shape[0] > images and x.shape[0] % images == 0:
-        x = x.reshape(images, -1, x.shape[-1])
-    return x
+    if x is None:
+        return []
+    if x.ndim == 3 and images and x.shape[0] > images and x.shape[0] % images == 0:
+        return [x.reshape(images, -1, x.shape[-1]), x]
+    return [x]
 
 
 @torch.no_grad()
@@ -104,11 +106,12 @@ def changed_rows(model: nn.Module, adapter, images: torch.Tensor, base: torch.Te
     gen = torch.Generator().manual_seed(0)
     t.add_(torch.randn(t.shape, generator=gen).to(t.dtype) * (float(saved.float().std(correction=0)) + 1.0))
     try:
-        after = image_tokens(model, adapter, images)
+        after = tokens_at(model, adapter, images)
     finally:
         t.copy_(saved)
-    if after is None or after.shape != base.shape:
+    if after is None or after.numel() != base.numel():
         return []
+    after = after.reshape(base.shape)
     diff = (after[0] - base[0]).abs().amax(-1)
     return torch.nonzero(diff > 1e-5 * (1 + float(base[0].abs().amax()))).flatten().tolist()
 
@@ -131,20 +134,17 @@ def traced_discovery(survey, on_probe: bool = False, layer=None) -> Discovery | 
     attention = [v.adapter.module for v in survey.attention.verdicts]
     if on_probe:
         return _trace(survey.model, first, candidates, attention, survey.example, on)
-    # the sizes the model states first (its PE's own grid); then the images its layers were probed with, which
-    # a model built for another size than it states takes (TNT's at 64 px)
+    # the sizes the model states first (its PE's grid); then the probe's images, for a model built for another (TNT)
     return _trace(survey.model, first, candidates, attention, survey.example) or (
         _trace(survey.model, first, candidates, attention, None, on) if on and survey.example is None else None)
 
 
 def _trace(model, first, candidates, attention, example: ModelCall | None = None, probes=None) -> Discovery | None:
-    # in the model's dtype (a candidate, such as a fixed table, may be held in another), for every forward alike;
-    # a caller's input is the only probe when given
+    # in the model's dtype (a table may be held in another) for every forward alike; a caller's input is the only probe
     probes = probes or ([(example, None)] if example is not None else
                         ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
     for inputs, image in probes:
-        base = image_tokens(model, first[1], inputs)
-        if base is not None:
+        for base in token_views(tokens_at(model, first[1], inputs), inputs):
             found = _classify(model, first, inputs, base, candidates)
             if found is not None:
                 return _on_image(model, _with_grid(model, *found, image), inputs, attention)
