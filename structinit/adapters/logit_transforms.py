@@ -97,10 +97,7 @@ def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:
     solution = torch.linalg.lstsq(design, b).solution
     residual = float((design @ solution - b).norm() / b.norm().clamp_min(1e-12))
     mix = solution[:heads]
-    identity = torch.eye(heads, dtype=mix.dtype, device=mix.device)
-    if heads == 1 or residual >= 1e-3 or torch.allclose(mix, identity, atol=1e-3):
-        if heads == 1 and residual < 1e-3 and abs(float(mix[0, 0]) - 1) > 1e-3:
-            return HEAD_SCALE, f"its logits are q kᵀ scaled by {float(mix[0, 0]):.4g} (a learned temperature)"
+    if residual >= 1e-3 or torch.allclose(mix, torch.eye(heads, dtype=mix.dtype, device=mix.device), atol=1e-3):
         return None
     scale = mix.diagonal()
     if torch.allclose(mix - torch.diag(scale), torch.zeros_like(mix), atol=1e-3 * float(scale.abs().max())):

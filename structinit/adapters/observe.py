@@ -45,12 +45,9 @@ _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
 _MHA_SIGNATURE = inspect.signature(_MHA)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-# Modules that only carry a softmax or pass tensors through, or a Sequential of them alone, or hold no parameter at
-# all: a map made in one belongs to its parent (vit-pytorch's ``attend = nn.Softmax(dim=-1)``, MaxViT's with a
-# Dropout after it, an ``Attend`` module the parent hands its q, k and v).
-_CARRIERS = (nn.Softmax, nn.Dropout, nn.Identity)
-_carrier = lambda m: (isinstance(m, _CARRIERS) or next(m.parameters(), None) is None
-                      or (isinstance(m, nn.Sequential) and len(m) > 0 and all(map(_carrier, m))))
+# A module that holds no parameter only carries a map made in it (vit-pytorch's ``attend = nn.Softmax(dim=-1)``,
+# MaxViT's Sequential(Softmax, Dropout), an ``Attend`` its parent hands q, k and v): the map belongs to its parent.
+_carrier = lambda m: next(m.parameters(), None) is None
 
 
 @dataclass
