@@ -84,7 +84,7 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     from structinit.adapters.observe import observe, real_maps
     from structinit.adapters.provenance_tokens import call_rows
     from structinit.adapters.survey import ModelSurvey
-    from structinit.schemes.checks import diagonals, maps_gap
+    from structinit.schemes.checks import diagonals
 
     survey = ModelSurvey(model, example_inputs=call)  # the probe the init's own survey takes, and its layers
     written = set(structinit.get_record(model, "init")["layers"])  # not those it left alone (a layer never called)
@@ -103,10 +103,20 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
         written, own = diagonals(ad, real, x, terms) if x.shape[-2] >= 3 else (torch.zeros(0), None)
         ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
         if not bool((written >= 1.0).any()):  # no diagonal to measure: the maps must be the written q kᵀ's
-            ratios.append(1.0 if maps_gap(ad, real, x, terms) <= 1e-3 else 0.0)
+            ratios.append(1.0 if _maps_gap(ad, real, x, terms) <= 1e-3 else 0.0)
     if not ratios:
         raise ValueError("no layer's maps could be read on the tokens it was judged on")
     return min(ratios)
+
+
+@torch.no_grad()
+def _maps_gap(ad, real, x: torch.Tensor, terms) -> float:
+    """The largest difference between one layer's own maps ``real`` and the maps the adapter
+    gives its tokens ``x`` (inf when they do not have the same size)."""
+    ours = ad.attention_probs(x.float(), terms)
+    if real.probs.numel() != ours.numel():
+        return float("inf")
+    return float((real.probs.reshape(ours.shape).float() - ours).abs().max())
 
 
 def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 180) -> list[Row]:

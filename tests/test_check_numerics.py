@@ -1,6 +1,6 @@
 """The checks' numerics: masks written as the dtype's lowest float are closed pairs (they once
-overflowed a row's mean into NaN, and a tolerance built from it raised), and a mimetic write with
-no diagonal to measure is still checked, against the maps of the q kᵀ written."""
+overflowed a row's mean into NaN, and a tolerance built from it raised), and a mimetic write on
+plain attention is checked against the maps of the q kᵀ written."""
 
 import importlib
 
@@ -35,7 +35,10 @@ def test_hit_rates_count_each_heads_open_rows_with_a_target():
     assert _hit_rates(probs, open_pairs, layout, offsets) == [1.0, 1.0]  # nothing left to count: no miss
 
 
-def test_a_mimetic_write_with_no_diagonal_to_measure_is_checked_against_the_written_maps(monkeypatch):
+def test_a_mimetic_write_on_plain_attention_is_checked_against_the_written_maps(monkeypatch):
+    """Plain attention (its maps were those of the q kᵀ read before the write) must make the maps
+    of the q kᵀ written, with a diagonal to measure or none (β = 0): a diagonal as strong as the
+    one written would pass a layer that rescales q kᵀ behind the parameters written."""
     checks = importlib.import_module("structinit.schemes.checks")
     seen = []
     same = checks._check_same_maps
@@ -44,5 +47,5 @@ def test_a_mimetic_write_with_no_diagonal_to_measure_is_checked_against_the_writ
     structinit.init_(model, "mimetic", seed=0, alpha=1.0, beta=0.0)  # β = 0: noise alone, no diagonal
     assert seen == ["blocks.0.attn", "blocks.1.attn"]
     seen.clear()
-    structinit.init_(model, "mimetic", seed=0)  # the default β: a diagonal to measure, no fallback
-    assert seen == []
+    structinit.init_(model, "mimetic", seed=0)  # the default β: a diagonal, and still the maps written
+    assert seen == ["blocks.0.attn", "blocks.1.attn"]

@@ -69,6 +69,7 @@ from structinit.adapters.provenance_record import (
 )
 from structinit.adapters.provenance_tokens import TokenError, inner_tokens, leaf_at, token_map, tokens_of_call
 from structinit.adapters.traced import CallTokens, TracedAdapter
+from structinit.utils.state import derived_weights
 
 
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
@@ -363,9 +364,11 @@ def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) ->
             eye = torch.eye(ours.shape[-1], dtype=torch.bool, device=ours.device)
             factor, residual = _fit(made[..., eye], ours[..., eye])
     if not math.isfinite(factor) or residual > 1e-3:
-        raise TraceError("its q kᵀ is not that of the projections the trace found (tokens reordered or "
-                         "transformed between them, or a norm after a projection whose running statistics "
-                         "shift and scale its channels)")
+        made = derived_weights(adapter.module)
+        raise TraceError("its q kᵀ is not that of the projections the trace found (" + (
+            f"it computes weights from other parameters in its forward: {made}" if made else "tokens reordered "
+            "or transformed between them, or a norm after a projection whose running statistics shift and scale "
+            "its channels") + ")")
     return factor * (after if sdpa_scale is None else sdpa_scale)
 
 

@@ -183,9 +183,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     terms = adapter.call_terms(call.args, call.kwargs, x)
     ours = adapter.attention_probs(x.float(), terms)
     real = adapter.observed_probs([m.probs for m in square], ours.shape)
-    tol = tolerance(dtype)
-    if real is None or (float((real - ours).abs().max()) > tol and not masked_inside(real, ours, tol)
-                        and not same_logits(adapter_logits(adapter, x.float(), terms), square, dtype)):
+    if real is None or not computes_as_read(adapter, real, ours, square, x, terms, dtype):
         best = min(square, key=lambda m: float((as_shape(m.probs, ours.shape) - ours).abs().max())
                    if as_shape(m.probs, ours.shape) is not None else float("inf"))
         if as_shape(best.probs, ours.shape) is None:
@@ -204,6 +202,17 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it masks each token's logit on itself (a masked diagonal, as in LSA), a logit term that does "
                        "not depend on content: a head cannot attend to its own token, impulse's centre offset")
     return Verdict(name, adapter, "self")
+
+
+def computes_as_read(adapter: AttentionAdapter, real: torch.Tensor, ours: torch.Tensor, maps: list, x: torch.Tensor,
+                     terms: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    """Whether a layer's own maps ``real`` are the maps ``ours`` its adapter computes from the
+    parameters it reads, on its tokens ``x``: to the probability tolerance, or with some pairs
+    closed by a mask it builds inside, or from the same logits (``maps``, the softmaxes seen in
+    the call) where large logits saturate the softmax."""
+    tol = tolerance(dtype)
+    return (float((real - ours).abs().max()) <= tol or masked_inside(real, ours, tol)
+            or same_logits(adapter_logits(adapter, x.float(), terms), maps, dtype))
 
 
 def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],

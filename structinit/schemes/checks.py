@@ -21,9 +21,9 @@ from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import PositionUnreached, canonical, maps_on_grid
-from structinit.adapters.verify import Verdict, tolerance
+from structinit.adapters.verify import Verdict, computes_as_read
 from structinit.functional.targets import target_index, target_indices, target_pairs
-from structinit.utils.state import shares_memory
+from structinit.utils.state import derived_advice, shares_memory
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
 _HINTS = {
@@ -270,9 +270,9 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
             raise ValueError(
                 f"impulse: after the write, head {h} of layer {name!r} ({type(ad.module).__name__}) puts its argmax "
                 f"on its target offset {tuple(offsets[h])} in {rate:.0%} of the grid rows of its own forward on the "
-                f"position-only input, where the written q/k give {designed:.0%}; the write was undone. The layer "
-                "computes its attention in a way the adapter does not model; register an adapter for it "
-                "(structinit.register_adapter) or use 'mimetic'")
+                f"position-only input, where the written q/k give {designed:.0%}; the write was undone. "
+                + (derived_advice(ad.module) or "The layer computes its attention in a way the adapter does not "
+                   "model; register an adapter for it (structinit.register_adapter) or use 'mimetic'"))
 
 
 def _prefix_share(probs: torch.Tensor, layout: TokenLayout, offset, h: int) -> float:
@@ -314,12 +314,13 @@ def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
 
 
 def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
-    """The check after a mimetic write: on a probe through the model, every chosen layer's real
-    logits (its own softmax's input, else the log of its map) show at least
-    :data:`MIN_DIAGONAL_SHARE` of the diagonal strength the adapter's q kᵀ has on the same
-    tokens, in every head where that is at least :data:`MIN_DESIGNED_DIAGONAL`; a layer with no
-    such head (or no diagonal to see) must compute the maps of the q kᵀ written. A ValueError
-    when the model cannot be probed (:func:`require_probe`)."""
+    """The check after a mimetic write, on a probe through the model: a chosen layer whose maps
+    were those of the q kᵀ read before the write must make those of the q kᵀ written (a weight
+    computed from the parameters written, as a parametrisation does, fails here). One that
+    transforms its logits (a temperature, a soft-cap) must show in its real logits at least
+    :data:`MIN_DIAGONAL_SHARE` of the diagonal strength of the q kᵀ written, in every head where
+    that is at least :data:`MIN_DESIGNED_DIAGONAL`, or with no such head the maps of the q kᵀ
+    written. A ValueError when the model cannot be probed (:func:`require_probe`)."""
     require_probe(survey, "mimetic")
     model, inputs = survey.model, first_sample(survey.probe)
 
@@ -331,9 +332,11 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                 raise ValueError(f"mimetic: after the write, layer {name!r} ({type(ad.module).__name__}) no longer "
                                  "shows maps of the tokens it was judged on; the write was undone")
             terms = ad.call_terms(calls[ad.module].args, calls[ad.module].kwargs, x)
-            # No diagonal to see (masked), or too few tokens to measure one against the rest: the maps
-            # must then be the ones the written q kᵀ give.
-            if ad.masks_self or real.probs.shape[-1] < MIN_DIAGONAL_TOKENS:
+            verdict = survey.attention.verdict(name)
+            # Plain before the write, a masked diagonal, or too few tokens to measure one against the
+            # rest: the maps must be the ones the written q kᵀ give.
+            if ((verdict is not None and verdict.kind == "self" and verdict.checked) or ad.masks_self
+                    or real.probs.shape[-1] < MIN_DIAGONAL_TOKENS):
                 _check_same_maps(name, ad, real, x, terms)
                 continue
             wrote, got = diagonals(ad, real, x, terms)
@@ -376,24 +379,16 @@ def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tens
 
 
 @torch.no_grad()
-def maps_gap(ad, real, x: torch.Tensor, terms) -> float:
-    """The largest difference between one layer's own maps ``real`` and the maps the adapter
-    gives its tokens ``x`` (inf when they do not have the same size)."""
-    ours = ad.attention_probs(x.float(), terms)
-    if real.probs.numel() != ours.numel():
-        return float("inf")
-    return float((real.probs.reshape(ours.shape).float() - ours).abs().max())
-
-
 def _check_same_maps(name: str, ad, real, x: torch.Tensor, terms) -> None:
-    """A layer whose diagonal is masked, or that sees fewer than :data:`MIN_DIAGONAL_TOKENS`
-    tokens, shows no measurable diagonal; what the model computes must then be the map of the
-    q kᵀ written."""
-    if maps_gap(ad, real, x, terms) > tolerance(x.dtype):
-        raise ValueError(
-            f"mimetic: after the write, the attention maps of layer {name!r} ({type(ad.module).__name__}) are not "
-            "those of the q kᵀ written; the write was undone. The layer computes its attention in a way the "
-            "adapter does not model (register an adapter that models it)")
+    """What the model computes must be the map of the q kᵀ written (:func:`computes_as_read`)."""
+    ours = ad.attention_probs(x.float(), terms)
+    if real.probs.numel() == ours.numel() and computes_as_read(
+            ad, real.probs.reshape(ours.shape).float(), ours, [real], x, terms, x.dtype):
+        return
+    raise ValueError(
+        f"mimetic: after the write, the attention maps of layer {name!r} ({type(ad.module).__name__}) are not "
+        "those of the q kᵀ written; the write was undone. " + (derived_advice(ad.module) or "The layer computes its "
+        "attention in a way the adapter does not model (register an adapter that models it)"))
 
 
 __all__ = ["GROUPED", "TRANSFORMS", "check_settable", "diagonal_strength", "impulse_check", "mimetic_check",

@@ -12,7 +12,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter
 from structinit.schemes.records import get_record, set_record
-from structinit.utils.state import ModuleState
+from structinit.utils.state import ModuleState, derived_advice, lasting_storages
 
 
 @dataclass
@@ -56,6 +56,20 @@ class Plan:
         clear its impulse record: q/k written by anything but impulse make the old one stale."""
         self.add(adapter.qk_writes(wq, wk, bq, bk))
         self.records.append((adapter.module, "impulse", record))
+
+    def check_held(self, model: nn.Module, what: str) -> None:
+        """ValueError, before anything is written, when a write goes to memory that is none of
+        ``model``'s parameters, buffers or tensor attributes, or one its forward makes anew (a weight
+        computed from other parameters, as ``weight_norm`` does): the write would not last."""
+        held = lasting_storages(model)
+        loose = next((dst for dst, _ in self.writes if dst.untyped_storage().data_ptr() not in held), None)
+        if loose is None:
+            return
+        raise ValueError(
+            f"{what} would write a {tuple(loose.shape)} tensor that is none of the model's parameters or buffers, or "
+            "one its forward makes anew, so the write would not last; nothing was written. " + (derived_advice(model)
+            or "An adapter reads the layer from a copy of its weights: register one that returns views of its "
+            "parameters (structinit.register_adapter)"))
 
     def commit(self) -> None:
         """Apply the plan; when an action or a check raises, restore every tensor written (the

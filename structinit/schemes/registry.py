@@ -227,6 +227,7 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     finally:
         state.restore()
     if isinstance(plan, Plan):
+        plan.check_held(model, what)
         _check_writes(plan, model, what, options)
         plan.state = state
     return plan
@@ -240,8 +241,7 @@ def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> Non
         top = torch.finfo(dst.dtype).max
         if -top <= lo and hi <= top:
             continue
-        tensors = [*model.named_parameters(), *model.named_buffers()]
-        names = {t.untyped_storage().data_ptr(): n for n, t in tensors}
+        names = {t.untyped_storage().data_ptr(): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         where = names.get(dst.untyped_storage().data_ptr(), f"a {tuple(dst.shape)} tensor")
         numbers = _numbers(options)
         given = f"the numeric options given: {numbers}" if numbers else "no numeric option was given"
@@ -288,8 +288,8 @@ def resolve_scheme(model: nn.Module, name: str, options: dict,
     A name registered once is that entry (``target`` is then an unknown option, as before).
     For a name registered for several targets, ``target=`` picks one; otherwise the entry whose
     layers the model has (attention layers → 'attention', depthwise convs → 'conv', SSM layers →
-    'ssm', MLP-Mixer token mixing → 'token_mixing'); a model
-    with both needs ``target=``; a model with neither gets the first entry (and its error).
+    'ssm', MLP-Mixer token mixing → 'token_mixing'); a model with both needs ``target=``; a
+    model with neither gets the first entry (and its error).
     """
     entries = lookup(name)
     if len(entries) == 1:

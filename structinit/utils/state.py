@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.weight_norm import WeightNorm
 
 
 def _is_state(value) -> bool:
@@ -89,3 +91,35 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     held = torch.zeros(len(index), dtype=torch.bool)
     held[index.as_strided(a.shape, a.stride(), a.storage_offset())] = True
     return bool(held[index.as_strided(b.shape, b.stride(), b.storage_offset())].any())
+
+
+def derived_weights(module: nn.Module) -> str:
+    """In words, the weights inside ``module`` that it computes from other parameters in its
+    forward: a ``torch.nn.utils.parametrize`` parametrisation or a ``weight_norm`` hook; '' if none."""
+    found = [f"{n + '.' if n else ''}{t} by {type(p).__name__}" for n, m in module.named_modules()
+             if parametrize.is_parametrized(m) for t, ps in m.parametrizations.items() for p in ps]
+    found += [f"{n + '.' if n else ''}{h.name} by weight_norm" for n, m in module.named_modules()
+              for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+    return ", ".join(found)
+
+
+def derived_advice(module: nn.Module) -> str:
+    """What to do about the weights :func:`derived_weights` finds in ``module``, in a sentence;
+    '' if there are none."""
+    made = derived_weights(module)
+    return (f"The model computes weights from other parameters in its forward ({made}), so a write to those "
+            "parameters is not the weight it uses: remove that for the init (torch.nn.utils.parametrize."
+            "remove_parametrizations, torch.nn.utils.remove_weight_norm) and apply it again after") if made else ""
+
+
+def lasting_storages(model: nn.Module) -> set[int]:
+    """The storage addresses of what a write to ``model`` changes for good: its parameters, buffers
+    and plain tensor attributes (a table some models keep unregistered), but no tensor its forward
+    makes anew (a ``weight_norm`` hook's weight; a parametrisation's is not held at all)."""
+    held = set()
+    for m in model.modules():
+        remade = {h.name for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)}
+        attributes = [v for k, v in vars(m).items() if isinstance(v, torch.Tensor) and k not in remade]
+        held |= {t.untyped_storage().data_ptr() for t in [*m._parameters.values(), *m._buffers.values(), *attributes]
+                 if t is not None}
+    return held
