@@ -229,3 +229,36 @@ def test_reserve_on_a_block_without_known_mlp_output():
     model.blocks[1].mlp = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 64))
     check_rejected(model, lambda m: structinit.init_(m, "impulse", reserve="residual", seed=0), ValueError,
                    r"block 'blocks\.1'.*no MLP output.*reserve='patch'")
+
+
+class WrappedMHA(nn.Module):
+    """``nn.MultiheadAttention`` in a module of its own that holds nothing else."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+def test_the_block_around_an_attention_wrapped_alone_is_the_wrappers_parent():
+    """The wrapper holds the attention and nothing else, so the MLP output that writes into the
+    same stream is found in the block around the wrapper; the reservation keeps the class token
+    below every target."""
+    model = cpu_model(class_token=True, global_pool="token")
+    for block in model.blocks:
+        block.attn = WrappedMHA(128, block.attn.num_heads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "reserve='auto' reserves nothing here"
+        structinit.init_(model, "impulse", seed=0)
+    basis = position_basis(model.pos_embed.detach()[0, 1:].double()).float()
+    assert max(float((basis.T @ b.mlp.fc2.weight.detach()).abs().max()) for b in model.blocks) < 1e-5
+    assert float(structinit.impulse_fidelity(model)["hit"].min()) == 1.0  # the model's own maps, every layer
+    # Without it the class token takes the argmax, and the advice says that no reservation was applied.
+    model = cpu_model(class_token=True, global_pool="token")
+    for block in model.blocks:
+        block.attn = WrappedMHA(128, block.attn.num_heads)
+    check_rejected(model, lambda m: structinit.init_(m, "impulse", reserve="none", seed=0), ValueError,
+                   r"a prefix token \(a class or register token\) took the argmax.*no reservation, which keeps it "
+                   r"below, was applied: reserve='residual' or 'patch'")

@@ -334,3 +334,36 @@ def test_attention_over_its_tokens_and_a_few_learned_keys_is_named_so_not_a_pool
                    r"no attention layer found in SepViT \(only layers it leaves alone: blocks\.0\.attn, "
                    r"blocks\.1\.attn, the first as _MemoryKeys: self-attention of 64 tokens over 66 keys, 2 more "
                    r"than its tokens \(learned memory keys, an attention sink")
+
+
+class _Values(_SequentialSoftmax):
+    """Plain attention whose values are one head shared by every query head ('one'), or the
+    tokens themselves, no value projection ('tokens')."""
+
+    def __init__(self, dim, heads, values):
+        super().__init__(dim, heads)
+        self.values, self.v = values, torch.nn.Linear(dim, dim // heads)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, _ = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        v = self.v(x)[:, None] if self.values == "one" else x.reshape(b, t, self.h, -1).transpose(1, 2)
+        probs = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("values,words", [
+    ("one", r"its keys and values serve its 2 query heads in different groups \(2 key heads, 1 value head\)"),
+    ("tokens", r"no parameter feeds its values: they are made from its tokens with no projection of their own"),
+])
+def test_values_the_trace_cannot_set_are_named_for_what_they_are(values, words):
+    """Values shared by the query heads while the keys are not, and values with no projection:
+    each refusal says which (they were called keys and values shared, and no parameter feeding
+    'the attention')."""
+    from attention_modules import SepViT
+    from rejection import check_rejected
+
+    torch.manual_seed(0)
+    model = SepViT(attn_cls=lambda dim, heads: _Values(dim, heads, values))
+    check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"blocks\.0\.attn \(_Values: a \d+×\d+ softmax map; " + words)

@@ -175,7 +175,9 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     for role, operand in (("k", k), ("v", v)):
         shared, per_kv = _shared_heads(role, operand, params, heads, dim)
         if kv_of is not None and shared != kv_of:
-            raise TraceError("its keys and values are shared by the query heads in different groups")
+            n_k, n_v = len(set(kv_of)), len(set(shared))
+            raise TraceError(f"its keys and values serve its {heads} query heads in different groups ({n_k} key "
+                             f"head{'s' * (n_k > 1)}, {n_v} value head{'s' * (n_v > 1)}): no grouped-query layout")
         kv_of = shared
         views[role], names[role], shifts[role] = assemble(role, per_kv, params, originals, len(per_kv),
                                                           operand.channels, dim, "in")
@@ -262,7 +264,7 @@ def _normalised(op: Operand) -> bool:
 
 # -- the input projections --------------------------------------------------------------------------
 
-def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[int, torch.Tensor]]:
+def _labelled(op: Operand, lead, params, token: int | None = None, role: str = "q") -> list[dict[int, torch.Tensor]]:
     """For each parameter, channel → the multi-indices of its entries feeding slice ``lead`` of
     ``op`` linearly (module doc), read on every token or on ``token`` alone; TraceError naming
     an entry fed otherwise."""
@@ -271,7 +273,11 @@ def _labelled(op: Operand, lead, params, token: int | None = None) -> list[dict[
     found = [decode(name, g1, gl, op.channels) for (name, _), g1, gl in zip(params, ones, labels)]
     found = [{} if _scales_channels(e, g1) else e for e, g1 in zip(found, ones)]
     if not any(found):  # a norm's output sums to a constant: no gradient of the summed channels reaches it
-        raise TraceError("no parameter feeds the attention through a projection alone")
+        noun = {"q": "queries", "k": "keys", "v": "values"}[role]
+        if not any(g is not None and bool(g.any()) for g in ones):
+            raise TraceError(f"no parameter feeds its {noun}: they are made from its tokens with no projection of "
+                             "their own to set")
+        raise TraceError(f"no parameter feeds its {noun} through a projection alone")
     return found
 
 
@@ -292,7 +298,7 @@ def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dic
     first alone: rotary positions mix each head's channels in pairs by an angle that is zero at
     position 0. Else, q, k and v behind a norm, by where their entries are (:func:`_by_place`)."""
     try:
-        return [_labelled(op, lead, params) for lead in leads]
+        return [_labelled(op, lead, params, role=role) for lead in leads]
     except TraceError as err:
         if role == "v" and not getattr(op, "place_allowed", False):
             err.values_by_place = True  # the caller may read them by place, last
@@ -300,7 +306,7 @@ def _read_role(role: str, op: Operand, params, leads, dim: int) -> list[list[dic
         try:
             if role == "v":  # values are not rotated: read by place, to name the norm or activation after them
                 raise
-            return [_labelled(op, lead, params, token=0) for lead in leads]
+            return [_labelled(op, lead, params, token=0, role=role) for lead in leads]
         except TraceError:  # a norm between the projection and the product: the entries by where they are
             found = [_by_place(op, lead, params, dim) for lead in leads]
             if not all(any(e) for e in found):
@@ -365,10 +371,9 @@ def _scale(adapter: TracedAdapter, tokens: torch.Tensor, product, sdpa_scale) ->
             factor, residual = _fit(made[..., eye], ours[..., eye])
     if not math.isfinite(factor) or residual > 1e-3:
         made = derived_weights(adapter.module)
-        raise TraceError("its q kᵀ is not that of the projections the trace found (" + (
-            f"it computes weights from other parameters in its forward: {made}" if made else "tokens reordered "
-            "or transformed between them, or a norm after a projection whose running statistics shift and scale "
-            "its channels") + ")")
+        raise TraceError("its q kᵀ is not that of the projections the trace found (" + (f"it computes weights from "
+            f"other parameters in its forward: {made}" if made else "tokens reordered or transformed between them, or "
+            "a norm after a projection whose running statistics shift and scale its channels") + ")")
     return factor * (after if sdpa_scale is None else sdpa_scale)
 
 

@@ -108,6 +108,10 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
             name = name.rpartition(".")[0]  # the output projection is a sibling: the wrapper of both is the attention
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
+        held = {id(p) for p in adapter.module.parameters()}
+        while block_path and all(id(p) in held for p in block.parameters()):  # a wrapper of the attention alone
+            block_path = block_path.rpartition(".")[0]
+            block = _get(model, block_path) if block_path else model
         mlp_out = _mlp_output(block, adapter, search=bool(block_path))
         where = block_path
         if mlp_out is None and block_path:

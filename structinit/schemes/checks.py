@@ -182,7 +182,7 @@ def require_judged(survey: ModelSurvey, chosen, scheme: str) -> None:
 
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
                   layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None,
-                  exact: bool = False) -> Callable[[], None]:
+                  exact: bool = False, reserved: bool = True) -> Callable[[], None]:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
     rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
@@ -201,7 +201,7 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
                              "cannot shape its maps; the write was undone. Initialise only the layers the position "
                              "embedding reaches (layers=), or use 'mimetic', which needs no position") from None
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
-            _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact)
+            _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact, reserved)
     return check
 
 
@@ -224,7 +224,7 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
 
 
 def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: torch.Tensor | None = None,
-                exact: bool = False) -> None:
+                exact: bool = False, reserved: bool = True) -> None:
     """The real maps of one layer on its design input hit each head's target as often as the
     adapter's maps of the same tokens say they should; with ``exact`` (a solver that promises
     the argmax), those, put in grid order (``order``, None when the model keeps it), must also
@@ -256,7 +256,9 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
         off_grid = ("a padding token of its window (zero, so its logit is the key bias's)" if layout.windows is not None
                     else "a prefix token (a class or register token)")
         why = (f"in most rows it missed, {off_grid} took the argmax: the written q/k give it a logit above the "
-               "target's (keep the default reserve and pe_scale, which keep it below, or use 'mimetic')"
+               "target's (" + ("keep the default reserve and pe_scale, which keep it below" if reserved else
+                               "no reservation, which keeps it below, was applied: reserve='residual' or 'patch' "
+                               "where the model allows it, a warning says why 'auto' could not") + "; or use 'mimetic')"
                if _prefix_share(in_grid, layout, offsets[h], h) > 0.5 else
                "the layer cannot attend those targets from its position input (it masks them, or its position input "
                "cannot tell them apart); pass offsets= targets it can attend, or use 'mimetic'")

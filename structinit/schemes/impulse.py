@@ -198,7 +198,8 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
             plan.add(ad.vo_writes(wv, wo))
     for reservation in placed.reservations:
         reservation.plan(plan)
-    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact))
+    plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact,
+                                     reserved=bool(placed.reservations)))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
 
 
