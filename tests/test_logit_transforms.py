@@ -36,6 +36,8 @@ class _Transformed(nn.Module):
             logits = logits * self.temperature
         elif self.kind == "soft-cap":
             logits = 2.0 * torch.tanh(logits / 2.0)
+        elif self.kind == "wide-cap":  # Gemma-2's cap of 50: at init, logits too small to bend (no transform seen)
+            logits = 50.0 * torch.tanh(logits / 50.0)
         elif self.kind == "key-bias":  # Transformer-XL's content bias: u·k_j, the same for every query
             logits = logits + torch.einsum("hd,bhjd->bhj", self.u, k)[:, :, None, :]
         elif self.kind == "alibi":  # a 2-D ALiBi: −slope_h · |Δy| + |Δx| on the 8×8 grid, 0 on the diagonal
@@ -77,4 +79,15 @@ def test_a_transform_of_the_logits_is_named_for_what_it_is(kind):
 def test_mimetic_writes_through_a_transform_of_the_logits_and_checks_it_in_the_models_own_maps(kind):
     model = _model(kind)
     structinit.init_(model, "mimetic", seed=0)  # its check after the write reads the model's own maps
+    assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]
+
+
+def test_a_soft_cap_the_probe_cannot_see_before_the_write_passes_mimetics_check_by_its_diagonal():
+    """A cap of 50 leaves the small logits of an init as they are, so the probe judges the layer
+    plain; the larger logits mimetic writes bend under it. The check after the write finds each
+    head's logits an order-keeping function of the q kᵀ written and judges the diagonal there (it
+    refused Gemma-2 as "not the maps of the q kᵀ written")."""
+    model = _model("wide-cap")
+    assert {(v.kind, v.code) for v in ModelSurvey(model).attention.verdicts} == {("self", "")}
+    structinit.init_(model, "mimetic", seed=0)
     assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]

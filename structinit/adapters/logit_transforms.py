@@ -108,17 +108,26 @@ def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:
                          "own q kᵀ")
 
 
-def _monotone(ours: torch.Tensor, real: torch.Tensor) -> bool:
-    """Whether the real logits are one increasing, non-affine function of the adapter's, entry by entry."""
+def _open_pairs(ours: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     open_ = torch.isfinite(ours) & torch.isfinite(real) & (real > torch.finfo(real.dtype).min / 2)
-    a, b = ours[open_].double(), real[open_].double()
+    return ours[open_].double(), real[open_].double()
+
+
+def order_kept(ours: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether the real logits are one non-decreasing function of the adapter's, entry by entry,
+    over the pairs open in both (a soft-cap, a temperature, or none)."""
+    a, b = _open_pairs(ours, real)
     if a.numel() < 8 or float(a.std()) == 0:
         return False
-    order = torch.argsort(a)
-    steps = b[order].diff()
-    spread = float(b.abs().max())
-    if float(steps.min()) < -1e-5 * (1 + spread):
+    steps = b[torch.argsort(a)].diff()
+    return float(steps.min()) >= -1e-5 * (1 + float(b.abs().max()))
+
+
+def _monotone(ours: torch.Tensor, real: torch.Tensor) -> bool:
+    """Whether the real logits are one increasing, non-affine function of the adapter's, entry by entry."""
+    if not order_kept(ours, real):
         return False
+    a, b = _open_pairs(ours, real)
     design = torch.stack([a, torch.ones_like(a)], 1)
     fit = design @ torch.linalg.lstsq(design, b[:, None]).solution
     return float((fit[:, 0] - b).norm() / b.norm().clamp_min(1e-12)) > 1e-3
