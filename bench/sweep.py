@@ -280,18 +280,23 @@ def main(argv=None) -> int:
         found = timm_entries() if package == "timm" else transformers_entries(args.width)
         entries += [(name, package, build) for name, build in found]
     only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
-    rows = []
+    rows, kept = [], 0
     for name, package, build in entries:
         if only and name not in only:
             continue
         if name in skip:
             rows += [Row(name, package, s, "too-large", reason="left out with --skip") for s in schemes]
             continue
-        got = done.get((name, package)) or run_one(name, package, build, schemes)
+        got = done.get((name, package))
+        kept, tag = kept + (got is not None), " (kept from --out)" if got is not None else ""
+        got = got or run_one(name, package, build, schemes)
         rows += got
-        print(" | ".join(f"{r.model} {r.scheme}: {r.outcome}" for r in got), file=sys.stderr, flush=True)
+        print(" | ".join(f"{r.model} {r.scheme}: {r.outcome}" for r in got) + tag, file=sys.stderr, flush=True)
         if args.out:
             _save(args.out, rows)
+    if kept:  # a rerun after a fix must not pass off the old rows as new ones
+        print(f"{kept} model(s) not run again: their rows were kept from {args.out}, where an earlier sweep had "
+              "finished them; delete it (or write elsewhere) to run them again", file=sys.stderr)
     print(table(rows))
     return 0
 

@@ -220,3 +220,19 @@ def test_the_summary_counts_transformers_vision_architectures_across_both_inits(
     assert sweep.main(["--from", str(path), "--summary"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         "transformers vision architectures (towers and image classifiers, both inits): 2/3 as expected (66.7 %)")
+
+
+def test_a_sweep_resumed_from_its_file_says_which_rows_it_kept(tmp_path, capsys, monkeypatch):
+    """Rows an earlier sweep finished are kept, not run again, and said so: a rerun after a fix
+    that writes to the same file would otherwise print the old rows as if new."""
+    path = tmp_path / "sweep.json"
+    sweep._save(str(path), [sweep.Row("kept", "timm", s, "refused", reason="old") for s in sweep.SCHEMES])
+    monkeypatch.setattr(sweep, "timm_entries", lambda: [("kept", None), ("new", None)])
+    monkeypatch.setattr(sweep, "run_one", lambda name, package, build, schemes: [
+        sweep.Row(name, package, s, "no-attention") for s in schemes])
+    assert sweep.main(["--packages", "timm", "--out", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "kept impulse: refused | kept mimetic: refused (kept from --out)" in err
+    assert "new impulse: no-attention | new mimetic: no-attention\n" in err
+    assert f"1 model(s) not run again: their rows were kept from {path}" in err
+    assert [r["model"] for r in json.loads(path.read_text())["rows"]] == ["kept", "kept", "new", "new"]
