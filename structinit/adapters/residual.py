@@ -106,11 +106,14 @@ def residual_writes(model: nn.Module, layers: list[tuple[str, AttentionAdapter]]
         out.append((f"{name} (output projection)", weight, bias))
         if not in_parameters(adapter.module, weight):
             name = name.rpartition(".")[0]  # the output projection is a sibling: the wrapper of both is the attention
+        # The block is the nearest ancestor that holds more than the attention (a module may wrap it alone), short
+        # of leaving a container's element, which is a block itself.
+        held = {p.untyped_storage().data_ptr() for p in _get(model, name).parameters()} if name else set()
         block_path = name.rpartition(".")[0]
         block = _get(model, block_path) if block_path else model
-        held = {id(p) for p in adapter.module.parameters()}
-        while block_path and all(id(p) in held for p in block.parameters()):  # a wrapper of the attention alone
-            block_path = block_path.rpartition(".")[0]
+        while block_path and not block_path.rpartition(".")[2].isdigit() and all(
+                p.untyped_storage().data_ptr() in held for p in block.parameters()):
+            name, block_path = block_path, block_path.rpartition(".")[0]
             block = _get(model, block_path) if block_path else model
         mlp_out = _mlp_output(block, adapter, search=bool(block_path))
         where = block_path

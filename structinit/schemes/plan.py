@@ -12,7 +12,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter
 from structinit.schemes.records import get_record, set_record
-from structinit.utils.state import ModuleState, derived_advice, lasting_storages
+from structinit.utils.state import ModuleState, derived_advice, remade_storages
 
 
 @dataclass
@@ -57,11 +57,12 @@ class Plan:
         self.add(adapter.qk_writes(wq, wk, bq, bk))
         self.records.append((adapter.module, "impulse", record))
 
-    def check_held(self, model: nn.Module, what: str) -> None:
-        """ValueError, before anything is written, when a write goes to memory that is none of
-        ``model``'s parameters, buffers or tensor attributes, or one its forward makes anew (a weight
+    def check_held(self, model: nn.Module, what: str, held: set[int]) -> None:
+        """ValueError, before anything is written, when a write goes to memory that is not ``held``
+        (the storages of ``model``'s parameters, buffers and tensor attributes:
+        :meth:`~structinit.utils.state.ModuleState.storages`) or that its forward makes anew (a weight
         computed from other parameters, as ``weight_norm`` does): the write would not last."""
-        held = lasting_storages(model)
+        held = held - remade_storages(model)
         loose = next((dst for dst, _ in self.writes if dst.untyped_storage().data_ptr() not in held), None)
         if loose is None:
             return

@@ -227,7 +227,7 @@ def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: st
     finally:
         state.restore()
     if isinstance(plan, Plan):
-        plan.check_held(model, what)
+        plan.check_held(model, what, state.storages())
         _check_writes(plan, model, what, options)
         plan.state = state
     return plan

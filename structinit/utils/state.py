@@ -112,14 +112,8 @@ def derived_advice(module: nn.Module) -> str:
             "remove_parametrizations, torch.nn.utils.remove_weight_norm) and apply it again after") if made else ""
 
 
-def lasting_storages(model: nn.Module) -> set[int]:
-    """The storage addresses of what a write to ``model`` changes for good: its parameters, buffers
-    and plain tensor attributes (a table some models keep unregistered), but no tensor its forward
-    makes anew (a ``weight_norm`` hook's weight; a parametrisation's is not held at all)."""
-    held = set()
-    for m in model.modules():
-        remade = {h.name for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)}
-        attributes = [v for k, v in vars(m).items() if isinstance(v, torch.Tensor) and k not in remade]
-        held |= {t.untyped_storage().data_ptr() for t in [*m._parameters.values(), *m._buffers.values(), *attributes]
-                 if t is not None}
-    return held
+def remade_storages(model: nn.Module) -> set[int]:
+    """The storage addresses of the weights a ``weight_norm`` hook makes anew in every forward of
+    ``model`` (plain tensor attributes, which :meth:`ModuleState.storages` counts as held)."""
+    return {w.untyped_storage().data_ptr() for m in model.modules() for h in m._forward_pre_hooks.values()
+            if isinstance(h, WeightNorm) and isinstance(w := getattr(m, h.name, None), torch.Tensor)}
