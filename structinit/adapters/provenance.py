@@ -50,11 +50,9 @@ from structinit.adapters.provenance_blocks import (
     isolating,
     lead_cotangent,
     lines_in_storage_order,
-    output_bent,
-    output_block,
-    output_unread,
-    values_unread,
+    one_map_a_head,
 )
+from structinit.adapters.provenance_output import output_bent, output_block, output_unread, values_unread
 from structinit.adapters.provenance_record import (
     HandedQueries,
     Operand,
@@ -163,6 +161,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     if k.channels != r:
         raise TraceError(f"its q and k have {r} and {k.channels} channels a head; a head's q kᵀ needs them equal")
     heads, group = heads_of(q, params)
+    one_map_a_head(rec, heads)
     dim = _input_width(q, params)
     tokens_of = token_map(q, leaf, dim, heads)
     inputs = tuple(owner.get_submodule(n) for n in readers)

@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from structinit.adapters.provenance_record import Operand, TraceError, record
+from structinit.adapters.provenance_record import Operand, TraceError, applied_maps
 
 # -- a float64 copy to trace on -----------------------------------------------------------------------
 
@@ -253,146 +253,20 @@ def find_head(op: Operand, params) -> int:
     return at
 
 
+def one_map_a_head(rec, heads: int) -> None:
+    """TraceError where a one-head map is one of several the call applies to values: each head's
+    map made by a softmax of its own (a loop over the heads, over per-head projections or slices
+    of one, or heads of different widths), which one map of strided heads does not describe."""
+    widths = applied_maps(rec) if heads == 1 else ()
+    if len(widths) < 2:
+        return
+    each = (f"of {', '.join(map(str, widths[:-1]))} and {widths[-1]} channels" if len(set(widths)) > 1
+            else f"of {widths[0]} channels each")
+    raise TraceError(f"it makes each head's map by a softmax of its own ({len(widths)} maps a call, {each}, as a "
+                     "loop over heads does), where structinit reads a layer whose heads' maps one product of q and kᵀ "
+                     "makes, from one projection per role: write it so to initialise it")
+
+
 def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
     zeros = (0,) * (len(op.lead_shape) - 1)
     return [(*zeros, h) for h in range(heads)]
-
-
-# -- the output projection ---------------------------------------------------------------------------
-
-def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads, group, r, dim):
-    """The output projection: the module runs again with the context (map · v) replaced by zeros,
-    ones and labels 1 + h·r + c; the gradients of its summed output say which entries read which
-    head channel (module doc)."""
-    context = v.product_index
-    shape = ops[context][3].shape
-    lead_axes = v.context_lead_axes(len(shape))
-    ones = torch.ones(shape, dtype=ops[context][3].dtype, device=ops[context][3].device)
-    head = torch.zeros(shape, dtype=torch.long, device=ones.device)
-    for lead in _all_leads([shape[a] for a in lead_axes]):
-        index = [slice(None)] * len(shape)
-        for a, i in zip(lead_axes, lead):
-            index[a] = i
-        head[tuple(index)] = group(lead)
-    chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
-                                                        for a in range(len(shape))])
-    labels = (1 + head * r + chan).to(ones.dtype)
-    got = {name: _output_grads(module, args, kwargs, context, value, params)
-           for name, value in (("zeros", torch.zeros_like(ones)), ("ones", ones), ("labels", labels))}
-    per_head = [[{} for _ in params] for _ in range(heads)]
-    bias = None
-    for i, (name, _) in enumerate(params):
-        g0, g1, gl = got["zeros"][i], got["ones"][i], got["labels"][i]
-        read = g0.ne(0)  # entries the output reads without the context: a bias, or columns of other channels
-        if bool(read.any()):
-            if g0.ndim == 1 and bool(read.all()) and torch.equal(g0, g1):
-                if bias is not None:
-                    raise TraceError(f"the output has two biases ({name!r} is the second)")
-                bias = originals[name]
-                continue
-            if not (torch.equal(g1[read], g0[read]) and torch.equal(gl[read], g0[read])):
-                raise TraceError(f"parameter {name!r} acts on the attention's output beyond its projection")
-        # a projection that also reads channels beside the context (SHViT's, of the untouched ones): their columns
-        for c, ix in decode(name, g1 - g0, gl - g0, heads * r).items():
-            per_head[c // r][i][c % r] = ix
-    # the output's width, which may differ from the input's (the projection of a slice of the channels)
-    width = max((len(ix) for head in per_head for e in head for ix in e.values()), default=dim)
-    if bias is not None and bias.shape != (width,):
-        raise TraceError(f"the output's bias has {bias.numel()} entries, its projection {width} rows")
-    (weight, _), weight_name, _ = assemble("the output", per_head, params, originals, heads, r, width, "out")
-    return (weight, bias), weight_name
-
-
-def _all_leads(shape) -> list[tuple[int, ...]]:
-    out = [()]
-    for n in shape:
-        out = [(*lead, i) for lead in out for i in range(n)]
-    return out
-
-
-def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, params) -> list[torch.Tensor]:
-    y = _first(record(module, args, kwargs, swap={context: value}).out)
-    if not y.requires_grad:
-        raise TraceError("its output does not depend on the attention's context through its parameters")
-    return grads_of(y, torch.ones_like(y), params)
-
-
-def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
-    """Why the module's output is no projection of its attention's context, where that is a
-    mechanism no write to projections changes: it does not depend on the context (a scale after
-    the output projection that starts at zero: LeViT's BatchNorm), not affinely (an activation
-    between them), or not token by token (:func:`output_spread`); None where it is affine in it
-    token by token (a layout the trace cannot read). Read from the output with the context
-    (``made``, the output of op ``context``) replaced by 0, c, d and c + d for fixed random c, d."""
-    c, d = _random_like(made), _random_like(made, seed=1)
-    y0, y1, y2, y3 = (_first(record(module, args, kwargs, swap={context: value}).out).detach().double()
-                      for value in (0 * c, c, d, c + d))
-    step = float((y1 - y0).abs().max())
-    if step <= 1e-6 * (float(y0.abs().max()) + 1e-30) and float((y3 - y0).abs().max()) <= step + 1e-30:
-        return ("its output does not depend on its attention's context (a scale after the output projection that "
-                "starts at zero)")
-    # c, d and c + d, not c and 2c: a ReLU is linear along each ray from zero
-    if float(((y3 - y2) - (y1 - y0)).abs().max()) > 1e-4 * step:
-        return "its attention's context passes a nonlinearity before the output projection"
-    return output_spread(module, args, kwargs, context, made, token_axis, reach, y0)
-
-
-def output_bent(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
-    """For an output the labelled run read as a projection of the context: why it is not one
-    after all, or None. The labels are positive, which a ReLU passes as they are: the output at
-    c and at −c, for a fixed random c, must average to the output at 0 (an activation that
-    bends is named as :func:`output_unread` names it); then :func:`output_spread`."""
-    c = _random_like(made)
-    y0, y1, y2 = (_first(record(module, args, kwargs, swap={context: k * c}).out).detach().double() for k in (0, 1, -1))
-    if float(((y1 - y0) + (y2 - y0)).abs().max()) > 1e-4 * float((y1 - y0).abs().max()):
-        return "its attention's context passes a nonlinearity before the output projection"
-    return output_spread(module, args, kwargs, context, made, token_axis, reach, y0)
-
-
-def output_spread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int,
-                  y0: torch.Tensor) -> str | None:
-    """Why the output is not the context projected token by token, or None: the context of one
-    token (the middle one, on ``token_axis`` of ``made``, in every slice) moves more than
-    ``reach`` output entries (a token's output width times the slices) from ``y0``, the output
-    at a context of zeros, as where the output is upsampled to more positions than the map's
-    tokens after its projection (LowFormer's, CPUBone's)."""
-    c = _random_like(made)
-    middle = made.shape[token_axis] // 2
-    one = torch.zeros_like(c).movedim(token_axis, 0)
-    one[middle] = c.movedim(token_axis, 0)[middle]
-    yt = _first(record(module, args, kwargs, swap={context: one.movedim(0, token_axis)}).out).detach().double()
-    step = float((yt - y0).abs().max())
-    if step > 0 and int(((yt - y0).abs() > 1e-9 * step).sum()) > reach:
-        return ("its output carries each token's attention context to several positions (upsampled, or convolved "
-                "over the tokens, after the output projection)")
-    return None
-
-
-def values_unread(v: Operand, weight: torch.Tensor) -> str | None:
-    """Why the values are no projection of the tokens, or None: v is not linear in ``weight``,
-    its projection's (the second derivative along random directions is not zero), as where an
-    activation or a gate follows the projection (iFormer's sigmoid). A norm before the
-    projection, a rotation or a scale after it leave v linear in the weight, and its second
-    derivative exactly zero."""
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randn(v.tensor.shape, generator=gen, dtype=torch.float64).to(v.tensor)
-    u = torch.randn(weight.shape, generator=gen, dtype=torch.float64).to(weight)
-    try:
-        (g,) = torch.autograd.grad(v.tensor, weight, w, retain_graph=True, create_graph=True)
-        (h,) = torch.autograd.grad(g, weight, u, retain_graph=True, allow_unused=True)
-    except RuntimeError:  # an op without a second derivative: no word on it
-        return None
-    if h is None or not bool(h.any()):  # exactly: a sigmoid near zero is nearly linear, but not quite
-        return None
-    return "its values pass a nonlinearity after their projection (an activation or a gate)"
-
-
-def _random_like(made: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    return torch.randn(made.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(made)
-
-
-def _first(out) -> torch.Tensor:
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    if not isinstance(y, torch.Tensor):
-        raise TraceError("its output is not a tensor")
-    return y

@@ -248,6 +248,12 @@ def map_operands(rec: Record):
     return None
 
 
+def applied_maps(rec: Record) -> list[int]:
+    """The channels of q behind each attention map the call applies to values, in call order:
+    one entry for a layer that makes all its heads' maps at once, one a head for a per-head loop."""
+    return [found[0].channels for found in _maps(rec) if value_operand(rec.ops, found) is not None]
+
+
 def _maps(rec: Record):
     ops = rec.ops
     producers = _producers(ops)
