@@ -3,7 +3,9 @@
 weights) each scheme is timed beside timm's own ``init_weights()``, each call on a fresh copy of
 the model (a user's first init), median of ``--repeats`` calls on 2 threads; models without
 the ``timm/`` prefix are structinit's own.
-``--checks`` instead times what checking every write against the model's forward costs
+``--floor`` times what no init of this design can skip (two forwards of one image, and mimetic's
+factor maths alone) against timm's init. ``--checks`` instead times what checking every write
+against the model's forward costs
 (docs/results/zoo.md): ``init_`` against its probe before the write, its check after it and
 one plain forward. ``--routes`` times the routes to the mimetic init's per-head products (the
 best rank-r approximation of αZ + βI) on one ViT-B/16 layer, with each route's error against the
@@ -12,6 +14,7 @@ exact float64 truncation (docs/results/speed.md#mimetic-routes).
     .venv-zoo/bin/python bench/init_speed.py          # needs timm: bash scripts/setup_zoo.sh
     .venv-zoo/bin/python bench/init_speed.py --models timm/vit_base_patch16_224 --schemes mimetic,mimetic:noise=uniform
     .venv/bin/python bench/init_speed.py --checks
+    .venv-zoo/bin/python bench/init_speed.py --floor --repeats 5
     .venv/bin/python bench/init_speed.py --routes
 
 ``--against DIR`` times another checkout of structinit side by side: the two alternate
@@ -165,6 +168,41 @@ def check_cost_table(repeats: int) -> str:
                      "checks' share of init_"], "llrrrrr", rows)
 
 
+def floor_row(name: str, repeats: int) -> list[str]:
+    """--floor: what no structured init of this design can skip on a timm ViT, against timm's own
+    init: the two forwards of one probe image (the probe that reads the attention, the check
+    after the write) and, for mimetic, the per-layer factor maths alone (its default circular
+    noise: q/k factors per head, the D×D v/o factors)."""
+    from structinit.functional.mimetic import mimetic_qk, mimetic_vo
+
+    model = build(name).eval()
+    image = torch.randn(1, 3, *model.patch_embed.img_size, generator=torch.Generator().manual_seed(0))
+    attn = model.blocks[0].attn
+    dim, heads, depth = model.embed_dim, attn.num_heads, len(model.blocks)
+
+    def forwards():
+        with torch.no_grad():
+            model(image), model(image)
+
+    def factors():
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(depth):
+            mimetic_qk(dim, heads, dim // heads, noise="circular", generator=gen, with_target=False)
+            mimetic_vo(dim, dim, noise="circular", generator=gen, with_target=False)
+
+    t_timm = fresh_seconds(model, lambda m: m.init_weights(), repeats)
+    t_fwd, t_fac = median_seconds(forwards, repeats), median_seconds(factors, repeats)
+    return [name, f"{t_timm:.3f}", f"{t_fwd:.3f} (×{t_fwd / t_timm:.2f})", f"{t_fac:.3f}",
+            f"{t_fwd + t_fac:.3f} (×{(t_fwd + t_fac) / t_timm:.2f})"]
+
+
+def floor_table(models: list[str], repeats: int) -> str:
+    torch.set_num_threads(2)
+    rows = [floor_row(name, repeats) for name in models if name.startswith("timm/")]
+    return markdown(["model", REFERENCE, "two forwards of one image (impulse's floor)", "mimetic factors",
+                     "mimetic's floor"], "lrrrr", rows)
+
+
 def truncation(m, r: int):
     """The best rank-``r`` approximation of each matrix of ``m``, by a full SVD."""
     u, s, vh = torch.linalg.svd(m)
@@ -214,12 +252,16 @@ def main() -> None:
     ap.add_argument("--against", default=None, help="another structinit checkout to time side by side")
     ap.add_argument("--checks", action="store_true", help="the cost of the checks' forwards instead")
     ap.add_argument("--routes", action="store_true", help="the mimetic routes on one ViT-B/16 layer instead")
+    ap.add_argument("--floor", action="store_true", help="the forwards and factor maths no init can skip instead")
     ap.add_argument("--dim", type=int, default=768, help="--routes: the layer's width")
     ap.add_argument("--heads", type=int, default=12, help="--routes: the layer's heads")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.checks:
         print(check_cost_table(args.repeats))
+        return
+    if args.floor:
+        print(floor_table(args.models.split(","), args.repeats))
         return
     if args.routes:
         print(routes_table(args.dim, args.heads, args.repeats))

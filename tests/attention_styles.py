@@ -3,7 +3,8 @@
 by a BatchNorm), projections in a ``ModuleDict``, a ``Linear`` subclass, q, k and v packed per
 head, heads before the token blocks, values wider than queries and keys, one softmax per segment
 of a packed sequence, q and k normalised over every head's channels at once, heads folded into
-the batch with the scale as ``baddbmm``'s ``alpha``; and :class:`StyledViT`, a small ViT around
+the batch with the scale as ``baddbmm``'s ``alpha`` (and regrouped around the softmax, as Bloom
+does); and :class:`StyledViT`, a small ViT around
 any of them. Each records the softmax input and output its own forward formed (``last_logits``,
 ``last_probs``), the ground truth the tests compare structinit against."""
 
@@ -338,10 +339,28 @@ class BatchHeadsAttention(_Records):
         return self.proj(torch.bmm(probs, v).view(b, self.h, t, r).transpose(1, 2).reshape(b, t, d))
 
 
+class RegroupedHeadsAttention(BatchHeadsAttention):
+    """The heads folded into the batch as Bloom writes them: ``baddbmm`` given q and kᵀ by keyword,
+    the softmax on the (B, heads, T, T) view, ``torch.masked_fill`` after it, and the map folded
+    back to (B·heads, T, T) for ``torch.bmm``."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        r = d // self.h
+        q, k, v = (u.reshape(b, t, self.h, r).transpose(1, 2).reshape(b * self.h, t, r)
+                   for u in self.qkv(x).chunk(3, dim=-1))
+        logits = torch.zeros(b * self.h, t, t, dtype=x.dtype).baddbmm(batch1=q, batch2=k.transpose(1, 2), alpha=r**-0.5)
+        logits = logits.view(b, self.h, t, t)
+        probs = self.keep(logits, torch.masked_fill(logits.softmax(-1), torch.zeros(t, t, dtype=torch.bool), 0.0))
+        context = torch.bmm(probs.view(b * self.h, t, t), v)
+        return self.proj(context.view(b, self.h, t, r).transpose(1, 2).reshape(b, t, d))
+
+
 STYLES = {"raw-linear": RawLinearAttention, "einsum": EinsumAttention, "conv-maps": ConvMapAttention,
           "module-dict": ModuleDictAttention, "linear-subclass": SubclassAttention,
           "packed-per-head": PerHeadPackedAttention, "heads-first": HeadsFirstAttention,
-          "wide-values": WideValuesAttention, "batch-heads": BatchHeadsAttention}
+          "wide-values": WideValuesAttention, "batch-heads": BatchHeadsAttention,
+          "regrouped-heads": RegroupedHeadsAttention}
 
 
 class ChannelNorm(nn.LayerNorm):

@@ -1,7 +1,8 @@
 """Small language models in the styles people write them, for mimetic on 1-D sequences: nanoGPT's
 causal self-attention (one fused ``c_attn`` Linear, a causal mask held as a buffer or passed to
-``scaled_dot_product_attention``) and a grouped-query attention with rotary positions, as in
-Llama. Each attention records the softmax input and output its own forward formed."""
+``scaled_dot_product_attention``), a grouped-query attention with rotary positions, as in
+Llama, and an ALiBi attention laid out as Bloom's. Each attention records the softmax input and output
+its own forward formed."""
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,31 @@ class GroupedRotaryAttention(nn.Module):
         else:
             y = logits.softmax(-1) @ full_v
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class AlibiAttention(nn.Module):
+    """Bloom's layout: q and k folded to (B·heads, T, r), the logits from
+    ``alibi.baddbmm(batch1=q, batch2=kᵀ)`` (a per-head slope times each key's position as the
+    input it adds), the causal softmax on the (B, heads, T, T) view, the map folded back for
+    ``torch.bmm``. Keeps its own logits (``last_logits``) and the bias in them (``last_bias``)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.query_key_value, self.dense, self.heads = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim), heads
+        self.register_buffer("slopes", 2.0 ** -torch.arange(1.0, heads + 1.0))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        r = c // self.heads
+        q, k, v = (y.reshape(b, t, self.heads, r).transpose(1, 2).reshape(b * self.heads, t, r)
+                   for y in self.query_key_value(x).chunk(3, dim=-1))
+        alibi = (self.slopes[:, None] * torch.arange(t)).repeat(b, 1)[:, None, :]  # (B·heads, 1, T)
+        scores = alibi.baddbmm(batch1=q, batch2=k.transpose(1, 2), beta=1.0, alpha=r**-0.5).view(b, self.heads, t, t)
+        logits = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        self.last_logits, self.last_bias = logits.detach(), alibi.view(b, self.heads, 1, t).detach()
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32).view(b * self.heads, t, t)
+        context = torch.bmm(probs, v).view(b, self.heads, t, r)
+        return self.dense(context.transpose(1, 2).reshape(b, t, c))
 
 
 class SeqAttention(nn.Module):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from language_models import GroupedRotaryAttention, TinyEncoder, TinyGPT, TinySeq2Seq, TwoNormAttention
+from language_models import AlibiAttention, GroupedRotaryAttention, TinyEncoder, TinyGPT, TinySeq2Seq, TwoNormAttention
 
 import structinit
 from rejection import check_rejected
@@ -55,6 +55,26 @@ def test_mimetic_on_a_language_model_shows_in_its_own_causal_logits_and_values(n
         model(_ids())
     for block in model.h:
         logits = block.attn.last_logits  # the module's own, its causal mask in place
+        assert torch.isneginf(logits[0, 0, 0, 1:]).all()
+        assert (diagonal_strength(logits) > 1.0).all()
+        assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)
+
+
+def test_mimetic_reads_q_k_past_a_bias_baddbmm_adds_and_heads_regrouped_around_the_softmax():
+    """Bloom's layout (:class:`AlibiAttention`): the trace lost the logits at the view around the
+    softmax and did not take q and k given to ``baddbmm`` by keyword; then it took the ALiBi bias
+    the product adds for part of q kᵀ. Mimetic writes it, and the model's own logits less that
+    bias show the diagonal under the causal mask."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=48, attn=lambda: AlibiAttention(48, 3))
+    layers = structinit.find_attention_layers(model)
+    assert [n for n, _ in layers] == ["h.0.attn", "h.1.attn"]
+    assert all(isinstance(ad, TracedAdapter) and ad.causal and ad.num_heads == 3 for _, ad in layers)
+    structinit.init_(model, "mimetic", seed=0)
+    with torch.no_grad():
+        model(_ids())
+    for block in model.h:
+        logits = block.attn.last_logits - block.attn.last_bias  # the q kᵀ part of its own logits
         assert torch.isneginf(logits[0, 0, 0, 1:]).all()
         assert (diagonal_strength(logits) > 1.0).all()
         assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)

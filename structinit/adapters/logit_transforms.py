@@ -40,11 +40,16 @@ def as_shape(t: torch.Tensor, shape) -> torch.Tensor | None:
     return t.reshape(shape) if t.numel() == torch.Size(shape).numel() else None
 
 
+def _open(t: torch.Tensor) -> torch.Tensor:
+    """The pairs of logits ``t`` a mask leaves open: finite and above the dtype's lowest float."""
+    return torch.isfinite(t) & (t > torch.finfo(t.dtype).min / 2)
+
+
 def _rows_centred(t: torch.Tensor) -> torch.Tensor:
     """Logits with each row's mean over its open entries removed: a softmax does not see it. A
     pair masked with the dtype's lowest float (Hugging Face's eager masks) is closed, as −∞ is:
     summed, such entries overflow the mean."""
-    finite = torch.isfinite(t) & (t > torch.finfo(t.dtype).min / 2)
+    finite = _open(t)
     mean = torch.where(finite, t, torch.zeros_like(t)).sum(-1, keepdim=True) / finite.sum(-1, keepdim=True).clamp_min(1)
     return torch.where(finite, t - mean, torch.zeros_like(t))
 
@@ -63,6 +68,9 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
     raw_real = None if real.logits is None else as_shape(real.logits, shape)
     if raw_real is not None:
         real_logits = _rows_centred(raw_real)
+        # pairs the module closes inside (a causal mask it builds) are closed in ours too, so that they
+        # neither count as a difference nor shift the row means the softmax does not see
+        ours_logits = _rows_centred(raw_ours.masked_fill(~_open(raw_real), float("-inf")))
         if _content_free(real_logits - ours_logits):  # before the rotation: an ALiBi bias is 0 on the diagonal too
             return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                    "structinit does not model)")

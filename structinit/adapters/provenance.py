@@ -40,6 +40,7 @@ from torch import nn
 
 from structinit.adapters.provenance_blocks import (
     assemble,
+    causal_map,
     decode,
     double_twin,
     find_head,
@@ -50,6 +51,7 @@ from structinit.adapters.provenance_blocks import (
     isolating,
     lead_cotangent,
     lines_in_storage_order,
+    masked_pairs,
     one_map_a_head,
 )
 from structinit.adapters.provenance_output import output_bent, output_block, output_unread, values_unread
@@ -57,11 +59,9 @@ from structinit.adapters.provenance_record import (
     HandedQueries,
     Operand,
     TraceError,
-    causal_map,
     first_tensor,
     logits_by_projection,
     map_operands,
-    masked_pairs,
     record,
     restored,
 )
@@ -161,7 +161,6 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     if k.channels != r:
         raise TraceError(f"its q and k have {r} and {k.channels} channels a head; a head's q kᵀ needs them equal")
     heads, group = heads_of(q, params)
-    one_map_a_head(rec, heads)
     dim = _input_width(q, params)
     tokens_of = token_map(q, leaf, dim, heads)
     inputs = tuple(owner.get_submodule(n) for n in readers)
@@ -180,6 +179,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         kv_of = shared
         views[role], names[role], shifts[role] = assemble(role, per_kv, params, originals, len(per_kv),
                                                           operand.channels, dim, "in")
+    one_map_a_head(rec, heads)  # after q, k and v are read: a reason found there (q convolved) says more
     made, token_axis = ops[v.product_index][3], v.context_axes[0]
     slices = made.numel() // (made.shape[token_axis] * rv * heads)
     gated = values_unread(v, dict(params)[names["v"]])

@@ -19,7 +19,8 @@ import copy
 import torch
 from torch import nn
 
-from structinit.adapters.provenance_record import Operand, TraceError, applied_maps
+from structinit.adapters.observe import _SDPA
+from structinit.adapters.provenance_record import Operand, Record, TraceError, applied_maps
 
 # -- a float64 copy to trace on -----------------------------------------------------------------------
 
@@ -215,23 +216,31 @@ class Support(tuple):
 
 
 def heads_of(q: Operand, params) -> tuple[int, callable]:
-    """The head count and lead → head (lead in the tensor's own axis order) of the q operand:
-    with two or more lead axes, the one along which other entries feed q (:func:`find_head`);
-    for one flat lead axis (B·heads, T, r) the heads are the leads until the entries feeding
-    them repeat."""
+    """The head count and (lead, lead sizes) → head (lead in the tensor's own axis order) of the
+    q operand: with two or more lead axes, the one along which other entries feed q
+    (:func:`find_head`); for one flat lead axis (B·heads, T, r) the heads are the leads until the
+    entries feeding them repeat, and a context regrouped to (B, heads, …) is read row-major."""
     leads = q.lead_shape
     if not leads:
         raise TraceError("its map has no head axis")
     if len(leads) >= 2:
         at = find_head(q, params)
-        return q.tensor.shape[q.lead_axes[at]], lambda lead: lead[at]
+        return q.tensor.shape[q.lead_axes[at]], lambda lead, sizes=None: lead[at]
     first, n = support(q, (0,), params), leads[0]
     if n > MAX_LEADS:
         raise TraceError(f"its products run over {n} slices, more than the {MAX_LEADS} the trace follows")
     heads = next((h for h in range(1, n) if support(q, (h,), params) == first), n)
     if n % heads:
         raise TraceError(f"its {n} product slices do not repeat every {heads} heads")
-    return heads, lambda lead: lead[0] % heads
+    return heads, lambda lead, sizes=None: _row_major(lead, sizes) % heads
+
+
+def _row_major(lead: tuple[int, ...], sizes) -> int:
+    """The flat index of ``lead`` in lead axes of ``sizes``, as a view that folds them reads it."""
+    flat = 0
+    for i, n in zip(lead, sizes or [0] * len(lead)):
+        flat = flat * n + i
+    return flat
 
 
 def find_head(op: Operand, params) -> int:
@@ -270,3 +279,47 @@ def one_map_a_head(rec, heads: int) -> None:
 def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
     zeros = (0,) * (len(op.lead_shape) - 1)
     return [(*zeros, h) for h in range(heads)]
+
+
+# -- what the map masks whatever the content ------------------------------------------------------
+
+def causal_map(rec: Record, q: Operand) -> bool:
+    """Whether the map masks every key after its query and nothing else: a scaled-dot-product
+    call with ``is_causal``, or a softmax whose input is −∞ exactly above the diagonal."""
+    func, args, kwargs, _ = rec.ops[q.product_index]
+    if func is _SDPA:
+        return bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
+    logits = args[0].detach()
+    t = logits.shape[-1]
+    above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
+    return t > 1 and bool((_closed(logits) == above).all())
+
+
+def _closed(logits: torch.Tensor) -> torch.Tensor:
+    """The logits a mask closed: −∞, or the most negative float of the dtype (``masked_fill``
+    with ``-torch.finfo(dtype).max``, as LSA does), which softmax turns into 0 alike."""
+    return torch.isneginf(logits) | (logits <= torch.finfo(logits.dtype).min / 2)
+
+
+def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
+    """The (slices, T, T) pairs the module's map masks whatever the content (−∞ logits alike in
+    every head: a block-diagonal mask over a packed sequence, a padding mask), as the traced call
+    built them inside, or None when it masks none or only the keys after each query."""
+    func, args, kwargs, _ = rec.ops[q.product_index]
+    if func is _SDPA:
+        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+        if mask is None:
+            return None
+        closed = ~mask.detach() if mask.dtype == torch.bool else _closed(mask.detach())
+    else:
+        closed = _closed(args[0].detach())
+    t = closed.shape[-1]
+    if not bool(closed.any()):
+        return None
+    # (slices, heads, T, T): the heads are the axis before the pairs, a 3-D map's slices all alike
+    closed = closed.reshape(-1, *closed.shape[-3:]) if closed.ndim > 3 else closed.reshape(1, -1, t, t)
+    if not bool((closed == closed[:, :1]).all()):  # differs between heads: not a mask of positions
+        return None
+    closed = closed[:, 0]
+    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
+    return None if bool((closed == above).all()) else closed

@@ -21,11 +21,12 @@ def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads
     lead_axes = v.context_lead_axes(len(shape))
     ones = torch.ones(shape, dtype=ops[context][3].dtype, device=ops[context][3].device)
     head = torch.zeros(shape, dtype=torch.long, device=ones.device)
-    for lead in _all_leads([shape[a] for a in lead_axes]):
+    sizes = [shape[a] for a in lead_axes]
+    for lead in _all_leads(sizes):
         index = [slice(None)] * len(shape)
         for a, i in zip(lead_axes, lead):
             index[a] = i
-        head[tuple(index)] = group(lead)
+        head[tuple(index)] = group(lead, sizes)
     chan = torch.arange(r, device=ones.device).reshape([-1 if a == v.context_channel_axis % len(shape) else 1
                                                         for a in range(len(shape))])
     labels = (1 + head * r + chan).to(ones.dtype)

@@ -26,6 +26,10 @@ _DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_
 # What a map may pass through on its way to the values: a copy in another dtype, dropout, a mask.
 _CARRY = {F.dropout, torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, torch.Tensor.contiguous,
           torch.Tensor.clone, torch.Tensor.masked_fill, torch.Tensor.type, torch.Tensor.half, torch.Tensor.bfloat16}
+_CARRY |= {torch.masked_fill}
+# Reshapes of the batch and head axes that leave each map's (T, S) whole: (B·H, T, S) ↔ (B, H, T, S)
+_REGROUP = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
+            torch.Tensor.unflatten}
 _TOKEN_KEYS = ("hidden_states", "x", "query", "input", "inputs", "tokens")
 
 
@@ -191,6 +195,8 @@ def _back_to_product(ops, producers, t: torch.Tensor, before: int, depth: int = 
     func, args, _, _ = ops[i]
     if func in _PRODUCTS:  # baddbmm's alpha is in the product's output already, as every factor it applies
         return i, 1.0
+    if regroups(func, args, t):
+        return _back_to_product(ops, producers, args[0], i, depth - 1)
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.ndim == t.ndim]
     tensors.sort(key=lambda a: a.shape != t.shape)  # the logits themselves before a bias or mask added to them
     for a in tensors:
@@ -207,6 +213,13 @@ def _back_to_product(ops, producers, t: torch.Tensor, before: int, depth: int = 
     return None
 
 
+def regroups(func, args, result: torch.Tensor) -> bool:
+    """Whether a call only regroups the lead axes of its tensor, each (T, S) map kept whole."""
+    x = args[0] if args else None
+    return (func in _REGROUP and isinstance(x, torch.Tensor) and isinstance(result, torch.Tensor)
+            and x.ndim >= 3 and result.ndim >= 3 and x.shape[-2:] == result.shape[-2:] and x.numel() == result.numel())
+
+
 def _einsum_axes(equation: str, operands) -> tuple[str, list[str], str] | None:
     equation = equation.replace(" ", "")
     if "..." in equation or "->" not in equation:
@@ -218,12 +231,13 @@ def _einsum_axes(equation: str, operands) -> tuple[str, list[str], str] | None:
 
 def _product_operands(op: Op) -> tuple[Operand, Operand] | None:
     """The (query-side, key-side) operands of a product whose result is (…, T, S)."""
-    func, args = op[0], op[1]
+    func, args, kwargs = op[0], op[1], op[2]
     if func in _MATMUL:
         a, b = args[0], args[1]
         return Operand(a, -2, -1), Operand(b, -1, -2)
-    if func in _BADDBMM:
-        return Operand(args[1], -2, -1), Operand(args[2], -1, -2)
+    if func in _BADDBMM:  # batch1 and batch2 may come by keyword (Bloom's alibi.baddbmm(batch1=q, batch2=kᵀ))
+        a, b = (args[i] if len(args) > i else kwargs.get(key) for i, key in ((1, "batch1"), (2, "batch2")))
+        return None if a is None or b is None else (Operand(a, -2, -1), Operand(b, -1, -2))
     operands = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
     parsed = _einsum_axes(args[0], operands)
     if parsed is None:
@@ -278,7 +292,16 @@ def _maps(rec: Record):
                 continue
             q, k = operands
             q.product_index = k.product_index = i
-            yield q, k, (rec.snapshots[found[0]], found[1]), None
+            yield q, k, (_product_part(ops[found[0]], rec.snapshots[found[0]]), found[1]), None
+
+
+def _product_part(op: Op, made: torch.Tensor) -> torch.Tensor:
+    """The q kᵀ part of a product's output: a ``baddbmm``'s without the term it adds to it
+    (β·input: Bloom's ALiBi bias), which is no product of projections."""
+    func, args, kwargs, _ = op
+    if func not in _BADDBMM or not args or not isinstance(args[0], torch.Tensor):
+        return made
+    return made - kwargs.get("beta", 1.0) * args[0].detach().to(made.dtype)
 
 
 _TRANSPOSES = {torch.transpose, torch.Tensor.transpose, torch.Tensor.mT.__get__, torch.swapaxes,
@@ -334,7 +357,8 @@ def value_operand(ops: list[Op], found) -> Operand | None:
         if not tensors or not isinstance(result, torch.Tensor):
             continue
         first = id(tensors[0])
-        carried = func in _CARRY or (first in derived and mixes_heads(func, args, result))  # talking heads: judged
+        carried = (func in _CARRY or regroups(func, args, result)
+                   or (first in derived and mixes_heads(func, args, result)))  # talking heads: judged
         if first in derived | flipped and (carried or _swaps_last_two(func, args, result)):
             same = first in derived if carried else first in flipped
             (derived if same else flipped).add(id(result))
@@ -356,45 +380,3 @@ def value_operand(ops: list[Op], found) -> Operand | None:
             return Operand(operands[1], sv.index(key), sv.index(chan[0]), j,
                            (output.index(query), output.index(chan[0])))
     return None
-
-
-def causal_map(rec: Record, q: Operand) -> bool:
-    """Whether the map masks every key after its query and nothing else: a scaled-dot-product
-    call with ``is_causal``, or a softmax whose input is −∞ exactly above the diagonal."""
-    func, args, kwargs, _ = rec.ops[q.product_index]
-    if func is _SDPA:
-        return bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
-    logits = args[0].detach()
-    t = logits.shape[-1]
-    above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
-    return t > 1 and bool((_closed(logits) == above).all())
-
-
-def _closed(logits: torch.Tensor) -> torch.Tensor:
-    """The logits a mask closed: −∞, or the most negative float of the dtype (``masked_fill``
-    with ``-torch.finfo(dtype).max``, as LSA does), which softmax turns into 0 alike."""
-    return torch.isneginf(logits) | (logits <= torch.finfo(logits.dtype).min / 2)
-
-
-def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
-    """The (slices, T, T) pairs the module's map masks whatever the content (−∞ logits alike in
-    every head: a block-diagonal mask over a packed sequence, a padding mask), as the traced call
-    built them inside, or None when it masks none or only the keys after each query."""
-    func, args, kwargs, _ = rec.ops[q.product_index]
-    if func is _SDPA:
-        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-        if mask is None:
-            return None
-        closed = ~mask.detach() if mask.dtype == torch.bool else _closed(mask.detach())
-    else:
-        closed = _closed(args[0].detach())
-    t = closed.shape[-1]
-    if not bool(closed.any()):
-        return None
-    # (slices, heads, T, T): the heads are the axis before the pairs, a 3-D map's slices all alike
-    closed = closed.reshape(-1, *closed.shape[-3:]) if closed.ndim > 3 else closed.reshape(1, -1, t, t)
-    if not bool((closed == closed[:, :1]).all()):  # differs between heads: not a mask of positions
-        return None
-    closed = closed[:, 0]
-    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
-    return None if bool((closed == above).all()) else closed
