@@ -25,8 +25,8 @@ _MUL = {torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__
 _DIV = {torch.div, torch.Tensor.div, torch.Tensor.__truediv__, torch.Tensor.div_, torch.Tensor.__itruediv__}
 # What a map may pass through on its way to the values: a copy in another dtype, dropout, a mask.
 _CARRY = {F.dropout, torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, torch.Tensor.contiguous,
-          torch.Tensor.clone, torch.Tensor.masked_fill, torch.Tensor.type, torch.Tensor.half, torch.Tensor.bfloat16}
-_CARRY |= {torch.masked_fill}
+          torch.Tensor.clone, torch.Tensor.masked_fill, torch.masked_fill, torch.Tensor.type, torch.Tensor.half,
+          torch.Tensor.bfloat16}
 # Reshapes of the batch and head axes that leave each map's (T, S) whole: (B·H, T, S) ↔ (B, H, T, S)
 _REGROUP = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
             torch.Tensor.unflatten}
