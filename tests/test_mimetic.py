@@ -343,3 +343,31 @@ def test_the_mimetic_check_runs_on_two_tokens_and_says_nothing(monkeypatch):
     with pytest.raises(ValueError, match="are not those of the q kᵀ written"):
         structinit.init_(model, "mimetic", seed=1)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _LoudBias(torch.nn.Module):
+    """Plain attention plus a learned logit term that does not depend on content, (heads, T, T),
+    ten times the size of its logits: the written diagonal drowns in it."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h, self.qkv, self.proj = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.bias = torch.nn.Parameter(10 * torch.randn(heads, 64, 64))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        probs = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5 + self.bias).softmax(-1)
+        return self.proj((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def test_a_write_undone_for_a_diagonal_a_content_free_term_drowns_names_that_term():
+    """Mimetic sets the projections of a layer that adds a position bias; where the bias hides the
+    written diagonal in the model's own logits, the check undoes the write and says it is that
+    bias (it said the layer 'mixes or transforms q kᵀ', as of heads mixed)."""
+    from attention_modules import SepViT
+
+    torch.manual_seed(0)
+    check_rejected(SepViT(attn_cls=_LoudBias), lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"the write was undone: it adds a logit term that does not depend on content \(a position bias or "
+                   r"mask structinit does not model\), which hides the structure")

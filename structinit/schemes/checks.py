@@ -350,8 +350,9 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
                 raise ValueError(
                     f"mimetic: after the write, head {h} of layer {name!r} ({type(ad.module).__name__}) shows a "
                     f"diagonal of strength {float(got[h]):.2f} in the model's own attention logits, against "
-                    f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone. The layer mixes or transforms "
-                    "q kᵀ in a way that hides the structure (register an adapter that models it)")
+                    f"{float(wrote[h]):.2f} in the q kᵀ written; the write was undone: "
+                    f"{verdict.reason if verdict is not None and verdict.reason else 'it mixes or transforms q kᵀ'}"
+                    ", which hides the structure (register an adapter that models it)")
     return check
 
 
@@ -366,8 +367,7 @@ def diagonals(ad, real, x: torch.Tensor, terms) -> tuple[torch.Tensor, torch.Ten
     else:
         written = ad.attention_probs(x.float(), terms).clamp_min(1e-30).log()
         own = real.probs.clamp_min(1e-30).log()
-    return (diagonal_strength(_closed(written, real.open_pairs)),
-            diagonal_strength(_closed(own.float(), real.open_pairs)))
+    return tuple(diagonal_strength(_closed(t.float(), real.open_pairs)) for t in (written, own))
 
 
 def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tensor:
