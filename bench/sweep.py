@@ -280,20 +280,22 @@ def main(argv=None) -> int:
         found = timm_entries() if package == "timm" else transformers_entries(args.width)
         entries += [(name, package, build) for name, build in found]
     only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
-    rows, kept = [], 0
+    rows, kept, saved = [], 0, dict(done)  # saved: every model's rows for --out, the file's others left in it
     for name, package, build in entries:
         if only and name not in only:
             continue
         if name in skip:
             rows += [Row(name, package, s, "too-large", reason="left out with --skip") for s in schemes]
+            saved[(name, package)] = rows[-len(schemes):]
             continue
         got = done.get((name, package))
         kept, tag = kept + (got is not None), " (kept from --out)" if got is not None else ""
-        got = got or run_one(name, package, build, schemes)
+        got = saved[(name, package)] = got or run_one(name, package, build, schemes)
         rows += got
         print(" | ".join(f"{r.model} {r.scheme}: {r.outcome}" for r in got) + tag, file=sys.stderr, flush=True)
-        if args.out:
-            _save(args.out, rows)
+        if args.out:  # in the sweep's order, then any of the file's rows for models it no longer lists
+            order = [(n, p) for n, p, _ in entries]
+            _save(args.out, [r for key in order + [k for k in saved if k not in order] for r in saved.get(key, [])])
     if kept:  # a rerun after a fix must not pass off the old rows as new ones
         print(f"{kept} model(s) not run again: their rows were kept from {args.out}, where an earlier sweep had "
               "finished them; delete it (or write elsewhere) to run them again", file=sys.stderr)

@@ -236,3 +236,18 @@ def test_a_sweep_resumed_from_its_file_says_which_rows_it_kept(tmp_path, capsys,
     assert "new impulse: no-attention | new mimetic: no-attention\n" in err
     assert f"1 model(s) not run again: their rows were kept from {path}" in err
     assert [r["model"] for r in json.loads(path.read_text())["rows"]] == ["kept", "kept", "new", "new"]
+
+
+def test_a_sweep_of_some_models_into_a_file_keeps_the_files_other_rows(tmp_path, monkeypatch):
+    """``--only`` into an existing ``--out`` file reruns the models named and leaves every other
+    model's rows in the file, in the sweep's order (it wrote the models run alone, dropping the rest)."""
+    path = tmp_path / "sweep.json"
+    old = [sweep.Row(name, "timm", s, "refused", reason="old") for name in ("a", "b", "c") for s in sweep.SCHEMES]
+    sweep._save(str(path), [r for r in old if r.model != "b"])  # b's rows deleted, to run it again
+    monkeypatch.setattr(sweep, "timm_entries", lambda: [("a", None), ("b", None), ("c", None)])
+    monkeypatch.setattr(sweep, "run_one", lambda name, package, build, schemes: [
+        sweep.Row(name, package, s, "written", own_map=1.0) for s in schemes])
+    assert sweep.main(["--packages", "timm", "--only", "b", "--out", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["model"], r["outcome"]) for r in rows] == [
+        ("a", "refused"), ("a", "refused"), ("b", "written"), ("b", "written"), ("c", "refused"), ("c", "refused")]
