@@ -281,6 +281,7 @@ def main(argv=None) -> int:
         entries += [(name, package, build) for name, build in found]
     only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
     rows, kept, saved = [], 0, dict(done)  # saved: every model's rows for --out, the file's others left in it
+    order = [(n, p) for n, p, _ in entries]  # --out in the sweep's order, then rows of models it no longer lists
     for name, package, build in entries:
         if only and name not in only:
             continue
@@ -293,8 +294,7 @@ def main(argv=None) -> int:
         got = saved[(name, package)] = got or run_one(name, package, build, schemes)
         rows += got
         print(" | ".join(f"{r.model} {r.scheme}: {r.outcome}" for r in got) + tag, file=sys.stderr, flush=True)
-        if args.out:  # in the sweep's order, then any of the file's rows for models it no longer lists
-            order = [(n, p) for n, p, _ in entries]
+        if args.out:
             _save(args.out, [r for key in order + [k for k in saved if k not in order] for r in saved.get(key, [])])
     if kept:  # a rerun after a fix must not pass off the old rows as new ones
         print(f"{kept} model(s) not run again: their rows were kept from {args.out}, where an earlier sweep had "

@@ -79,10 +79,6 @@ class _Fused(nn.Module):
         return self.proj(out * torch.sigmoid(self.gate(x)) if self.gate is not None else out)
 
 
-def _nothing():
-    return contextlib.nullcontext()
-
-
 def _vit(attn):
     from attention_modules import SepViT
 
@@ -131,6 +127,6 @@ def test_the_same_attention_with_one_product_for_all_heads_is_written_and_checke
     """Positive control: the same maths as one batched product of one projection per role is
     one layer the trace reads; both inits write it and check it in its own forward."""
     model = _vit(lambda d, h: _Fused(d, h))
-    with pytest.warns(UserWarning, match="reserves nothing here") if scheme == "impulse" else _nothing():
+    with pytest.warns(UserWarning, match="reserves nothing here") if scheme == "impulse" else contextlib.nullcontext():
         structinit.init_(model, scheme, seed=0)
     assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn", "blocks.1.attn"]

@@ -117,7 +117,7 @@ def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:
 
 
 def _open_pairs(ours: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    open_ = torch.isfinite(ours) & torch.isfinite(real) & (real > torch.finfo(real.dtype).min / 2)
+    open_ = torch.isfinite(ours) & _open(real)
     return ours[open_].double(), real[open_].double()
 
 

@@ -225,20 +225,20 @@ def heads_of(q: Operand, params) -> tuple[int, callable]:
         raise TraceError("its map has no head axis")
     if len(leads) >= 2:
         at = find_head(q, params)
-        return q.tensor.shape[q.lead_axes[at]], lambda lead, sizes=None: lead[at]
+        return q.tensor.shape[q.lead_axes[at]], lambda lead, sizes: lead[at]
     first, n = support(q, (0,), params), leads[0]
     if n > MAX_LEADS:
         raise TraceError(f"its products run over {n} slices, more than the {MAX_LEADS} the trace follows")
     heads = next((h for h in range(1, n) if support(q, (h,), params) == first), n)
     if n % heads:
         raise TraceError(f"its {n} product slices do not repeat every {heads} heads")
-    return heads, lambda lead, sizes=None: _row_major(lead, sizes) % heads
+    return heads, lambda lead, sizes: _row_major(lead, sizes) % heads
 
 
 def _row_major(lead: tuple[int, ...], sizes) -> int:
     """The flat index of ``lead`` in lead axes of ``sizes``, as a view that folds them reads it."""
     flat = 0
-    for i, n in zip(lead, sizes or [0] * len(lead)):
+    for i, n in zip(lead, sizes):
         flat = flat * n + i
     return flat
 
