@@ -116,7 +116,7 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
     inputs = probe_at(model, layouts[0].grid, count=1) if regrid else None
     if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
         inputs = first_sample(survey.probe)
-    order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].num_patches, inputs)
+    order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].grid, inputs)
     if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
     swaps = {ad.module: design_token_swap(survey, name, ad, lay, order, pos_embed)

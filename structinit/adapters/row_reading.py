@@ -57,7 +57,8 @@ def read_rows(x: torch.Tensor, leaf: torch.Tensor, pos_embed: torch.Tensor, num_
             cot[b] = (weight[:, None] * u).to(x.device)
             (g,) = torch.autograd.grad(x, leaf, cot.to(x.dtype), retain_graph=True, allow_unused=True)
             if g is None:
-                return None
+                return None  # (the gradient laid out as the leaf is, so that the view's strides read it)
+            g = torch.empty_strided(leaf.shape, leaf.stride(), dtype=g.dtype, device=g.device).copy_(g)
             view = g.as_strided(pos_embed.shape, pos_embed.stride(), pos_embed.storage_offset() - leaf.storage_offset())
             rows = view.reshape(-1, view.shape[-1]).double().cpu()
             grads.append(rows[rows.shape[0] - num_patches:])
@@ -75,6 +76,43 @@ def read_rows(x: torch.Tensor, leaf: torch.Tensor, pos_embed: torch.Tensor, num_
             return None
         order[b, index] = torch.arange(num_patches)
     return order
+
+
+@contextlib.contextmanager
+def image_maps(model: nn.Module, num_patches: int):
+    """A list, filled while the context lasts, of a zero (1, C, h, w) leaf recording gradients
+    for each channels-first (B, C, h, w) map with h·w = ``num_patches`` (both sides ≥ 2) that a
+    module of ``model`` returns under grad mode; each is added to its map, which keeps its
+    values and every path it had (a position embedding added before stays readable), so that a
+    backward from the tokens says where on the map each one comes from (:func:`image_positions`)."""
+    found: list[torch.Tensor] = []
+
+    def add_leaf(module, args, out):
+        if (isinstance(out, torch.Tensor) and out.ndim == 4 and out.is_floating_point() and torch.is_grad_enabled()
+                and min(out.shape[2:]) >= 2 and out.shape[2] * out.shape[3] == num_patches):
+            found.append(torch.zeros((1, *out.shape[1:]), dtype=out.dtype, device=out.device, requires_grad=True))
+            return out + found[-1]
+        return None
+
+    handles = [m.register_forward_hook(add_leaf) for m in model.modules()]
+    try:
+        yield found
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def image_positions(x: torch.Tensor, maps: list[torch.Tensor]) -> tuple[tuple[int, int], torch.Tensor] | None:
+    """The (h, w) of the last map :func:`image_maps` recorded before the tokens ``x`` (B, T, C),
+    and (T,) long: the position on it (row-major) that feeds each of sample 0's tokens, −1 for a
+    token none feeds (a class token); None when there is no such map or its positions do not
+    each feed one token (tokens that mix on the way: no position can be read)."""
+    if not maps or x.ndim != 3 or not x.requires_grad:
+        return None
+    leaf = maps[-1]
+    h, w = leaf.shape[2:]
+    order = read_rows(x[:1], leaf, leaf.permute(0, 2, 3, 1), h * w)
+    return None if order is None else ((int(h), int(w)), order[0])
 
 
 @contextlib.contextmanager

@@ -17,24 +17,28 @@ from torch import nn
 
 from structinit.adapters.layout import TokenLayout, grid_positions, layout_position
 from structinit.adapters.probe import first_sample, is_token_probe
-from structinit.adapters.row_reading import read_rows, recording, silenced
+from structinit.adapters.row_reading import image_maps, image_positions, read_rows, recording, silenced
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import tokens_at
 
 
 def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches: int, inputs,
-                seed: int = 0) -> torch.Tensor | None:
+                seed: int = 0, grid: tuple[int, int] | None = None) -> torch.Tensor | None:
     """(B, T) long: for each token row the first attention layer (``adapter``) receives, the grid
     index its position came from, −1 for a token not on the grid; None when the forward cannot
     be read this way (it mixes tokens before the layer, or does not run). ``pos_embed`` is the
     model's own (…, R, D) tensor, its last ``num_patches`` rows the grid's; nothing of the
-    model changes (one forward, module doc)."""
-    with recording(pos_embed) as leaf:
+    model changes (one forward, module doc). With ``grid``, the h×w grid the rows are taken to
+    run over row by row, a :class:`TokensOffGrid` error when the model's own image map shows its
+    tokens elsewhere (:func:`check_on_image`)."""
+    with recording(pos_embed) as leaf, image_maps(model, num_patches) as maps:
         x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
         unread = x is None or x.ndim != 3 or not x.requires_grad  # (B·windows, h, w, C): no row order
         apart = not unread and torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
                                                    allow_unused=True)[0] is None  # no gradient from the PE
         order = None if unread or apart else read_rows(x, leaf, pos_embed, num_patches)
+        if order is not None and grid is not None:
+            check_on_image(order[0], image_positions(x, maps), tuple(grid))
     # a rotary layer carries its position itself: a table of the rotation's is no embedding its tokens must take
     if apart and adapter.rotary is None and _unmoved(model, adapter, pos_embed, inputs, seed, x):
         raise PositionUnreached("the position embedding does not reach the tokens this layer receives (the model "
@@ -44,6 +48,48 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
 
 class PositionUnreached(ValueError):
     """The first attention layer's tokens do not depend on the position embedding at all."""
+
+
+class TokensOffGrid(ValueError):
+    """The grid the layout says the tokens run over is not where the model's image puts them."""
+
+
+def check_on_image(rows: torch.Tensor, seen: tuple[tuple[int, int], torch.Tensor] | None,
+                   grid: tuple[int, int]) -> None:
+    """Raise :class:`TokensOffGrid` unless each token's grid row of the position embedding,
+    ``rows`` (T,) (−1 off the grid), sits on ``grid`` where the model's own image map puts the
+    token: ``seen`` is that map's (h, w) and each token's position on it, row-major
+    (:func:`~structinit.adapters.row_reading.image_positions`; None when the model has no such
+    map, and nothing is checked). Impulse writes each head's offset on ``grid``: tokens flattened
+    column by column, or a grid of the other shape, would turn it into another offset on the image."""
+    if seen is None:
+        return
+    (h, w), at = seen
+    on = (rows >= 0) & (at >= 0)
+    if not bool(on.any()) or bool(((rows >= 0) != (at >= 0)).any()):
+        return  # tokens the image feeds that no grid row does, or the other way: not the grid's map
+    rows, at = rows[on], at[on]
+    iy, ix = at.div(w, rounding_mode="floor"), at % w
+
+    def fits(shape: tuple[int, int], transposed: bool) -> bool:
+        gy, gx = rows.div(shape[1], rounding_mode="floor"), rows % shape[1]
+        return bool(((gy == ix) & (gx == iy)).all()) if transposed else bool(((gy == iy) & (gx == ix)).all())
+
+    if (tuple(grid) == (h, w) and fits(grid, False)) or (tuple(grid) == (w, h) and fits(grid, True)):
+        return  # row by row on the image, or column by column read as the image transposed
+    said = f"grid=({grid[0]}, {grid[1]})"
+    if fits((h, w), False):
+        raise TokensOffGrid(f"{said} does not match the model: its tokens come row by row from its own {h}×{w} "
+                            f"patch map; pass grid=({h}, {w}), or leave grid= out")
+    if fits((w, h), True):
+        raise TokensOffGrid(
+            f"{said} does not match the model: its tokens come from its own {h}×{w} patch map column by column (the "
+            f"map flattened after a transpose), so a head's offset on {said} lands elsewhere on the image; pass "
+            f"grid=({w}, {h}), the tokens' own order, the image transposed (each k×k convolution stays one, its "
+            f"offsets (dy, dx) landing at (dx, dy) on the image)")
+    raise TokensOffGrid(f"{said} does not match the model: its tokens come from its own {h}×{w} patch map in an order "
+                        "that is neither row by row nor column by column, which a grid cannot describe; put them "
+                        "in row-major order before the first attention layer to initialise it with impulse")
 
 
 @torch.no_grad()
@@ -60,16 +106,17 @@ def _unmoved(model: nn.Module, adapter, pos_embed: torch.Tensor, inputs, seed: i
     return moved is not None and moved.shape == x.shape and torch.equal(moved, x.detach())
 
 
-def out_of_order(survey: ModelSurvey, first: tuple, num_patches: int, inputs, seed: int = 0) -> torch.Tensor | None:
+def out_of_order(survey: ModelSurvey, first: tuple, grid: tuple[int, int], inputs,
+                 seed: int = 0) -> torch.Tensor | None:
     """:func:`token_order` for the surveyed model's first chosen layer ``first`` (name, adapter)
-    on ``inputs``, when it shows the tokens out of [prefix, grid] order; None when they are in
-    order, or cannot be read (no position embedding, or a layer with a relative position bias,
-    whose grid is its window)."""
+    on ``inputs``, with its h×w ``grid`` checked against the model's own image, when it shows
+    the tokens out of [prefix, grid] order; None when they are in order, or cannot be read (no
+    position embedding, or a layer with a relative position bias, whose grid is its window)."""
     name, adapter = first
     pe = survey.position.pos_embed
     if pe is None or survey.position.pos_reader is not None or survey.relative_bias(name, adapter) is not None:
         return None  # a read table gives its tokens in the order it feeds them
-    order = token_order(survey.model, adapter, pe, num_patches, inputs, seed)
+    order = token_order(survey.model, adapter, pe, grid[0] * grid[1], inputs, seed, grid)
     return None if order is None or is_identity(order) else order
 
 
@@ -113,8 +160,8 @@ def layer_windows(survey: ModelSurvey, name: str, adapter, layout: TokenLayout) 
     # (windows that are whole leading axes of its input, as NesT's (B, blocks, n, D), are its input)
     others = [v.adapter.module for v in survey.attention.verdicts if v.adapter.module is not adapter.module]
     order = window_order(survey, adapter, others, layout, tokens, first_sample(probe))
-    if order is None or not cut_from_grid(order, layout.grid):
-        return None
+    if order is None or not cut_from_grid(order, layout.grid) or (order.shape[0] == 1 and layout.num_prefix_tokens):
+        return None  # (the whole grid in one slice, beside prefix tokens: the grid, with tokens the layout lacks)
     return TokenLayout(layout.grid, layout.num_prefix_tokens, windows=order, position=layout.position)
 
 

@@ -261,7 +261,7 @@ def grid_order_maps(model: nn.Module | ModelSurvey, images: torch.Tensor, chosen
     reorders = reorders_tokens(survey, chosen, layouts)
     for start in range(0, images.shape[0], batch_size):
         batch = images[start : start + batch_size]
-        order = out_of_order(survey, chosen[0], layouts[0].num_patches, batch) if reorders else None
+        order = out_of_order(survey, chosen[0], layouts[0].grid, batch) if reorders else None
         for i, real in enumerate(real_maps(survey.model, batch, chosen)):
             layouts[i].check_tokens(real.probs.shape[-1], f"attention layer {chosen[i][0]!r}")
             yield i, len(batch), real if layouts[i].windows is not None else _in_grid_order(real, order)
@@ -285,7 +285,7 @@ def reorders_tokens(model: nn.Module | ModelSurvey, chosen, layouts) -> bool:
     survey = as_survey(model)
     inputs = None if survey.probe is None else first_sample(survey.probe)
     return inputs is not None and any(
-        out_of_order(survey, chosen[0], layouts[0].num_patches, inputs, seed) is not None for seed in (0, 1))
+        out_of_order(survey, chosen[0], layouts[0].grid, inputs, seed) is not None for seed in (0, 1))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from structinit.adapters.probe import first_sample
 from structinit.adapters.provenance_tokens import call_rows
 from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
-from structinit.adapters.token_order import PositionUnreached, canonical, maps_on_grid
+from structinit.adapters.token_order import PositionUnreached, TokensOffGrid, canonical, maps_on_grid
 from structinit.adapters.verify import Verdict, computes_as_read
 from structinit.functional.targets import target_index, target_indices, target_pairs
 from structinit.utils.state import derived_advice, shares_memory
@@ -200,6 +200,8 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
             raise ValueError(f"impulse: attention layer {chosen[0][0]!r}: {err}, so impulse "
                              "cannot shape its maps; the write was undone. Initialise only the layers the position "
                              "embedding reaches (layers=), or use 'mimetic', which needs no position") from None
+        except TokensOffGrid as err:  # the layout's grid is not where the model's image puts the tokens
+            raise ValueError(f"impulse: the write was undone: {err}") from None
         for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
             _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact, reserved)
     return check
@@ -367,15 +369,11 @@ def diagonals(ad, real, x: torch.Tensor, terms) -> tuple[torch.Tensor, torch.Ten
     else:
         written = ad.attention_probs(x.float(), terms).clamp_min(1e-30).log()
         own = real.probs.clamp_min(1e-30).log()
-    return tuple(diagonal_strength(_closed(t.float(), real.open_pairs)) for t in (written, own))
-
-
-def _closed(logits: torch.Tensor, open_pairs: torch.Tensor | None) -> torch.Tensor:
-    """``logits`` with the pairs the layer's call masks (a mask it builds inside, whose −100 is no
-    logit) at −∞, so that a diagonal is measured on the keys each row can attend."""
-    if open_pairs is None or open_pairs.shape[0] != logits.shape[0]:
-        return logits
-    return logits.masked_fill(~open_pairs, float("-inf"))
+    written, own, pairs = written.float(), own.float(), real.open_pairs
+    if pairs is not None and pairs.shape[0] == written.shape[0] == own.shape[0]:
+        # the pairs the call masks (a mask built inside, whose −100 is no logit) at −∞: the keys each row can attend
+        written, own = written.masked_fill(~pairs, float("-inf")), own.masked_fill(~pairs, float("-inf"))
+    return diagonal_strength(written), diagonal_strength(own)
 
 
 @torch.no_grad()

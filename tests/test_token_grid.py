@@ -1,0 +1,144 @@
+"""Impulse writes each head's offset on a grid: the grid must be where the model's own image
+puts the tokens. A patch map flattened column by column, or a grid= of the other shape, is
+either written in the tokens' true geometry or refused, never written on the wrong one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import structinit
+from structinit.adapters.row_reading import image_maps, image_positions, read_rows
+
+DIM, HEADS, PATCH = 48, 3, 2
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM) for _ in range(4))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        split = lambda y: y.reshape(b, t, HEADS, -1).transpose(1, 2)
+        logits = split(self.q(x)) @ split(self.k(x)).transpose(-1, -2) / math.sqrt(DIM // HEADS)
+        probs = logits.softmax(-1)
+        self.last = probs.detach()  # the model's own map, read by the test
+        return self.o((probs @ split(self.v(x))).transpose(1, 2).reshape(b, t, DIM))
+
+
+class PatchViT(nn.Module):
+    """Patches of an h×w map, flattened row by row or (``columns``) column by column, with a
+    learned position embedding added in token order."""
+
+    def __init__(self, h: int, w: int, columns: bool):
+        super().__init__()
+        self.columns = columns
+        self.patch_embed = nn.Conv2d(3, DIM, PATCH, PATCH)
+        self.pos_embed = nn.Parameter(torch.randn(1, h * w, DIM) * 0.02)
+        self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(2))
+        self.blocks = nn.ModuleList(Attention() for _ in range(2))
+
+    def forward(self, images):
+        x = self.patch_embed(images)
+        x = (x.transpose(2, 3) if self.columns else x).flatten(2).transpose(1, 2) + self.pos_embed
+        for norm, attn in zip(self.norms, self.blocks):
+            x = x + attn(norm(x))
+        return x.mean(1)
+
+
+def _model(h, w, columns):
+    torch.manual_seed(0)
+    model = PatchViT(h, w, columns).eval()
+    nn.init.zeros_(model.patch_embed.bias)  # zero images then carry position alone
+    return model
+
+
+def _positions(model, h, w):
+    """(T, 2): where on the h×w patch map each token comes from, (row, column)."""
+    t = torch.arange(h * w)
+    return torch.stack([t % h, t // h], 1) if model.columns else torch.stack([t // w, t % w], 1)
+
+
+def _image_offsets(model, h, w):
+    """Per layer and head, the offsets on the image (dy, dx) from each token to the key its own
+    softmax map puts its argmax on, for a zero image (position alone)."""
+    with torch.no_grad():
+        model(torch.zeros(1, 3, PATCH * h, PATCH * w))
+    at = _positions(model, h, w)
+    return [[at[block.last[0, head].argmax(-1)] - at for head in range(HEADS)] for block in model.blocks]
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_conv_on_image(model, h, w, transposed):
+    """Each head's argmax lands at its recorded offset on the image (its transpose for tokens
+    read column by column) for every token whose target lies on the image."""
+    for block, per_head in zip(model.blocks, _image_offsets(model, h, w)):
+        for (dy, dx), got in zip(structinit.get_record(block)["offsets"], per_head):
+            want = torch.tensor([dx, dy] if transposed else [dy, dx])
+            target = _positions(model, h, w) + want
+            inside = (target[:, 0] >= 0) & (target[:, 0] < h) & (target[:, 1] >= 0) & (target[:, 1] < w)
+            assert bool((got[inside] == want).all()), (dy, dx, got[inside].tolist())
+
+
+@pytest.mark.parametrize("columns, grid, message", [
+    (True, (6, 4), r"its own 6×4 patch map column by column .* pass grid=\(4, 6\)"),
+    (False, (4, 6), r"row by row from its own 6×4 patch map; pass grid=\(6, 4\)"),
+])
+def test_a_grid_that_is_not_where_the_image_puts_the_tokens_is_refused_and_the_model_kept(columns, grid, message):
+    model = _model(6, 4, columns)
+    before = _state(model)
+    with pytest.raises(ValueError, match=message):
+        structinit.init_(model, "impulse", seed=0, grid=grid, example_inputs=torch.randn(2, 3, 12, 8))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_tokens_read_column_by_column_on_the_transposed_grid_are_a_convolution_on_the_image():
+    model = _model(6, 4, columns=True)
+    structinit.init_(model, "impulse", seed=0, grid=(4, 6), example_inputs=torch.randn(2, 3, 12, 8))
+    _assert_conv_on_image(model, 6, 4, transposed=True)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(h=st.integers(3, 6), w=st.integers(3, 6), columns=st.booleans(), swap=st.booleans())
+def test_every_grid_and_token_order_is_written_on_the_image_or_refused(h, w, columns, swap):
+    """Whatever the patch map's shape, the flatten's order and which way round grid= is given,
+    impulse either refuses (the model kept) or writes convolutions on the image."""
+    model = _model(h, w, columns)
+    before = _state(model)
+    grid = (w, h) if swap else (h, w)
+    try:
+        structinit.init_(model, "impulse", seed=0, grid=grid, example_inputs=torch.randn(2, 3, PATCH * h, PATCH * w))
+    except ValueError as err:
+        assert "grid=" in str(err)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert grid != ((w, h) if columns else (h, w))  # the tokens' own order is never refused
+        return
+    _assert_conv_on_image(model, h, w, transposed=columns)
+
+
+def test_rows_are_read_right_when_the_gradient_is_a_view_of_a_larger_one():
+    """One sample whose embedded tokens are sliced out of a longer sequence's gradient (a token
+    prepended after the embedding is added): the gradient is a strided view, read as laid out."""
+    pe = nn.Parameter(torch.randn(1, 6, 4))
+    with torch.enable_grad():
+        x = torch.cat([torch.zeros(1, 1, 4), torch.ones(1, 6, 4) + pe, torch.zeros(1, 2, 4)], 1)
+        order = read_rows(x, pe, pe, 6)
+    assert order.tolist() == [[-1, 0, 1, 2, 3, 4, 5, -1, -1]]
+
+
+def test_image_positions_read_a_map_flattened_column_by_column():
+    conv = nn.Conv2d(3, 8, 2, 2)
+    with torch.enable_grad(), image_maps(conv, 12) as maps:
+        x = conv(torch.randn(1, 3, 6, 8)).transpose(2, 3).flatten(2).transpose(1, 2)  # a 3×4 map, column by column
+        (h, w), at = image_positions(x, maps)
+    t = torch.arange(12)
+    assert (h, w) == (3, 4) and at.tolist() == ((t % 3) * 4 + t // 3).tolist()
