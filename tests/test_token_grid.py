@@ -32,13 +32,23 @@ class Attention(nn.Module):
         return self.o((probs @ split(self.v(x))).transpose(1, 2).reshape(b, t, DIM))
 
 
-class PatchViT(nn.Module):
-    """Patches of an h×w map, flattened row by row or (``columns``) column by column, with a
-    learned position embedding added in token order."""
+# How each order reads an h×w patch map into tokens, and where a grid offset (dy, dx) lands on the image.
+ORDERS = {
+    "rows": (lambda x: x, lambda dy, dx: (dy, dx)),
+    "columns": (lambda x: x.transpose(2, 3), lambda dy, dx: (dx, dy)),
+    "reversed": (lambda x: x.flip(2, 3), lambda dy, dx: (-dy, -dx)),
+    "mirrored": (lambda x: x.flip(3), lambda dy, dx: (dy, -dx)),
+}
+SCATTERED = torch.randperm(24, generator=torch.Generator().manual_seed(0))  # the 6×4 map's positions, shuffled
 
-    def __init__(self, h: int, w: int, columns: bool):
+
+class PatchViT(nn.Module):
+    """Patches of an h×w map read in one of :data:`ORDERS`, with a learned position embedding
+    added in token order."""
+
+    def __init__(self, h: int, w: int, order: str):
         super().__init__()
-        self.columns = columns
+        self.order = order
         self.patch_embed = nn.Conv2d(3, DIM, PATCH, PATCH)
         self.pos_embed = nn.Parameter(torch.randn(1, h * w, DIM) * 0.02)
         self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(2))
@@ -46,23 +56,25 @@ class PatchViT(nn.Module):
 
     def forward(self, images):
         x = self.patch_embed(images)
-        x = (x.transpose(2, 3) if self.columns else x).flatten(2).transpose(1, 2) + self.pos_embed
+        x = x.flatten(2)[..., SCATTERED] if self.order == "scattered" else ORDERS[self.order][0](x).flatten(2)
+        x = x.transpose(1, 2) + self.pos_embed
         for norm, attn in zip(self.norms, self.blocks):
             x = x + attn(norm(x))
         return x.mean(1)
 
 
-def _model(h, w, columns):
+def _model(h, w, order):
     torch.manual_seed(0)
-    model = PatchViT(h, w, columns).eval()
+    model = PatchViT(h, w, order).eval()
     nn.init.zeros_(model.patch_embed.bias)  # zero images then carry position alone
     return model
 
 
 def _positions(model, h, w):
     """(T, 2): where on the h×w patch map each token comes from, (row, column)."""
-    t = torch.arange(h * w)
-    return torch.stack([t % h, t // h], 1) if model.columns else torch.stack([t // w, t % w], 1)
+    index = torch.arange(h * w).reshape(1, 1, h, w)
+    at = ORDERS[model.order][0](index).flatten()  # the row-major position each token holds
+    return torch.stack([at // w, at % w], 1)
 
 
 def _image_offsets(model, h, w):
@@ -78,23 +90,25 @@ def _state(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def _assert_conv_on_image(model, h, w, transposed):
-    """Each head's argmax lands at its recorded offset on the image (its transpose for tokens
-    read column by column) for every token whose target lies on the image."""
+def _assert_conv_on_image(model, h, w):
+    """Each head's argmax lands where its recorded offset goes on the image (transposed or
+    negated by the tokens' order) for every token whose target lies on the image."""
     for block, per_head in zip(model.blocks, _image_offsets(model, h, w)):
         for (dy, dx), got in zip(structinit.get_record(block)["offsets"], per_head):
-            want = torch.tensor([dx, dy] if transposed else [dy, dx])
+            want = torch.tensor(ORDERS[model.order][1](dy, dx))
             target = _positions(model, h, w) + want
             inside = (target[:, 0] >= 0) & (target[:, 0] < h) & (target[:, 1] >= 0) & (target[:, 1] < w)
             assert bool((got[inside] == want).all()), (dy, dx, got[inside].tolist())
 
 
-@pytest.mark.parametrize("columns, grid, message", [
-    (True, (6, 4), r"its own 6×4 patch map column by column .* pass grid=\(4, 6\)"),
-    (False, (4, 6), r"row by row from its own 6×4 patch map; pass grid=\(6, 4\)"),
+@pytest.mark.parametrize("order, grid, message", [
+    ("columns", (6, 4), r"its own 6×4 patch map column by column; pass grid=\(4, 6\), .* landing at \(dx, dy\)"),
+    ("rows", (4, 6), r"its own 6×4 patch map row by row; pass grid=\(6, 4\)"),
+    ("scattered", (6, 4), r"6×4 patch map in an order that no grid of rows and columns follows"),
+    ("reversed", (4, 6), r"row by row, from the bottom up, from right to left; pass grid=\(6, 4\), .* \(−dy, −dx\)"),
 ])
-def test_a_grid_that_is_not_where_the_image_puts_the_tokens_is_refused_and_the_model_kept(columns, grid, message):
-    model = _model(6, 4, columns)
+def test_a_grid_that_is_not_where_the_image_puts_the_tokens_is_refused_and_the_model_kept(order, grid, message):
+    model = _model(6, 4, order)
     before = _state(model)
     with pytest.raises(ValueError, match=message):
         structinit.init_(model, "impulse", seed=0, grid=grid, example_inputs=torch.randn(2, 3, 12, 8))
@@ -102,17 +116,17 @@ def test_a_grid_that_is_not_where_the_image_puts_the_tokens_is_refused_and_the_m
 
 
 def test_tokens_read_column_by_column_on_the_transposed_grid_are_a_convolution_on_the_image():
-    model = _model(6, 4, columns=True)
+    model = _model(6, 4, "columns")
     structinit.init_(model, "impulse", seed=0, grid=(4, 6), example_inputs=torch.randn(2, 3, 12, 8))
-    _assert_conv_on_image(model, 6, 4, transposed=True)
+    _assert_conv_on_image(model, 6, 4)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
-@given(h=st.integers(3, 6), w=st.integers(3, 6), columns=st.booleans(), swap=st.booleans())
-def test_every_grid_and_token_order_is_written_on_the_image_or_refused(h, w, columns, swap):
-    """Whatever the patch map's shape, the flatten's order and which way round grid= is given,
-    impulse either refuses (the model kept) or writes convolutions on the image."""
-    model = _model(h, w, columns)
+@settings(max_examples=16, deadline=None, derandomize=True)
+@given(h=st.integers(3, 6), w=st.integers(3, 6), order=st.sampled_from(sorted(ORDERS)), swap=st.booleans())
+def test_every_grid_and_token_order_is_written_on_the_image_or_refused(h, w, order, swap):
+    """Whatever the patch map's shape, the order its tokens are read in and which way round
+    grid= is given, impulse either refuses (the model kept) or writes convolutions on the image."""
+    model = _model(h, w, order)
     before = _state(model)
     grid = (w, h) if swap else (h, w)
     try:
@@ -120,9 +134,9 @@ def test_every_grid_and_token_order_is_written_on_the_image_or_refused(h, w, col
     except ValueError as err:
         assert "grid=" in str(err)
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-        assert grid != ((w, h) if columns else (h, w))  # the tokens' own order is never refused
+        assert grid != ((w, h) if order == "columns" else (h, w))  # the tokens' own grid is never refused
         return
-    _assert_conv_on_image(model, h, w, transposed=columns)
+    _assert_conv_on_image(model, h, w)
 
 
 def test_rows_are_read_right_when_the_gradient_is_a_view_of_a_larger_one():

@@ -61,19 +61,29 @@ class _HeadModules(nn.Module):
 
 class _Fused(nn.Module):
     """Multi-head attention with one qkv Linear; ``output`` 'none' returns the joined heads with no
-    projection, 'gated' multiplies them by sigmoid(gate(x)) before it."""
+    projection, 'gated' multiplies them by sigmoid(gate(x)) before it; ``combine`` 'differential'
+    weights the values by the map less λ times a second one (differential attention), 'self'
+    by the map plus a learned share of each token's own value."""
 
-    def __init__(self, dim, heads, output="plain"):
+    def __init__(self, dim, heads, output="plain", combine="plain"):
         super().__init__()
-        self.h, self.output = heads, output
+        self.h, self.output, self.combine = heads, output, combine
         self.qkv = nn.Linear(dim, 3 * dim)
+        self.qk2 = nn.Linear(dim, 2 * dim) if combine == "differential" else None
+        self.lam = nn.Parameter(torch.tensor(0.5)) if combine != "plain" else None
         self.proj = nn.Linear(dim, dim) if output != "none" else None
         self.gate = nn.Linear(dim, dim) if output == "gated" else None
 
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(x).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
-        out = ((q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        probs = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        if self.combine == "differential":
+            q2, k2 = self.qk2(x).reshape(b, t, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            probs = probs - self.lam * (q2 @ k2.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        elif self.combine == "self":
+            probs = (probs + self.lam * torch.eye(t)) / (1 + self.lam)
+        out = (probs @ v).transpose(1, 2).reshape(b, t, d)
         if self.output == "none":
             return out
         return self.proj(out * torch.sigmoid(self.gate(x)) if self.gate is not None else out)
@@ -107,6 +117,11 @@ CASES = {
     "a gated output": (lambda d, h: _Fused(d, h, "gated"),
                        r"its output multiplies the attention's context by a function of its tokens \(a gate: "
                        r"'proj\.weight', 'gate\.weight', 'gate\.bias' read both\), so the value path is not linear"),
+    "a second map subtracted": (lambda d, h: _Fused(d, h, combine="differential"),
+                                r"its softmax map goes through `sub` with another tensor before it weights the values "
+                                r"\(another map subtracted, as differential attention does"),
+    "each token's own value added to the map": (lambda d, h: _Fused(d, h, combine="self"),
+                                                r"its softmax map goes through `add` with another tensor"),
 }
 
 

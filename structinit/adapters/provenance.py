@@ -52,6 +52,7 @@ from structinit.adapters.provenance_blocks import (
     lead_cotangent,
     lines_in_storage_order,
     masked_pairs,
+    no_map_reason,
     one_map_a_head,
 )
 from structinit.adapters.provenance_output import output_bent, output_block, output_unread, values_unread
@@ -60,7 +61,6 @@ from structinit.adapters.provenance_record import (
     Operand,
     TraceError,
     first_tensor,
-    logits_by_projection,
     map_operands,
     record,
     restored,
@@ -143,10 +143,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     ops = rec.ops
     found = map_operands(rec)
     if found is None:
-        raise TraceError("its logits are a projection of each token alone (outlook attention), not a product of "
-                         "queries and keys: it forms no softmax(q kᵀ) map to shape" if logits_by_projection(rec) else
-                         "the trace cannot follow its softmax map back to a product of q and k and on to the "
-                         "product that applies it to v")
+        raise TraceError(no_map_reason(rec))
     q, k, product, sdpa_scale, v = found
     owned = [role for role, op in (("q", q), ("k", k), ("v", v)) if not op.tensor.requires_grad]
     if owned:  # made outside the module and handed to it (GCViT's global query): no projection of its own

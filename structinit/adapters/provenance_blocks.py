@@ -19,8 +19,15 @@ import copy
 import torch
 from torch import nn
 
-from structinit.adapters.observe import _SDPA
-from structinit.adapters.provenance_record import Operand, Record, TraceError, applied_maps
+from structinit.adapters.observe import _SDPA, _SOFTMAX
+from structinit.adapters.provenance_record import (
+    _PRODUCTS,
+    Operand,
+    Record,
+    TraceError,
+    applied_maps,
+    logits_by_projection,
+)
 
 # -- a float64 copy to trace on -----------------------------------------------------------------------
 
@@ -274,6 +281,44 @@ def one_map_a_head(rec, heads: int) -> None:
     raise TraceError(f"it makes each head's map by a softmax of its own ({len(widths)} maps a call, {each}, as a "
                      "loop over heads does), where structinit reads a layer whose heads' maps one product of q and kᵀ "
                      "makes, from one projection per role: write it so to initialise it")
+
+
+_ARITHMETIC = {"add", "sub", "rsub", "mul", "div", "truediv", "radd", "rmul", "rtruediv", "iadd", "isub", "imul",
+               "itruediv", "add_", "sub_", "mul_", "div_"}
+
+
+def no_map_reason(rec: Record) -> str:
+    """Why the call shows no softmax(q kᵀ) map applied to values (:func:`map_operands` found none)."""
+    if logits_by_projection(rec):
+        return ("its logits are a projection of each token alone (outlook attention), not a product of queries and "
+                "keys: it forms no softmax(q kᵀ) map to shape")
+    changed = _map_changed(rec)
+    if changed is not None:
+        return (f"its softmax map goes through `{changed}` with another tensor before it weights the values (another "
+                "map subtracted, as differential attention does, or a term added or multiplied in), so what weights "
+                "them is no softmax(q kᵀ) map of its projections, the map structinit shapes")
+    return ("the trace cannot follow its softmax map back to a product of q and k and on to the product that "
+            "applies it to v")
+
+
+def _map_changed(rec: Record) -> str | None:
+    """The name of the first arithmetic op a square softmax map of the call meets with another
+    tensor before any product (copies, masks and reshapes on the way passed over); None when none does."""
+    for i, (func, _, _, out) in enumerate(rec.ops):
+        if func not in _SOFTMAX or not isinstance(out, torch.Tensor) or out.ndim < 3 or out.shape[-1] != out.shape[-2]:
+            continue
+        live = {id(out)}
+        for later, args, kwargs, result in rec.ops[i + 1:]:
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            if not any(id(a) in live for a in tensors) or not isinstance(result, torch.Tensor):
+                continue
+            name = getattr(later, "__name__", "").strip("_")
+            if name in _ARITHMETIC and len(tensors) > 1:
+                return name
+            if later in _PRODUCTS:
+                break
+            live.add(id(result))
+    return None
 
 
 def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:

@@ -12,6 +12,8 @@ other probe of that seed (:func:`structinit.adapters.observe.observe`).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -58,10 +60,11 @@ def check_on_image(rows: torch.Tensor, seen: tuple[tuple[int, int], torch.Tensor
                    grid: tuple[int, int]) -> None:
     """Raise :class:`TokensOffGrid` unless each token's grid row of the position embedding,
     ``rows`` (T,) (−1 off the grid), sits on ``grid`` where the model's own image map puts the
-    token: ``seen`` is that map's (h, w) and each token's position on it, row-major
-    (:func:`~structinit.adapters.row_reading.image_positions`; None when the model has no such
-    map, and nothing is checked). Impulse writes each head's offset on ``grid``: tokens flattened
-    column by column, or a grid of the other shape, would turn it into another offset on the image."""
+    token, up to a symmetry of the grid: ``seen`` is that map's (h, w) and each token's position
+    on it, row-major (:func:`~structinit.adapters.row_reading.image_positions`; None when the
+    model has no such map, and nothing is checked). Impulse writes each head's offset on
+    ``grid``; a grid the image transposes or mirrors keeps every k×k convolution one (its offset
+    transposed or negated), but any other placement turns it into no convolution of the image."""
     if seen is None:
         return
     (h, w), at = seen
@@ -69,27 +72,37 @@ def check_on_image(rows: torch.Tensor, seen: tuple[tuple[int, int], torch.Tensor
     if not bool(on.any()) or bool(((rows >= 0) != (at >= 0)).any()):
         return  # tokens the image feeds that no grid row does, or the other way: not the grid's map
     rows, at = rows[on], at[on]
-    iy, ix = at.div(w, rounding_mode="floor"), at % w
-
-    def fits(shape: tuple[int, int], transposed: bool) -> bool:
-        gy, gx = rows.div(shape[1], rounding_mode="floor"), rows % shape[1]
-        return bool(((gy == ix) & (gx == iy)).all()) if transposed else bool(((gy == iy) & (gx == ix)).all())
-
-    if (tuple(grid) == (h, w) and fits(grid, False)) or (tuple(grid) == (w, h) and fits(grid, True)):
-        return  # row by row on the image, or column by column read as the image transposed
+    if _symmetry(rows, at, tuple(grid), (h, w)) is not None:
+        return
     said = f"grid=({grid[0]}, {grid[1]})"
-    if fits((h, w), False):
-        raise TokensOffGrid(f"{said} does not match the model: its tokens come row by row from its own {h}×{w} "
-                            f"patch map; pass grid=({h}, {w}), or leave grid= out")
-    if fits((w, h), True):
-        raise TokensOffGrid(
-            f"{said} does not match the model: its tokens come from its own {h}×{w} patch map column by column (the "
-            f"map flattened after a transpose), so a head's offset on {said} lands elsewhere on the image; pass "
-            f"grid=({w}, {h}), the tokens' own order, the image transposed (each k×k convolution stays one, its "
-            f"offsets (dy, dx) landing at (dx, dy) on the image)")
+    for shape in ((h, w), (w, h)):
+        how = _symmetry(rows, at, shape, (h, w))
+        if how is not None:
+            raise TokensOffGrid(f"{said} does not match the model: its tokens come from its own {h}×{w} patch map "
+                                f"{how[0]}; pass grid=({shape[0]}, {shape[1]}), on which each k×k convolution impulse "
+                                f"writes is one on the image, its offset (dy, dx) landing at {how[1]}")
     raise TokensOffGrid(f"{said} does not match the model: its tokens come from its own {h}×{w} patch map in an order "
-                        "that is neither row by row nor column by column, which a grid cannot describe; put them "
-                        "in row-major order before the first attention layer to initialise it with impulse")
+                        "that no grid of rows and columns follows; put them in row-major order before the first "
+                        "attention layer to initialise it with impulse")
+
+
+def _symmetry(rows: torch.Tensor, at: torch.Tensor, shape: tuple[int, int],
+              image: tuple[int, int]) -> tuple[str, str] | None:
+    """How a grid of ``shape`` whose row-major indices are ``rows`` lies on the h×w ``image`` at
+    positions ``at`` (row-major): (the order the tokens are read in, where an offset (dy, dx) on
+    the grid lands on the image), for a transpose and mirrors of the image; None for no such one."""
+    h, w = image
+    gy, gx = rows.div(shape[1], rounding_mode="floor"), rows % shape[1]
+    iy, ix = at.div(w, rounding_mode="floor"), at % w
+    for transposed, flip_y, flip_x in itertools.product((False, True), repeat=3):
+        y, x = (gx, gy) if transposed else (gy, gx)
+        if shape == ((w, h) if transposed else (h, w)) and bool(((h - 1 - y if flip_y else y) == iy).all()) and bool(
+                ((w - 1 - x if flip_x else x) == ix).all()):
+            how = ["column by column" if transposed else "row by row"]
+            how += ["from the bottom up"] * flip_y + ["from right to left"] * flip_x
+            dy, dx = ("dx", "dy") if transposed else ("dy", "dx")
+            return ", ".join(how), f"({'−' * flip_y}{dy}, {'−' * flip_x}{dx})"
+    return None
 
 
 @torch.no_grad()
