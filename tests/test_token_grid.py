@@ -156,3 +156,16 @@ def test_image_positions_read_a_map_flattened_column_by_column():
         (h, w), at = image_positions(x, maps)
     t = torch.arange(12)
     assert (h, w) == (3, 4) and at.tolist() == ((t % 3) * 4 + t // 3).tolist()
+
+
+def test_without_grid_the_grid_is_the_example_images_patches_and_is_checked_against_the_tokens():
+    """A model that states no image size gets its grid from the image it is called with and
+    its patch convolution; tokens read column by column are then refused naming the grid that
+    fits them (before, the model's 24 rows, no square, left no grid to infer)."""
+    model = _model(6, 4, "rows")
+    structinit.init_(model, "impulse", seed=0, example_inputs=torch.randn(2, 3, 12, 8))
+    assert tuple(structinit.get_record(model.blocks[0])["grid"]) == (6, 4)
+    _assert_conv_on_image(model, 6, 4)
+    model = _model(6, 4, "columns")
+    with pytest.raises(ValueError, match=r"grid=\(6, 4\) does not match .* column by column; pass grid=\(4, 6\)"):
+        structinit.init_(model, "impulse", seed=0, example_inputs=torch.randn(2, 3, 12, 8))

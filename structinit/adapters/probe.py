@@ -40,6 +40,12 @@ class ModelCall:
         """The first tensor the call passes (its images, token ids or tokens), or None."""
         return next((v for v in (*self.args, *self.kwargs.values()) if isinstance(v, torch.Tensor)), None)
 
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(H, W) of :attr:`main` when it is a floating-point (B, C, H, W) image batch, else None."""
+        x = self.main
+        return (int(x.shape[-2]), int(x.shape[-1])) if x is not None and x.ndim == 4 and x.is_floating_point() else None
+
 
 def as_call(example_inputs) -> ModelCall:
     """``example_inputs`` as a :class:`ModelCall`: a tensor is the one positional argument, a

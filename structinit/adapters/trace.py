@@ -141,7 +141,7 @@ def traced_discovery(survey, on_probe: bool = False, layer=None) -> Discovery | 
 
 def _trace(model, first, candidates, attention, example: ModelCall | None = None, probes=None) -> Discovery | None:
     # in the model's dtype (a table may be held in another) for every forward alike; a caller's input is the only probe
-    probes = probes or ([(example, None)] if example is not None else
+    probes = probes or ([(example, example.image_size)] if example is not None else
                         ((probe_images(model, 1, size), size[1:]) for size in probe_sizes(model, candidates)))
     for inputs, image in probes:
         for base in token_views(tokens_at(model, first[1], inputs), inputs):
