@@ -46,26 +46,26 @@ class PatchViT(nn.Module):
     """Patches of an h×w map read in one of :data:`ORDERS`, with a learned position embedding
     added in token order."""
 
-    def __init__(self, h: int, w: int, order: str):
+    def __init__(self, h: int, w: int, order: str, pe_name: str = "pos_embed"):
         super().__init__()
-        self.order = order
+        self.order, self.pe_name = order, pe_name
         self.patch_embed = nn.Conv2d(3, DIM, PATCH, PATCH)
-        self.pos_embed = nn.Parameter(torch.randn(1, h * w, DIM) * 0.02)
+        setattr(self, pe_name, nn.Parameter(torch.randn(1, h * w, DIM) * 0.02))  # another name: found by tracing
         self.norms = nn.ModuleList(nn.LayerNorm(DIM) for _ in range(2))
         self.blocks = nn.ModuleList(Attention() for _ in range(2))
 
     def forward(self, images):
         x = self.patch_embed(images)
         x = x.flatten(2)[..., SCATTERED] if self.order == "scattered" else ORDERS[self.order][0](x).flatten(2)
-        x = x.transpose(1, 2) + self.pos_embed
+        x = x.transpose(1, 2) + getattr(self, self.pe_name)
         for norm, attn in zip(self.norms, self.blocks):
             x = x + attn(norm(x))
         return x.mean(1)
 
 
-def _model(h, w, order):
+def _model(h, w, order, pe_name="pos_embed"):
     torch.manual_seed(0)
-    model = PatchViT(h, w, order).eval()
+    model = PatchViT(h, w, order, pe_name).eval()
     nn.init.zeros_(model.patch_embed.bias)  # zero images then carry position alone
     return model
 
@@ -169,3 +169,12 @@ def test_without_grid_the_grid_is_the_example_images_patches_and_is_checked_agai
     model = _model(6, 4, "columns")
     with pytest.raises(ValueError, match=r"grid=\(6, 4\) does not match .* column by column; pass grid=\(4, 6\)"):
         structinit.init_(model, "impulse", seed=0, example_inputs=torch.randn(2, 3, 12, 8))
+
+
+def test_patches_packed_in_one_row_are_read_as_the_square_grid_of_their_count():
+    """An image that is a strip of patches (a vision tower's packed input) gives no 1×N grid: N
+    tokens are laid out on the square grid, as for a model that states no image (its position
+    embedding under a name no finder knows, so the forward's trace finds it and its grid)."""
+    model = _model(1, 16, "rows", pe_name="where")
+    structinit.init_(model, "impulse", seed=0, example_inputs=torch.randn(2, 3, PATCH, 16 * PATCH))
+    assert tuple(structinit.get_record(model.blocks[0])["grid"]) == (4, 4)

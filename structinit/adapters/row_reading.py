@@ -57,7 +57,8 @@ def read_rows(x: torch.Tensor, leaf: torch.Tensor, pos_embed: torch.Tensor, num_
             cot[b] = (weight[:, None] * u).to(x.device)
             (g,) = torch.autograd.grad(x, leaf, cot.to(x.dtype), retain_graph=True, allow_unused=True)
             if g is None:
-                return None  # (the gradient laid out as the leaf is, so that the view's strides read it)
+                return None
+            # laid out as the leaf is (autograd may hand back a strided view), so that the view's strides read it
             g = torch.empty_strided(leaf.shape, leaf.stride(), dtype=g.dtype, device=g.device).copy_(g)
             view = g.as_strided(pos_embed.shape, pos_embed.stride(), pos_embed.storage_offset() - leaf.storage_offset())
             rows = view.reshape(-1, view.shape[-1]).double().cpu()

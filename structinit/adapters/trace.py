@@ -305,7 +305,7 @@ def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int
     that gives ``n``, else the square grid of ``n``."""
     pe = found.pos_embed
     grid = None if image is None else _grid_from(image, _patch(model))  # None without a patch size
-    if grid is None or grid[0] * grid[1] not in (n, _rows(pe)):
+    if grid is None or min(grid) < 2 or grid[0] * grid[1] not in (n, _rows(pe)):  # (1, n): patches packed in a row
         side = square_side(n)
         grid = (side, side) if side else None
     return dataclasses.replace(found, grid=grid, source="traced")

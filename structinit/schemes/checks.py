@@ -369,11 +369,9 @@ def diagonals(ad, real, x: torch.Tensor, terms) -> tuple[torch.Tensor, torch.Ten
     else:
         written = ad.attention_probs(x.float(), terms).clamp_min(1e-30).log()
         own = real.probs.clamp_min(1e-30).log()
-    written, own, pairs = written.float(), own.float(), real.open_pairs
-    if pairs is not None and pairs.shape[0] == written.shape[0] == own.shape[0]:
-        # the pairs the call masks (a mask built inside, whose −100 is no logit) at −∞: the keys each row can attend
-        written, own = written.masked_fill(~pairs, float("-inf")), own.masked_fill(~pairs, float("-inf"))
-    return diagonal_strength(written), diagonal_strength(own)
+    pairs = real.open_pairs  # the pairs the call masks (a mask built inside, whose −100 is no logit) at −∞
+    close = lambda t: t if pairs is None or pairs.shape[0] != t.shape[0] else t.masked_fill(~pairs, float("-inf"))
+    return diagonal_strength(close(written.float())), diagonal_strength(close(own.float()))
 
 
 @torch.no_grad()
