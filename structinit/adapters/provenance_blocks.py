@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from structinit.adapters.observe import _SDPA, _SOFTMAX
+from structinit.adapters.observe import _SDPA
 from structinit.adapters.provenance_record import (
     _PRODUCTS,
     Operand,
@@ -27,6 +27,7 @@ from structinit.adapters.provenance_record import (
     TraceError,
     applied_maps,
     logits_by_projection,
+    square_map,
 )
 
 # -- a float64 copy to trace on -----------------------------------------------------------------------
@@ -305,7 +306,7 @@ def _map_changed(rec: Record) -> str | None:
     """The name of the first arithmetic op a square softmax map of the call meets with another
     tensor before any product (copies, masks and reshapes on the way passed over); None when none does."""
     for i, (func, _, _, out) in enumerate(rec.ops):
-        if func not in _SOFTMAX or not isinstance(out, torch.Tensor) or out.ndim < 3 or out.shape[-1] != out.shape[-2]:
+        if not square_map(func, out):
             continue
         live = {id(out)}
         for later, args, kwargs, result in rec.ops[i + 1:]:

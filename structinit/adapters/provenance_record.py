@@ -268,6 +268,11 @@ def applied_maps(rec: Record) -> list[int]:
     return [found[0].channels for found in _maps(rec) if value_operand(rec.ops, found) is not None]
 
 
+def square_map(func, out) -> bool:
+    """Whether a recorded op is a softmax that makes (…, T, T) maps, each query over as many keys."""
+    return func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]
+
+
 def _maps(rec: Record):
     ops = rec.ops
     producers = _producers(ops)
@@ -282,7 +287,7 @@ def _maps(rec: Record):
             made = q.detach().double() @ keys.transpose(-2, -1)
             yield (Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0),
                    r ** -0.5 if scale is None else float(scale))
-        if func in _SOFTMAX and isinstance(out, torch.Tensor) and out.ndim >= 3 and out.shape[-1] == out.shape[-2]:
+        if square_map(func, out):
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is None or dim % out.ndim != out.ndim - 1:
                 continue
@@ -314,7 +319,7 @@ def logits_by_projection(rec: Record) -> bool:
     window project that token alone); heads mixed after q kᵀ (talking heads) are not that."""
     producers = _producers(rec.ops)
     for i, (func, args, _, out) in enumerate(rec.ops):
-        if func not in _SOFTMAX or not isinstance(out, torch.Tensor) or out.ndim < 3 or out.shape[-1] != out.shape[-2]:
+        if not square_map(func, out):
             continue
         t, before, projected = args[0], i, False
         while t is not None and (j := _made_before(producers, t, before)) is not None:

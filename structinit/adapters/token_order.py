@@ -12,6 +12,7 @@ other probe of that seed (:func:`structinit.adapters.observe.observe`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import torch
@@ -33,7 +34,7 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     model changes (one forward, module doc). With ``grid``, the h×w grid the rows are taken to
     run over row by row, a :class:`TokensOffGrid` error when the model's own image map shows its
     tokens elsewhere (:func:`check_on_image`)."""
-    with recording(pos_embed) as leaf, image_maps(model, num_patches) as maps:
+    with recording(pos_embed) as leaf, (image_maps(model, num_patches) if grid else contextlib.nullcontext()) as maps:
         x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
         unread = x is None or x.ndim != 3 or not x.requires_grad  # (B·windows, h, w, C): no row order
         apart = not unread and torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
