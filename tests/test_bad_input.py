@@ -419,3 +419,31 @@ def test_previous_impulse_state_survives_a_failed_reinit():
     assert all(torch.equal(snap[k], v) for k, v in model.state_dict().items())
     assert [getattr(m, RECORD) for m in model.modules() if hasattr(m, RECORD)] == records
     assert bool((structinit.impulse_fidelity(model)["hit"] == 1).all())
+
+
+def test_a_projection_two_layers_share_is_refused_when_they_plan_different_values_for_it():
+    """Mimetic plans each layer's own projections: one Linear in two blocks would keep only the
+    last, and the first layer's maps would be built on the other's weights, unseen. Impulse plans
+    the same values for both here (the same offsets), which the one Linear holds for both."""
+    model = small()
+    model.blocks[1].attn.qkv = model.blocks[0].attn.qkv
+    check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
+                   r"^scheme 'mimetic' would write 'blocks\.0\.attn\.qkv\.weight' \(one parameter with "
+                   r"'blocks\.1\.attn\.qkv\.weight'\) twice with different values.*own copy.*layers=")
+    structinit.init_(model, "impulse", seed=0)  # checked in the model's own forward, both layers
+    assert structinit.get_record(model.blocks[0].attn)["offsets"] == structinit.get_record(model.blocks[1].attn)[
+        "offsets"]
+
+
+def test_an_attention_module_every_block_calls_is_one_layer_and_is_written():
+    model = small()
+    model.blocks[1].attn = model.blocks[0].attn
+    structinit.init_(model, "mimetic", seed=0)
+    assert structinit.get_record(model, "init")["layers"] == ["blocks.0.attn"]
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic", "timm"])
+def test_a_torchscript_model_is_refused_saying_to_initialise_it_before_scripting(scheme):
+    model = torch.jit.trace(small().eval(), torch.randn(1, 3, 8, 8))
+    check_rejected(model, lambda m: structinit.init_(m, scheme, seed=0), ValueError,
+                   r"^model: <root> is a TorchScript module .*Initialise the nn.Module first, then script or trace it")

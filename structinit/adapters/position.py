@@ -252,6 +252,13 @@ def embedding_rows(found: Discovery) -> int | None:
     return int(found.pos_reader.shape[0]) if found.pos_reader is not None else int(pe.numel() // pe.shape[-1])
 
 
+def square_patch(image: tuple[int, int], n: int) -> int | None:
+    """p where n square p×p patches tile an (H, W) image, else None."""
+    area = image[0] * image[1]
+    p = square_side(area // n) if n > 0 and not area % n else None
+    return p if p and not image[0] % p and not image[1] % p else None
+
+
 def square_side(n: int) -> int | None:
     """s with s·s = n (n ≥ 1), else None."""
     s = math.isqrt(max(n, 0))

@@ -16,7 +16,8 @@ import contextlib
 import torch
 from torch import nn
 
-from structinit.adapters.probe import probing, run_forward
+from structinit.adapters.position import square_patch
+from structinit.adapters.probe import ModelCall, probing, run_forward
 
 
 def leaf_of(t: torch.Tensor) -> torch.Tensor:
@@ -103,8 +104,29 @@ def image_maps(model: nn.Module, num_patches: int):
             h.remove()
 
 
+def with_pixel_patches(inputs, num_patches: int, maps: list[torch.Tensor]):
+    """``inputs`` with a zero (1, C, H/p, W/p) leaf, each entry spread over one p×p patch, added
+    to their (B, C, H, W) image, the leaf put first in ``maps``: the image itself as a map of
+    patches, which says where each token comes from when no module returns one (patches cut by
+    a reshape, an unfold or a rearrangement before a Linear). ``inputs`` as they are when they
+    hold no floating-point image that ``num_patches`` square patches tile. Call under grad mode."""
+    call = inputs if isinstance(inputs, ModelCall) else ModelCall((inputs,))
+    image, size = call.main, call.image_size
+    p = None if size is None else square_patch(size, num_patches)
+    if p is None or min(size) < 2 * p:
+        return inputs
+    leaf = torch.zeros((1, image.shape[1], size[0] // p, size[1] // p), dtype=image.dtype, device=image.device,
+                       requires_grad=True)
+    maps.insert(0, leaf)
+    moved = image + leaf.repeat_interleave(p, 2).repeat_interleave(p, 3)
+    swap = lambda v: moved if v is image else v
+    swapped = ModelCall(tuple(map(swap, call.args)), {k: swap(v) for k, v in call.kwargs.items()})
+    return swapped if isinstance(inputs, ModelCall) else moved
+
+
 def image_positions(x: torch.Tensor, maps: list[torch.Tensor]) -> tuple[tuple[int, int], torch.Tensor] | None:
-    """The (h, w) of the last map :func:`image_maps` recorded before the tokens ``x`` (B, T, C),
+    """The (h, w) of the last map :func:`image_maps` recorded before the tokens ``x`` (B, T, C)
+    (or of the image's patches, :func:`with_pixel_patches`, when it recorded none),
     and (T,) long: the position on it (row-major) that feeds each of sample 0's tokens, −1 for a
     token none feeds (a class token); None when there is no such map or its positions do not
     each feed one token (tokens that mix on the way: no position can be read)."""

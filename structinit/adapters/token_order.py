@@ -20,7 +20,14 @@ from torch import nn
 
 from structinit.adapters.layout import TokenLayout, grid_positions, layout_position
 from structinit.adapters.probe import first_sample, is_token_probe
-from structinit.adapters.row_reading import image_maps, image_positions, read_rows, recording, silenced
+from structinit.adapters.row_reading import (
+    image_maps,
+    image_positions,
+    read_rows,
+    recording,
+    silenced,
+    with_pixel_patches,
+)
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.trace import tokens_at
 
@@ -35,7 +42,8 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
     run over row by row, a :class:`TokensOffGrid` error when the model's own image map shows its
     tokens elsewhere (:func:`check_on_image`)."""
     with recording(pos_embed) as leaf, (image_maps(model, num_patches) if grid else contextlib.nullcontext()) as maps:
-        x = None if leaf is None else tokens_at(model, adapter, inputs, seed, keep_graph=True)
+        on = inputs if leaf is None or not grid else with_pixel_patches(inputs, num_patches, maps)
+        x = None if leaf is None else tokens_at(model, adapter, on, seed, keep_graph=True)
         unread = x is None or x.ndim != 3 or not x.requires_grad  # (B·windows, h, w, C): no row order
         apart = not unread and torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
                                                    allow_unused=True)[0] is None  # no gradient from the PE
@@ -70,8 +78,15 @@ def check_on_image(rows: torch.Tensor, seen: tuple[tuple[int, int], torch.Tensor
         return
     (h, w), at = seen
     on = (rows >= 0) & (at >= 0)
-    if not bool(on.any()) or bool(((rows >= 0) != (at >= 0)).any()):
-        return  # tokens the image feeds that no grid row does, or the other way: not the grid's map
+    if not bool(on.any()):
+        return  # the map feeds none of the grid's tokens: not the grid's map
+    if bool(((rows >= 0) != (at >= 0)).any()):  # as many tokens each, but not the same ones
+        patch, other = int(((at >= 0) & (rows < 0)).nonzero()[0]), int(((rows >= 0) & (at < 0)).nonzero()[0])
+        raise TokensOffGrid(f"the position embedding's grid rows do not feed the tokens the image does: token {patch}, "
+                            f"from patch {divmod(int(at[patch]), w)} of the model's {h}×{w} patch map, takes no grid "
+                            f"row, and token {other}, which no patch feeds (a class or register token), takes grid row "
+                            f"{int(rows[other])}; structinit reads an embedding's rows as its prefix tokens' first, "
+                            "then the grid's, so put the prefix tokens first to initialise it with impulse")
     rows, at = rows[on], at[on]
     if _symmetry(rows, at, tuple(grid), (h, w)) is not None:
         return

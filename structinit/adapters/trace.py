@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from structinit.adapters.position import Discovery, _grid_from, square_side
+from structinit.adapters.position import Discovery, _grid_from, square_patch, square_side
 from structinit.adapters.probe import (
     ModelCall,
     _patch,
@@ -301,10 +301,10 @@ def _reading_at(model, inputs, tables, module, output, tokens) -> torch.Tensor |
 
 
 def _with_grid(model: nn.Module, found: Discovery, n: int, image: tuple[int, int] | None) -> Discovery:
-    """``found`` with its grid of ``n`` tokens: the probe image cut into the model's patches when
-    that gives ``n``, else the square grid of ``n``."""
+    """``found`` with its grid of ``n`` tokens: the probe image cut into the model's patches (with
+    no patch convolution, n square ones) when that gives ``n``, else the square grid of ``n``."""
     pe = found.pos_embed
-    grid = None if image is None else _grid_from(image, _patch(model))  # None without a patch size
+    grid = None if image is None else _grid_from(image, _patch(model) or square_patch(image, n))
     if grid is None or min(grid) < 2 or grid[0] * grid[1] not in (n, _rows(pe)):  # (1, n): patches packed in a row
         side = square_side(n)
         grid = (side, side) if side else None

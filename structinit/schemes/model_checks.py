@@ -1,5 +1,5 @@
 """What every scheme checks of the model itself before it plans: a module whose tensors hold
-values it can read and write (not on the meta device, not quantised)."""
+values it can read and write (not compiled by TorchScript, not on the meta device, not quantised)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ def check_model(model: object) -> None:
     initialisation) has none to read or write, and a write there would silently do nothing."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    scripted = next((n for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        raise ValueError(f"model: {scripted or '<root>'} is a TorchScript module (torch.jit.trace or "
+                         "torch.jit.script), compiled code whose layers structinit cannot read or run one by one; "
+                         "nothing was written. "
+                         "Initialise the nn.Module first, then script or trace it")
     meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if meta:
         raise ValueError(f"model: {len(meta)} tensors ({meta[0]}, …) are on the meta device and hold no values; "

@@ -43,12 +43,40 @@ class Plan:
                 raise RuntimeError(f"internal shape mismatch {tuple(value.shape)} → {tuple(dst.shape)}")
             self.writes.append((dst, value))
 
-    def pending(self, dst: torch.Tensor) -> torch.Tensor | None:
-        """The last value planned for ``dst`` (the same tensor, or a view of the same memory with
-        the same shape and strides), or None."""
-        for t, value in reversed(self.writes):
+    def revise(self, dst: torch.Tensor, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Plan ``change(value)`` for ``dst``, of the value last planned for it (the same tensor, or
+        a view of the same memory with the same shape and strides), which it replaces, or of what
+        ``dst`` holds: a later stage that reworks what an earlier one planned (the position
+        reservation projects a mimetic value/output write)."""
+        for i in range(len(self.writes) - 1, -1, -1):
+            t, value = self.writes[i]
             if t is dst or (t.data_ptr() == dst.data_ptr() and t.shape == dst.shape and t.stride() == dst.stride()):
-                return value
+                self.writes[i] = (t, change(value))
+                return
+        self.add([(dst, change(dst))])
+
+    def overwritten(self) -> int | None:
+        """The index of a write that a later write of the plan changes, or None: one parameter that
+        several layers share (one module in two blocks), each planning its own value for it, of
+        which only the last would hold. Only writes whose memory overlaps another's are compared,
+        applied in order to a scratch copy of that memory."""
+        groups = _overlapping([_span(dst) for dst, _ in self.writes])
+        scratch: dict[tuple, torch.Tensor] = {}
+
+        def view(dst: torch.Tensor) -> torch.Tensor:
+            key = (dst.untyped_storage().data_ptr(), dst.dtype)
+            if key not in scratch:
+                scratch[key] = torch.empty(0, dtype=dst.dtype, device=dst.device).set_(dst.untyped_storage()).clone()
+            return scratch[key].as_strided(dst.shape, dst.stride(), dst.storage_offset())
+
+        with torch.no_grad():
+            for group in groups:
+                for i in group:
+                    view(self.writes[i][0]).copy_(self.writes[i][1])
+                for i in group:
+                    dst, value = self.writes[i]
+                    if not torch.equal(view(dst), value.to(device=dst.device, dtype=dst.dtype)):
+                        return i
         return None
 
     def add_qk(self, adapter: AttentionAdapter, wq, wk, bq=None, bk=None, record: dict | None = None) -> None:
@@ -130,16 +158,7 @@ class Plan:
             return set()
         model = self.state.storages()
         spans = [_span(dst) for dst, _ in self.writes] + [_span(value) for _, value in self.writes]
-        crossed, group, reach = set(), [], (-1, -1)  # spans in a chain of overlapping extents
-        for i in sorted(range(len(spans)), key=lambda i: spans[i]):
-            storage, first, last = spans[i]
-            if (storage, first) <= reach:
-                group.append(i)
-            else:
-                crossed |= set(group) if len(group) > 1 else set()
-                group, reach = [i], (storage, last)
-            reach = (storage, max(reach[1], last))
-        crossed |= set(group) if len(group) > 1 else set()
+        crossed = {i for group in _overlapping(spans) for i in group}
         n = len(self.writes)
         return {i for i, (dst, value) in enumerate(self.writes)
                 if i not in crossed and i + n not in crossed and spans[i + n][0] not in model
@@ -155,6 +174,36 @@ def _clones(tensors: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, torch.T
             seen.add(key)
             out.append((t, t.detach().clone()))
     return out
+
+
+def _overlapping(spans: list[tuple[int, int, int]]) -> list[list[int]]:
+    """The indices of ``spans`` in chains of overlapping extents (two or more each), each chain
+    in index order."""
+    groups, group, reach = [], [], (-1, -1)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i]):
+        storage, first, last = spans[i]
+        if (storage, first) > reach:
+            groups.append(group := [])
+            reach = (storage, last)
+        group.append(i)
+        reach = (storage, max(reach[1], last))
+    return [sorted(g) for g in groups if len(g) > 1]
+
+
+def check_no_overwrite(plan: Plan, model: nn.Module, what: str) -> None:
+    """ValueError, before anything is written, when a write of ``plan`` would undo another
+    (:meth:`Plan.overwritten`), naming the parameter and every name the model gives it."""
+    i = plan.overwritten()
+    if i is None:
+        return
+    ptr = plan.writes[i][0].untyped_storage().data_ptr()
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p.untyped_storage().data_ptr() == ptr]
+    said = (f"{names[0]!r}" + (f" (one parameter with {', '.join(map(repr, names[1:]))})" if names[1:] else "")
+            if names else f"a {tuple(plan.writes[i][0].shape)} tensor")
+    raise ValueError(f"{what} would write {said} twice with different values: layers that share a projection "
+                     "each need their own, and only the last write would hold; "
+                     "nothing was written. Give each layer its own copy of the shared module, or choose one of "
+                     "them with layers=")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int, int]:

@@ -29,7 +29,7 @@ from torch import nn
 from structinit.adapters import is_depthwise, is_ssm, is_token_mixing
 from structinit.adapters.survey import ModelSurvey, forms_no_attention
 from structinit.schemes.model_checks import check_model
-from structinit.schemes.plan import Plan
+from structinit.schemes.plan import Plan, check_no_overwrite
 from structinit.schemes.spec import parse_init_spec
 from structinit.utils import OptionError, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
@@ -243,11 +243,11 @@ def _check_writes(plan: Plan, model: nn.Module, what: str, options: dict) -> Non
             continue
         names = {t.untyped_storage().data_ptr(): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
         where = names.get(dst.untyped_storage().data_ptr(), f"a {tuple(dst.shape)} tensor")
-        numbers = _numbers(options)
-        given = f"the numeric options given: {numbers}" if numbers else "no numeric option was given"
+        given = f"the numeric options given: {n}" if (n := _numbers(options)) else "no numeric option was given"
         raise ValueError(f"{what} would write NaN/inf into {where} ({dst.dtype}); nothing was written. Either an "
                          f"option is too large or too small for the model ({given}), or a tensor it reads already "
                          "holds NaN/inf")
+    check_no_overwrite(plan, model, what)
 
 
 def commit_and_report(plan: Plan, what: str) -> None:

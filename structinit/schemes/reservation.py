@@ -37,11 +37,9 @@ class Reservation:
         for _, weight, bias in self.writes:
             for t in (weight, bias):
                 if t is not None:
-                    current = plan.pending(t)
-                    plan.add([(t, project_out(t if current is None else current, self.basis))])
+                    plan.revise(t, lambda value: project_out(value, self.basis))
         for _, t in self.tokens:
-            current = plan.pending(t)
-            plan.add([(t, project_out_tokens(t if current is None else current, self.basis))])
+            plan.revise(t, lambda value: project_out_tokens(value, self.basis))
 
 
 def resolve_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAdapter]], pe: torch.Tensor | None,
