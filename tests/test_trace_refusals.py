@@ -63,11 +63,12 @@ class _Fused(nn.Module):
     """Multi-head attention with one qkv Linear; ``output`` 'none' returns the joined heads with no
     projection, 'gated' multiplies them by sigmoid(gate(x)) before it; ``combine`` 'differential'
     weights the values by the map less λ times a second one (differential attention), 'self'
-    by the map plus a learned share of each token's own value."""
+    by the map plus a learned share of each token's own value; ``dropout`` drops map entries
+    even in eval mode (``F.dropout`` called without ``training=``)."""
 
-    def __init__(self, dim, heads, output="plain", combine="plain"):
+    def __init__(self, dim, heads, output="plain", combine="plain", dropout=0.0):
         super().__init__()
-        self.h, self.output, self.combine = heads, output, combine
+        self.h, self.output, self.combine, self.dropout = heads, output, combine, dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.qk2 = nn.Linear(dim, 2 * dim) if combine == "differential" else None
         self.lam = nn.Parameter(torch.tensor(0.5)) if combine != "plain" else None
@@ -83,6 +84,8 @@ class _Fused(nn.Module):
             probs = probs - self.lam * (q2 @ k2.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
         elif self.combine == "self":
             probs = (probs + self.lam * torch.eye(t)) / (1 + self.lam)
+        if self.dropout:
+            probs = nn.functional.dropout(probs, self.dropout)  # training=True, the default: random in eval too
         out = (probs @ v).transpose(1, 2).reshape(b, t, d)
         if self.output == "none":
             return out
@@ -122,6 +125,9 @@ CASES = {
                                 r"\(another map subtracted, as differential attention does"),
     "each token's own value added to the map": (lambda d, h: _Fused(d, h, combine="self"),
                                                 r"its softmax map goes through `add` with another tensor"),
+    "a dropout left on in eval mode": (lambda d, h: _Fused(d, h, dropout=0.3),
+                                       r"it drops entries at random even in eval mode: `dropout\(…, p=0\.3\)` is "
+                                       r"called with training=True \(F\.dropout's default\).*training=self\.training"),
 }
 
 

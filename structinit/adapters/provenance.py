@@ -43,6 +43,7 @@ from structinit.adapters.provenance_blocks import (
     causal_map,
     decode,
     double_twin,
+    dropped_in_eval,
     find_head,
     grads_of,
     head_leads,
@@ -91,7 +92,8 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
                 return _trace_from(module, args, kwargs, (), values_by_place=True)
             except (TraceError, TokenError):
                 pass
-        raise closest from None
+        dropped = dropped_in_eval(module, args, kwargs)  # a map dropped at random explains any failure
+        raise (TraceError(dropped) if dropped else closest) from None
 
 
 def _depth(err: Exception) -> int:

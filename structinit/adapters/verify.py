@@ -41,6 +41,7 @@ from structinit.adapters.logit_transforms import (
 from structinit.adapters.observe import ModuleCall, observe
 from structinit.adapters.probe import unlike_calls
 from structinit.adapters.provenance import TraceError, trace_attention
+from structinit.adapters.provenance_blocks import dropped_in_eval
 from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
     fits_maps,
@@ -194,8 +195,8 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
     if getattr(adapter, "output_unread", None):  # its maps are the q kᵀ read; its value path has no V O to set
         return Verdict(name, adapter, "refused", NO_PROJECTION, no_value_path(adapter.output_unread))
     if not _value_path(adapter, real, x, adapter.output_tokens(out), rel=output_tolerance(dtype)):
-        return Verdict(name, adapter, "refused", VALUE_PATH,
-                       "its output is not its attention map applied to v through its output projection (heads "
+        return Verdict(name, adapter, "refused", VALUE_PATH, dropped_in_eval(adapter.module, call.args, call.kwargs)
+                       or "its output is not its attention map applied to v through its output projection (heads "
                        "mixed after the softmax, a second map mixed in, or a projection structinit does not see)")
     if adapter.masks_self:  # plain attention otherwise: what the mask hides is impulse's centre offset
         return Verdict(name, adapter, "refused", SELF_MASK,
