@@ -92,6 +92,13 @@ class _Fused(nn.Module):
         return self.proj(out * torch.sigmoid(self.gate(x)) if self.gate is not None else out)
 
 
+def _spectral(module):
+    """``module`` with torch's hook-based spectral norm on its qkv projection (the weight remade
+    from ``weight_orig`` before every forward; in train mode, a power iteration too)."""
+    nn.utils.spectral_norm(module.qkv)
+    return module
+
+
 def _vit(attn):
     from attention_modules import SepViT
 
@@ -125,6 +132,9 @@ CASES = {
                                 r"\(another map subtracted, as differential attention does"),
     "each token's own value added to the map": (lambda d, h: _Fused(d, h, combine="self"),
                                                 r"its softmax map goes through `add` with another tensor"),
+    "a weight a spectral_norm hook remakes each forward": (
+        lambda d, h: _spectral(_Fused(d, h)), r"it computes weights from other parameters in its forward \(qkv\.weight "
+                                              r"by spectral_norm\).*remove_spectral_norm\) and apply it again after"),
     "a dropout left on in eval mode": (lambda d, h: _Fused(d, h, dropout=0.3),
                                        r"it drops entries at random even in eval mode: `dropout\(…, p=0\.3\)` is "
                                        r"called with training=True \(F\.dropout's default\).*training=self\.training"),

@@ -43,7 +43,6 @@ from structinit.adapters.provenance_blocks import (
     causal_map,
     decode,
     double_twin,
-    dropped_in_eval,
     find_head,
     grads_of,
     head_leads,
@@ -56,7 +55,7 @@ from structinit.adapters.provenance_blocks import (
     no_map_reason,
     one_map_a_head,
 )
-from structinit.adapters.provenance_output import output_bent, output_block, output_unread, values_unread
+from structinit.adapters.provenance_output import output_bent, output_block, output_unread, unreadable, values_unread
 from structinit.adapters.provenance_record import (
     HandedQueries,
     Operand,
@@ -92,8 +91,8 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
                 return _trace_from(module, args, kwargs, (), values_by_place=True)
             except (TraceError, TokenError):
                 pass
-        dropped = dropped_in_eval(module, args, kwargs)  # a map dropped at random explains any failure
-        raise (TraceError(dropped) if dropped else closest) from None
+        why = unreadable(module, args, kwargs)  # a weight remade each forward, or a random map, explains any failure
+        raise (TraceError(why) if why else closest) from None
 
 
 def _depth(err: Exception) -> int:

@@ -27,8 +27,6 @@ from structinit.adapters.provenance_record import (
     TraceError,
     applied_maps,
     logits_by_projection,
-    record,
-    restored,
     square_map,
 )
 
@@ -302,29 +300,6 @@ def no_map_reason(rec: Record) -> str:
                 "them is no softmax(q kᵀ) map of its projections, the map structinit shapes")
     return ("the trace cannot follow its softmax map back to a product of q and k and on to the product that "
             "applies it to v")
-
-
-_DROPOUTS = {torch.nn.functional.dropout: 2, torch.dropout: 2, torch.nn.functional.alpha_dropout: 2,
-             torch.nn.functional.dropout1d: 2, torch.nn.functional.dropout2d: 2}  # → where `training` is passed
-
-
-def dropped_in_eval(module: nn.Module, args: tuple, kwargs: dict) -> str | None:
-    """Why a call of ``module`` is random in eval mode, when a dropout in it is called with
-    ``training=True`` (``F.dropout``'s default) and p > 0; else None. One more run of the module
-    (restored after), so only to name why a layer was refused."""
-    with restored(module, []):
-        rec = record(module, args, kwargs)
-    for func, args, kwargs, _ in rec.ops:
-        at = _DROPOUTS.get(func)
-        if at is None:
-            continue
-        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-        training = kwargs.get("training", kwargs.get("train", args[at] if len(args) > at else True))
-        if training and float(p) > 0:
-            return (f"it drops entries at random even in eval mode: `{func.__name__}(…, p={float(p):g})` is called "
-                    "with training=True (F.dropout's default), so its output is not its map applied to v; pass "
-                    "training=self.training")
-    return None
 
 
 def _map_changed(rec: Record) -> str | None:

@@ -7,9 +7,11 @@ positions, no output projection at all)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from structinit.adapters.provenance_blocks import assemble, decode, grads_of
-from structinit.adapters.provenance_record import Operand, TraceError, first_tensor, record
+from structinit.adapters.provenance_record import Operand, TraceError, first_tensor, record, restored
+from structinit.utils.state import derived_weights
 
 
 def output_block(module, args, kwargs, ops, v: Operand, params, originals, heads, group, r, dim):
@@ -189,3 +191,39 @@ def _first(out) -> torch.Tensor:
     if not isinstance(y, torch.Tensor):
         raise TraceError("its output is not a tensor")
     return y
+
+
+# -- what keeps a module from being read, whatever else failed -------------------------------------------
+
+_DROPOUTS = {torch.nn.functional.dropout: 2, torch.dropout: 2, torch.nn.functional.alpha_dropout: 2,
+             torch.nn.functional.dropout1d: 2, torch.nn.functional.dropout2d: 2}  # → where `training` is passed
+
+
+def unreadable(module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+    """What keeps a module from being read whatever else failed, in words, or None: weights it
+    computes from other parameters in its forward, or a dropout left on in eval mode."""
+    made = derived_weights(module)
+    if made:
+        return (f"it computes weights from other parameters in its forward ({made}), which the trace cannot read "
+                "as projections: remove that for the init (torch.nn.utils.parametrize.remove_parametrizations, "
+                "remove_weight_norm, remove_spectral_norm) and apply it again after")
+    return dropped_in_eval(module, args, kwargs)
+
+
+def dropped_in_eval(module: nn.Module, args: tuple, kwargs: dict) -> str | None:
+    """Why a call of ``module`` is random in eval mode, when a dropout in it is called with
+    ``training=True`` (``F.dropout``'s default) and p > 0; else None. One more run of the module
+    (restored after), so only to name why a layer was refused."""
+    with restored(module, []):
+        rec = record(module, args, kwargs)
+    for func, args, kwargs, _ in rec.ops:
+        at = _DROPOUTS.get(func)
+        if at is None:
+            continue
+        p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+        training = kwargs.get("training", kwargs.get("train", args[at] if len(args) > at else True))
+        if training and float(p) > 0:
+            return (f"it drops entries at random even in eval mode: `{func.__name__}(…, p={float(p):g})` is called "
+                    "with training=True (F.dropout's default), so its output is not its map applied to v; pass "
+                    "training=self.training")
+    return None

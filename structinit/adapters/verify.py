@@ -41,7 +41,7 @@ from structinit.adapters.logit_transforms import (
 from structinit.adapters.observe import ModuleCall, observe
 from structinit.adapters.probe import unlike_calls
 from structinit.adapters.provenance import TraceError, trace_attention
-from structinit.adapters.provenance_blocks import dropped_in_eval
+from structinit.adapters.provenance_output import dropped_in_eval
 from structinit.adapters.provenance_record import HandedQueries
 from structinit.adapters.provenance_tokens import (
     fits_maps,

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 
@@ -93,13 +94,17 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(held[index.as_strided(b.shape, b.stride(), b.storage_offset())].any())
 
 
+_HOOKS = {WeightNorm: "weight_norm", SpectralNorm: "spectral_norm"}  # the hooks that remake a weight each forward
+
+
 def derived_weights(module: nn.Module) -> str:
     """In words, the weights inside ``module`` that it computes from other parameters in its
-    forward: a ``torch.nn.utils.parametrize`` parametrisation or a ``weight_norm`` hook; '' if none."""
+    forward: a ``torch.nn.utils.parametrize`` parametrisation, a ``weight_norm`` or ``spectral_norm``
+    hook; '' if none."""
     found = [f"{n + '.' if n else ''}{t} by {type(p).__name__}" for n, m in module.named_modules()
              if parametrize.is_parametrized(m) for t, ps in m.parametrizations.items() for p in ps]
-    found += [f"{n + '.' if n else ''}{h.name} by weight_norm" for n, m in module.named_modules()
-              for h in m._forward_pre_hooks.values() if isinstance(h, WeightNorm)]
+    found += [f"{n + '.' if n else ''}{h.name} by {_HOOKS[type(h)]}" for n, m in module.named_modules()
+              for h in m._forward_pre_hooks.values() if type(h) in _HOOKS]
     return ", ".join(found)
 
 
@@ -109,11 +114,12 @@ def derived_advice(module: nn.Module) -> str:
     made = derived_weights(module)
     return (f"The model computes weights from other parameters in its forward ({made}), so a write to those "
             "parameters is not the weight it uses: remove that for the init (torch.nn.utils.parametrize."
-            "remove_parametrizations, torch.nn.utils.remove_weight_norm) and apply it again after") if made else ""
+            "remove_parametrizations, torch.nn.utils.remove_weight_norm, remove_spectral_norm) and apply it again "
+            "after") if made else ""
 
 
 def remade_storages(model: nn.Module) -> set[int]:
-    """The storage addresses of the weights a ``weight_norm`` hook makes anew in every forward of
+    """The storage addresses of the weights a ``weight_norm`` or ``spectral_norm`` hook makes anew in every forward of
     ``model`` (plain tensor attributes, which :meth:`ModuleState.storages` counts as held)."""
     return {w.untyped_storage().data_ptr() for m in model.modules() for h in m._forward_pre_hooks.values()
-            if isinstance(h, WeightNorm) and isinstance(w := getattr(m, h.name, None), torch.Tensor)}
+            if type(h) in _HOOKS and isinstance(w := getattr(m, h.name, None), torch.Tensor)}
