@@ -67,6 +67,18 @@ def test_prefix_count_that_contradicts_the_model_raises():
         structinit.infer_layout(cls, num_prefix_tokens=0)
 
 
+def test_more_prefix_tokens_than_the_parameters_found_by_name_are_taken_from_the_caller():
+    """A hand-written model's class token is found by its name; tokens under other names (here
+    2 registers named ``memory``) are not, so a larger count the caller gives is taken, and a
+    smaller one, which the named parameters contradict, is refused."""
+    model = PosOnly(16, cls=True)
+    model.memory = nn.Parameter(torch.zeros(1, 2, 8))
+    assert structinit.infer_layout(model, num_prefix_tokens=3) == structinit.TokenLayout((4, 4), 3)
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=0, but PosOnly has 1 prefix token\(s\) \(parameters: "
+                                         r"cls_token\); omit num_prefix_tokens= or pass 1 or more"):
+        structinit.infer_layout(model, num_prefix_tokens=0)
+
+
 def test_prefix_tokens_the_model_shows_no_sign_of_raise():
     # 64 PE rows = the 8×8 grid, no prefix parameter: five prefix tokens cannot come from anywhere.
     with pytest.raises(ValueError, match=r"num_prefix_tokens=5, but the model has no prefix-token .*64 rows"):

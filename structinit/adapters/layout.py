@@ -76,11 +76,13 @@ def infer_layout(
         if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
             raise ValueError(f"num_prefix_tokens={num_prefix_tokens!r}: expected an int ≥ 0")
         num_prefix_tokens = int(num_prefix_tokens)
-        if declared is not None and declared != num_prefix_tokens:
+        # more than the tokens the generic finder counts by name may be tokens under names it does not know
+        counted = found.source == "generic"
+        if declared is not None and (num_prefix_tokens < declared or (num_prefix_tokens > declared and not counted)):
             names = ", ".join(n for n, _ in found.prefix_tokens) or "none"
             raise ValueError(
                 f"num_prefix_tokens={num_prefix_tokens}, but {type(model).__name__} has {declared} prefix "
-                f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}"
+                f"token(s) (parameters: {names}); omit num_prefix_tokens= or pass {declared}{' or more' * counted}"
             )
     prefix = num_prefix_tokens if num_prefix_tokens is not None else (declared or 0)
     rows = embedding_rows(found)
