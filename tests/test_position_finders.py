@@ -10,6 +10,7 @@ from torch import nn
 import structinit
 from attention_modules import SepAttention, SepViT
 from rejection import check_rejected
+from structinit.functional.posembed import sincos_2d
 
 
 class PytorchStyleViT(nn.Module):
@@ -213,6 +214,28 @@ def test_a_class_token_is_no_position_for_the_tokens_to_carry():
 
     check_rejected(ClassTokenNoPosition(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
                    r"cannot infer the token grid of ClassTokenNoPosition: its tokens carry no position")
+
+
+class ComputedPosition(ConvPositionMHA):
+    """A sin-cos table computed from the patch map in every forward and added to its tokens (as
+    vit-pytorch's SimpleViT variants do): position no tensor of the model holds."""
+
+    def forward(self, img):
+        x = self.patch(img)
+        h, w = x.shape[-2:]
+        x = x.flatten(2).transpose(1, 2) + sincos_2d((h, w), x.shape[-1]).to(x.dtype)
+        n = self.norm(x)
+        x = x + self.attn(n, n, n, need_weights=False)[0]
+        return self.head(x.mean(1))
+
+
+def test_position_a_forward_computes_is_not_called_no_position():
+    from rejection import check_rejected
+
+    message = check_rejected(ComputedPosition(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                             r"cannot infer the token grid of ComputedPosition: its tokens carry position from a table "
+                             r"its forward computes each call and adds to them, which impulse cannot write")
+    assert "carry no position" not in message
 
 
 def test_a_position_embedding_kept_channels_first_is_not_called_no_position():

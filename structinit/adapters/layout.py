@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from structinit.adapters.position import Discovery, embedding_rows, square_side
 from structinit.adapters.probe import _rows, token_candidates
 from structinit.adapters.rotary import find_rotary
 from structinit.adapters.survey import ModelSurvey, as_survey
+from structinit.adapters.trace import tokens_at
 from structinit.utils import is_int
 
 
@@ -109,13 +111,15 @@ def infer_layout(
             # Not a PE the finders miss: no free tensor of the tokens' width along any axis with more than one row (a
             # class or mask token is one row: the same for every position), and the probe saw each layer's call,
             # so no rotation handed to it either
+            held = (f"the model holds no tensor of their width ({width}) and more than one row outside its layers' "
+                    "weights to add to them")
             raise ValueError(
-                f"cannot infer the token grid of {type(model).__name__}: its tokens carry no position, since the "
-                f"model holds no tensor of their width ({width}) and more than one row outside its layers' weights "
-                "to add to them "
-                "(its position, if any, comes from convolutions), and it states no image size; impulse builds each "
-                "head's map from position in q and k, so pass grid=(h, w) and pos_embed= if you add one it cannot "
-                "see, or use 'mimetic', which needs neither"
+                f"cannot infer the token grid of {type(model).__name__}: "
+                + (f"its tokens carry position from a table its forward computes each call and adds to them, which "
+                   f"impulse cannot write ({held})" if _carries_position(survey, first) else
+                   f"its tokens carry no position, since {held} (its position, if any, comes from convolutions)")
+                + ", and it states no image size; impulse builds each head's map from position in q and k, so pass "
+                "grid=(h, w) and pos_embed= if you add one it cannot see, or use 'mimetic', which needs neither"
             )
         if found.pos_embed is None:  # position from elsewhere (Twins' depthwise convs), or a PE under no known name
             raise ValueError(
@@ -134,6 +138,29 @@ def infer_layout(
     if rows is not None:
         _check_rows(found, rows, layout, explicit_prefix=num_prefix_tokens is not None and declared is None)
     return layout
+
+
+def _carries_position(survey: ModelSurvey, first) -> bool:
+    """Whether the forward adds a table it computes to the tokens before the first layer
+    ``first`` (name, adapter): a tensor of their width that neither the image nor a parameter
+    feeds, its rows not all alike (a sin-cos table made from ``arange``), added to one the image
+    feeds; position from convolutions is in what the image feeds, and is not such a table."""
+    probe, width, seen = survey.probe, first[1].dim, []
+    if not (isinstance(probe, torch.Tensor) and probe.is_floating_point()):
+        return False
+
+    class Additions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if getattr(func, "__name__", "").strip("_") in ("add", "radd", "iadd") and len(args) == 2:
+                seen.extend(t for t, fed in (args, args[::-1]) if isinstance(t, torch.Tensor)
+                            and isinstance(fed, torch.Tensor) and fed.requires_grad and not t.requires_grad
+                            and t.is_floating_point() and t.shape[-1] == width and t.numel() > width)
+            return out
+
+    with Additions():
+        tokens_at(survey.model, first[1], probe[:1].clone().requires_grad_(True), keep_graph=True)
+    return any(bool((t.reshape(-1, width) != t.reshape(-1, width)[:1]).any()) for t in seen)
 
 
 def _check_rows(found: Discovery, rows: int, layout: TokenLayout, explicit_prefix: bool) -> None:
