@@ -1,15 +1,19 @@
 """The registry sweep: structinit's attention inits, with no hints, on one small model of every
-module family of timm and every vision architecture of transformers (image classifiers and the
-vision towers of multimodal models), and on transformers' language models for mimetic. Per
-model × scheme: the outcome, the model's own maps after the write, and the reason of a refusal.
+module family of timm, every vision architecture of transformers (image classifiers and the
+vision towers of multimodal models) and every 2-D image model class of vit-pytorch, and on
+transformers' language models for mimetic. Per model × scheme: the outcome, the model's own maps
+after the write, and the reason of a refusal.
 
     .venv-zoo/bin/python bench/sweep.py --packages timm,transformers --out sweep.json
+    .venv-zoo/bin/python bench/sweep.py --packages vit_pytorch --out sweep_vp.json
     .venv-zoo/bin/python bench/sweep.py --from sweep.json          # the table again, from the data
 
 A vision tower whose forward takes packed patches and their grid sizes is handed one call of
 it (``example_inputs=``, :func:`tower_call`), as a user with its processor would; every other
 model gets no hints. A timm family still over :data:`MAX_PARAMETERS` at its smallest is built
-with 2 blocks where it takes ``depth``.
+with 2 blocks where it takes ``depth``. A vit-pytorch class is built from its signature at
+32 px (:func:`sweep_models.vit_pytorch_entries`); one that fails to build or to run on a
+(2, 3, 32, 32) batch is "build-failed", with its error.
 
 A written init is checked on the maps the model computes itself: impulse's argmax hit on the
 position-only input (``structinit.impulse_fidelity(model)``), mimetic's diagonal strength in the
@@ -38,9 +42,12 @@ from sweep_models import (  # noqa: F401 (smallest, tower_call: the sweep's API,
     timm_entries,
     tower_call,
     transformers_entries,
+    vit_pytorch_entries,
 )
 
 SCHEMES = ("impulse", "mimetic")
+# each package the sweep knows, and the function that lists its models, by name: looked up when called
+PACKAGES = {"timm": "timm_entries", "transformers": "transformers_entries", "vit_pytorch": "vit_pytorch_entries"}
 # Refusal reasons that name what the scheme cannot realise on that layer, by words in the message.
 MECHANISMS = {
     "impulse": ("reads token ids", "grouped-query", "no softmax(q kᵀ) map", "linear or factorised",
@@ -187,8 +194,8 @@ def summary(rows: list[Row]) -> str:
 
 
 def group_of(row: Row) -> str:
-    """The table's group of a row: timm, or transformers' image classifiers, vision towers and
-    language models (as :func:`transformers_entries` builds them)."""
+    """The table's group of a row: its package (timm, vit_pytorch), or transformers' image
+    classifiers, vision towers and language models (as :func:`transformers_entries` builds them)."""
     if row.package != "transformers":
         return row.package
     if row.model.endswith(".vision"):
@@ -257,7 +264,7 @@ def _save(path: str, rows: list[Row]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--packages", default="timm,transformers")
+    parser.add_argument("--packages", default="timm,transformers", help=f"comma-separated, of {', '.join(PACKAGES)}")
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--width", type=int, default=96, help="transformers' hidden size")
     parser.add_argument("--only", default="", help="comma-separated model names to run")
@@ -277,7 +284,9 @@ def main(argv=None) -> int:
             done.setdefault((r["model"], r["package"]), []).append(Row(**r))
     entries = []
     for package in args.packages.split(","):
-        found = timm_entries() if package == "timm" else transformers_entries(args.width)
+        if package not in PACKAGES:
+            parser.error(f"no package {package!r}: the sweep knows {', '.join(PACKAGES)}")
+        found = transformers_entries(args.width) if package == "transformers" else globals()[PACKAGES[package]]()
         entries += [(name, package, build) for name, build in found]
     only, skip = set(filter(None, args.only.split(","))), set(filter(None, args.skip.split(",")))
     rows, kept, saved = [], 0, dict(done)  # saved: every model's rows for --out, the file's others left in it

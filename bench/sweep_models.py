@@ -1,13 +1,16 @@
 """The models the registry sweep (``bench/sweep.py``) builds, one small model per family: timm's
-smallest-sounding entry point of each module, and transformers' image classifiers, vision
-towers and language models shrunk to a few layers of width 96 (or ``--width``); and, for a
-vision tower whose forward takes packed patches, the call its processor would make."""
+smallest-sounding entry point of each module, transformers' image classifiers, vision towers
+and language models shrunk to a few layers of width 96 (or ``--width``), and every 2-D image
+model class of vit-pytorch built small from its signature; and, for a vision tower whose
+forward takes packed patches, the call its processor would make."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 import math
+import pkgutil
 
 import torch
 from torch import nn
@@ -291,3 +294,106 @@ def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):
             if merge_sizes:
                 call["merge_sizes"] = torch.tensor([merge])
             yield call
+
+
+# vit-pytorch's constructors name their sizes alike: each such argument, required or not, takes its value here, a
+# prefixed one (``sm_enc_depth``, ``s3_emb_dim``) its suffix's; CCT hands its classifier's on through ``**kwargs``
+_VP_FILL = {"image_size": 32, "img_size": 32, "input_shape": 32, "ndim": 2, "patch_size": 4, "num_classes": 10,
+            "dim": 64, "depth": 2, "heads": 4, "mlp_dim": 128, "dim_head": 16, "channels": 3, "dropout": 0.0,
+            "window_size": 4, "cls_depth": 1, "mlp_mult": 2, "num_hierarchies": 2, "block_repeats": 1,
+            "reduction_factor": 2, "num_residual_streams": 2, "num_slots": 4, "max_tokens_per_depth": (48, 32),
+            "embedding_dim": 64, "num_layers": 2, "num_heads": 4, "mlp_ratio": 2.0}
+# where a name means something else: MobileViT's ``channels`` are its 11 layers' widths, its images (h, w), and its
+# 2×2 last map at 32 px holds patches of 1; LookViT's high-res patches must be smaller than its patches
+_VP_CLASS_ARGS = {"mobile_vit.MobileViT": {"image_size": (32, 32), "dims": (32, 40, 48), "patch_size": (1, 1),
+                                           "channels": (16, 16, 24, 24, 32, 32, 40, 40, 48, 48, 64)},
+                  "look_vit.LookViT": {"patch_size": 8, "highres_patch_size": 4}}
+# a required argument by these names is a network the class wraps or trains (MAE's encoder, Recorder's vit, ...)
+_VP_NETWORKS = ("net", "vit", "encoder", "image_net", "teacher", "student", "transformer", "decoder")
+# an argument by these names, required or not, is a time or sequence axis: a 1-D, video or token-sequence model
+_VP_AXES = ("seq_len", "sequence_length", "frames", "num_frames", "max_frames", "frame_patch_size", "time_seq_len")
+
+
+def vit_pytorch_entries() -> list[tuple[str, callable]]:
+    """Every 2-D image model class (:func:`_vp_is_image_model`) of every module of vit-pytorch,
+    found by walking the package (a new module is swept too), as ``module.ClassName``, built small
+    (:func:`_vp_build`). A module that does not import (it needs a package this environment lacks)
+    is one row, ``module.*``, that fails to build with the import's error: said, not dropped."""
+    import vit_pytorch
+
+    out = []
+    for info in pkgutil.walk_packages(vit_pytorch.__path__, "vit_pytorch."):
+        short = info.name.removeprefix("vit_pytorch.")
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:
+            out.append((f"{short}.*", lambda name=info.name: importlib.import_module(name)))  # raises it again
+            continue
+        out += [(f"{short}.{name}", lambda cls=cls, key=f"{short}.{name}": _vp_build(cls, key))
+                for name, cls in sorted(vars(module).items()) if inspect.isclass(cls) and issubclass(cls, nn.Module)
+                and cls.__module__ == info.name and _vp_is_image_model(cls)]
+    return out
+
+
+def _vp_params(cls) -> dict[str, inspect.Parameter]:
+    """The constructor's arguments; one of only ``*args, **kwargs`` (DistillableViT's) hands them
+    to its base class, whose arguments they then are."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            params = dict(list(inspect.signature(klass.__init__).parameters.items())[1:])
+            if any(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()):
+                return params
+    return {}
+
+
+def _vp_is_image_model(cls) -> bool:
+    """A model of an image batch: its constructor takes ``num_classes`` (or an image size and
+    ``**kwargs`` it hands on, as CCT's), no argument naming a time or sequence axis
+    (:data:`_VP_AXES`: 1-D, 3-D and video models, CCT's classifier of token sequences), and no
+    required argument naming another network (:data:`_VP_NETWORKS`: wrappers and trainers such as
+    MAE, SimMIM, DINO, the distillation wrapper, Extractor, Recorder, learnable memory's Adapter)."""
+    params = _vp_params(cls)
+    if "num_classes" not in params and not ({"image_size", "img_size"} & set(params)
+                                            and any(p.kind is p.VAR_KEYWORD for p in params.values())):
+        return False
+    return not any(name in _VP_AXES or (name in _VP_NETWORKS and p.default is p.empty) for name, p in params.items())
+
+
+def _vp_fill(name: str, default):
+    """The value :data:`_VP_FILL` gives the argument ``name`` (by its longest known suffix; a
+    default of None only by its own name: ``specialize_qkv_depth=None`` stays off), the default
+    where it is smaller (entry by entry for a tuple), or None where it names no size."""
+    key = next((k for i in range(name.count("_") + 1) if (k := name.split("_", i)[-1]) in _VP_FILL), None)
+    if key is None or isinstance(default, bool):
+        return None
+    value, number = _VP_FILL[key], (int, float)
+    if isinstance(value, number) and isinstance(default, number):
+        return min(default, value)
+    if isinstance(value, number) and isinstance(default, tuple) and all(isinstance(v, number) for v in default):
+        return tuple(min(v, value) for v in default)
+    return value if default is inspect.Parameter.empty or (default is None and key == name) else None
+
+
+def _vp_build(cls, key: str = ""):
+    """``cls`` built small (:func:`_vp_fill`; one that takes ``**kwargs`` gets every size, for the
+    class it hands them to) and run on a (2, 3, 32, 32) batch: a class that fails either is the
+    package's to answer for (the sweep's "build-failed"). A class that asks for its depth per
+    stage (MaxViT's) is built with two stages of one block."""
+    params = _vp_params(cls)
+    kwargs = {k: v for k, v in _VP_FILL.items() if k not in params} \
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()) else {}
+    kwargs |= {name: v for name, p in params.items() if (v := _vp_fill(name, p.default)) is not None}
+    kwargs |= _VP_CLASS_ARGS.get(key, {})
+    try:
+        model = cls(**kwargs)
+    except (AssertionError, TypeError) as err:
+        if not ("depth" in str(err) and "tuple" in str(err)):
+            raise
+        model = cls(**{**kwargs, "depth": (1, 1)})
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    except Exception as err:
+        raise RuntimeError(f"forward on (2, 3, 32, 32): {type(err).__name__}: {' '.join(str(err).split())}") from err
+    return model

@@ -1,9 +1,12 @@
 """bench/sweep.py's own logic on models built here (the registries it sweeps need the zoo venv):
 each outcome it can report, its table and summary, and a sweep that resumes from its file."""
 
+import inspect
 import json
 
+import pytest
 import sweep
+import sweep_models
 import torch
 from attention_styles import StyledViT
 from test_traced_attention import ScatteredRows
@@ -251,3 +254,47 @@ def test_a_sweep_of_some_models_into_a_file_keeps_the_files_other_rows(tmp_path,
     rows = json.loads(path.read_text())["rows"]
     assert [(r["model"], r["outcome"]) for r in rows] == [
         ("a", "refused"), ("a", "refused"), ("b", "written"), ("b", "written"), ("c", "refused"), ("c", "refused")]
+
+
+class _Wrapper(nn.Module):
+    """A class that takes another network (MAE's and DINO's convention): no model of an image batch."""
+
+    def __init__(self, *, encoder, num_classes=10):
+        super().__init__()
+        self.encoder = encoder
+
+
+class _Broken(nn.Module):
+    """A class that builds from the usual sizes but whose forward fails on an image batch."""
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim):
+        super().__init__()
+        self.embed = nn.Linear(3 * patch_size**2, dim)
+
+    def forward(self, img):
+        return self.embed(img)  # the pixels, not the patches: a shape error
+
+
+def test_a_vit_pytorch_class_that_needs_a_network_is_left_out_and_one_that_fails_is_build_failed():
+    assert not sweep_models._vp_is_image_model(_Wrapper) and sweep_models._vp_is_image_model(_Broken)
+    rows = sweep.run_one("broken.Broken", "vit_pytorch", lambda: sweep_models._vp_build(_Broken, "broken.Broken"))
+    assert {r.outcome for r in rows} == {"build-failed"}
+    assert rows[0].reason.startswith("RuntimeError: forward on (2, 3, 32, 32): RuntimeError: mat1 and mat2")
+
+
+def test_vit_pytorch_sizes_are_filled_by_name_suffix_and_cut_per_stage():
+    empty = inspect.Parameter.empty
+    assert sweep_models._vp_fill("dim", empty) == 64 and sweep_models._vp_fill("sm_enc_mlp_dim", 2048) == 128
+    assert sweep_models._vp_fill("s1_depth", 1) == 1 and sweep_models._vp_fill("depth", (2, 2, 8, 2)) == (2, 2, 2, 2)
+    assert sweep_models._vp_fill("specialize_qkv_depth", None) is None  # an option left off, not a size
+    assert sweep_models._vp_fill("use_glu", True) is None and sweep_models._vp_fill("pool", "cls") is None
+
+
+def test_the_sweep_takes_vit_pytorch_as_a_package_and_refuses_one_it_does_not_know(monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "vit_pytorch_entries", lambda: [("vit.ViT", None)])
+    monkeypatch.setattr(sweep, "run_one", lambda name, package, build, schemes: [
+        sweep.Row(name, package, s, "written", own_map=1.0) for s in schemes])
+    assert sweep.main(["--packages", "vit_pytorch"]) == 0
+    assert "| vit.ViT | vit_pytorch | impulse | written | 1.00 |  |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sweep.main(["--packages", "vitpytorch"])
