@@ -62,5 +62,5 @@ def test_a_parametrisation_that_transforms_the_projection_is_refused_by_name():
     styled = StyledViT("linear-subclass")
     _derive(styled.attns[0].b, "twice")
     check_rejected(styled, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
-                   r"attns\.0 \(SubclassAttention:.*it computes weights from other parameters in its forward: "
-                   r"b\.weight by _Twice")
+                   r"attns\.0 \(SubclassAttention:.*it computes weights from other parameters in its forward "
+                   r"\(b\.weight by _Twice\), which the trace cannot read as projections: remove that for the init")
