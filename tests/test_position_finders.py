@@ -238,6 +238,33 @@ def test_position_a_forward_computes_is_not_called_no_position():
     assert "carry no position" not in message
 
 
+class ResizedPosition(ConvPositionMHA):
+    """A 4×4 position embedding kept channels first and resized to the patch grid of whatever
+    image comes in (DINOv2's interpolation), with no image size stated."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__(dim)
+        self.pos_embed = nn.Parameter(torch.randn(1, dim, 4, 4) * 0.02)
+
+    def forward(self, img):
+        x = self.patch(img)
+        x = x + nn.functional.interpolate(self.pos_embed, size=x.shape[-2:], mode="bicubic", align_corners=False)
+        x = x.flatten(2).transpose(1, 2)
+        n = self.norm(x)
+        x = x + self.attn(n, n, n, need_weights=False)[0]
+        return self.head(x.mean(1))
+
+
+def test_an_embedding_the_forward_resizes_to_the_probe_is_refused_with_advice_that_fits_it():
+    """The layer takes another count of tokens than the embedding's grid gives: the refusal adds
+    that a resized embedding blurs the offsets impulse writes on its own grid (passing grid= or
+    an image of the embedding's size would leave the model at another size than it runs at)."""
+    message = check_rejected(ResizedPosition(), lambda m: structinit.init_(m, "impulse", seed=0), ValueError,
+                             r"receives \d+ tokens, but the model's layout is 0 prefix \+ 16 grid \(4×4\)")
+    assert "where the forward resizes its position embedding to the image's grid (the probe was" in message
+    assert "build the model with an embedding of the grid it runs on" in message
+
+
 def test_a_position_embedding_kept_channels_first_is_not_called_no_position():
     """A (1, D, h, w) table the finders do not place (Visformer's per stage, TNT's pixel one) is
     a position the refusal must not deny: the message stays the one that asks for the grid."""

@@ -114,8 +114,18 @@ def _layer_layouts(survey: ModelSurvey, chosen, layout: TokenLayout) -> list[Tok
             f"the difference ({len(odd)} layer(s) so: a later stage on another grid, or tokens the model adds); "
             "nothing was written. "
             + (f"Initialise the layers that take the grid as laid out, layers={fit}, or pass" if fit else "Pass")
-            + " the grid=/num_prefix_tokens= the layers really use")
+            + " the grid=/num_prefix_tokens= the layers really use" + _resized(survey.probe, fit))
     return out
+
+
+def _resized(probe, fit: list) -> str:
+    """Advice for a model no layer of which takes its embedding's grid on an image probe: its
+    forward may resize the embedding to the probe's grid (a size the model does not state)."""
+    if fit or not (isinstance(probe, torch.Tensor) and probe.ndim == 4):
+        return ""
+    return (f"; or, where the forward resizes its position embedding to the image's grid (the probe was "
+            f"{probe.shape[-2]}×{probe.shape[-1]} px), build the model with an embedding of the grid it runs on: "
+            "impulse writes each head's offset on the embedding's own grid, which a resize blurs")
 
 
 def _stage(survey: ModelSurvey, name: str, ad, tokens: int | None) -> TokenLayout | None:
