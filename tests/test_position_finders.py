@@ -174,9 +174,13 @@ class ConvPositionMHA(nn.Module):
         self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
         self.head = nn.Linear(dim, 10)
 
-    def forward(self, img):
+    def tokens(self, img):
+        """(B, h·w, D): the patch map with what carries its position, flattened."""
         x = self.patch(img)
-        x = (x + self.peg(x)).flatten(2).transpose(1, 2)
+        return (x + self.peg(x)).flatten(2).transpose(1, 2)
+
+    def forward(self, img):
+        x = self.tokens(img)
         n = self.norm(x)
         x = x + self.attn(n, n, n, need_weights=False)[0]
         return self.head(x.mean(1))
@@ -220,13 +224,9 @@ class ComputedPosition(ConvPositionMHA):
     """A sin-cos table computed from the patch map in every forward and added to its tokens (as
     vit-pytorch's SimpleViT variants do): position no tensor of the model holds."""
 
-    def forward(self, img):
+    def tokens(self, img):
         x = self.patch(img)
-        h, w = x.shape[-2:]
-        x = x.flatten(2).transpose(1, 2) + sincos_2d((h, w), x.shape[-1]).to(x.dtype)
-        n = self.norm(x)
-        x = x + self.attn(n, n, n, need_weights=False)[0]
-        return self.head(x.mean(1))
+        return x.flatten(2).transpose(1, 2) + sincos_2d(tuple(x.shape[-2:]), x.shape[1]).to(x.dtype)
 
 
 def test_position_a_forward_computes_is_not_called_no_position():
@@ -246,13 +246,10 @@ class ResizedPosition(ConvPositionMHA):
         super().__init__(dim)
         self.pos_embed = nn.Parameter(torch.randn(1, dim, 4, 4) * 0.02)
 
-    def forward(self, img):
+    def tokens(self, img):
         x = self.patch(img)
         x = x + nn.functional.interpolate(self.pos_embed, size=x.shape[-2:], mode="bicubic", align_corners=False)
-        x = x.flatten(2).transpose(1, 2)
-        n = self.norm(x)
-        x = x + self.attn(n, n, n, need_weights=False)[0]
-        return self.head(x.mean(1))
+        return x.flatten(2).transpose(1, 2)
 
 
 def test_an_embedding_the_forward_resizes_to_the_probe_is_refused_with_advice_that_fits_it():

@@ -195,8 +195,9 @@ def _first(out) -> torch.Tensor:
 
 # -- what keeps a module from being read, whatever else failed -------------------------------------------
 
-_DROPOUTS = {torch.nn.functional.dropout: 2, torch.dropout: 2, torch.nn.functional.alpha_dropout: 2,
-             torch.nn.functional.dropout1d: 2, torch.nn.functional.dropout2d: 2}  # → where `training` is passed
+# each takes (input, p, training/train, …)
+_DROPOUTS = {torch.nn.functional.dropout, torch.dropout, torch.nn.functional.alpha_dropout,
+             torch.nn.functional.dropout1d, torch.nn.functional.dropout2d}
 
 
 def unreadable(module: nn.Module, args: tuple, kwargs: dict) -> str | None:
@@ -217,11 +218,10 @@ def dropped_in_eval(module: nn.Module, args: tuple, kwargs: dict) -> str | None:
     with restored(module, []):
         rec = record(module, args, kwargs)
     for func, args, kwargs, _ in rec.ops:
-        at = _DROPOUTS.get(func)
-        if at is None:
+        if func not in _DROPOUTS:
             continue
         p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-        training = kwargs.get("training", kwargs.get("train", args[at] if len(args) > at else True))
+        training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
         if training and float(p) > 0:
             return (f"it drops entries at random even in eval mode: `{func.__name__}(…, p={float(p):g})` is called "
                     "with training=True (F.dropout's default), so its output is not its map applied to v; pass "
