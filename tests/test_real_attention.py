@@ -200,7 +200,8 @@ def test_attention_metrics_read_the_models_own_maps():
 
 
 def test_the_probe_sees_every_way_torch_computes_attention():
-    """softmax as a function, a method and torch.softmax; scaled_dot_product_attention; and
+    """softmax as a function, a method and torch.softmax; scaled_dot_product_attention (flex_attention:
+    test_flex_attention); and
     nn.MultiheadAttention, whose fused fast path the probe keeps it off."""
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
     x = torch.randn(2, 5, 8)
@@ -212,7 +213,7 @@ def test_the_probe_sees_every_way_torch_computes_attention():
     ad = structinit.find_attention_layers(model)[0][1]
     calls, _ = observe(model, torch.randn(1, 3, 16, 16), [(ad.module, ad.input_module, ad)])
     (sdpa,) = calls[ad.module].maps
-    assert sdpa.source == "sdpa" and sdpa.probs.shape == (1, 2, 64, 64)
+    assert sdpa.source == "fused" and sdpa.probs.shape == (1, 2, 64, 64)
     torch.testing.assert_close(sdpa.probs, ad.attention_probs(calls[ad.module].x), atol=1e-5, rtol=1e-5)
 
 

@@ -184,8 +184,9 @@ def test_attention_over_pooled_keys_is_not_passed_over_for_the_conv_layers_besid
                    r"has attention that no adapter understands: attn \(_PooledKeys: a 64×16 softmax map over 3-D "
                    r"logits\); nothing was written\..*target='conv'")
     check_rejected(model, lambda m: structinit.init_(m, "mimetic", seed=0), ValueError,
-                   r"no attention layer found in _PooledKeysNet \(softmax maps it reads neither as self-attention nor "
-                   r"as pooling: attn \(_PooledKeys: a 64×16 softmax map")
+                   r"no attention layer structinit can read in _PooledKeysNet: its forward makes softmax maps that "
+                   r"are neither self-attention over its tokens nor pooling by its adapters: attn \(_PooledKeys: a "
+                   r"64×16 softmax map")
     before = model.attn.to_q[0].weight.detach().clone()
     structinit.init_(model, "impulse", target="conv", seed=0)
     assert not torch.equal(model.attn.to_q[0].weight, before)

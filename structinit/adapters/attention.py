@@ -233,11 +233,14 @@ class AttentionAdapter:
         return any(isinstance(getattr(self.module, n, None), nn.Module) and not isinstance(
             getattr(self.module, n), nn.Identity) for n in ("q_norm", "k_norm"))
 
+    masks_future = False  # its own maps, in the probe, close every key after its query and no other
+
     @property
     def causal(self) -> bool:
-        """Whether the module masks future keys: a ``causal`` or ``is_causal`` attribute that is
-        True (structinit's causal :class:`~structinit.models.vit.Attention`, Hugging Face decoders)."""
-        return any(getattr(self.module, attr, None) is True for attr in ("causal", "is_causal"))
+        """Whether the module masks future keys: its maps in the probe do (:attr:`masks_future`, a
+        mask its forward builds), or a ``causal`` or ``is_causal`` attribute is True (structinit's
+        causal :class:`~structinit.models.vit.Attention`, Hugging Face decoders)."""
+        return self.masks_future or any(getattr(self.module, attr, None) is True for attr in ("causal", "is_causal"))
 
 
 def self_mask(tokens: int, dtype: torch.dtype, device=None) -> torch.Tensor:

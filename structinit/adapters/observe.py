@@ -2,15 +2,15 @@
 its own forward, captured where they are made.
 
 One forward pass runs under a :class:`~torch.overrides.TorchFunctionMode` that sees every
-``softmax`` (function, method or ``torch.softmax``), every
-``torch.nn.functional.scaled_dot_product_attention`` and every
+``softmax`` (function, method or ``torch.softmax``), every fused attention call
+(``scaled_dot_product_attention``, ``flex_attention``: :mod:`structinit.adapters.fused`) and every
 ``torch.nn.functional.multi_head_attention_forward`` (``nn.MultiheadAttention``, which the mode
 also keeps off its fused fast path). Module hooks say which module is running, so each map is
 filed under the innermost module that made it. A map is kept when it is *attention-shaped*:
 a softmax over the last axis of a tensor of three or more axes, i.e. (…, queries, keys).
 
-For softmax the logits are its input; for ``scaled_dot_product_attention`` they are the q kᵀ·scale
-(plus mask) of the very q and k the module hands it, after any rotation or norm; for
+For softmax the logits are its input; for a fused call they are the q kᵀ·scale (after its masks
+and ``score_mod``) of the very q and k the module hands it, after any rotation or norm; for
 ``nn.MultiheadAttention`` the probabilities come from torch's own function run again with
 ``need_weights=True`` (no logits). Nothing here reads an adapter's idea of the layer: this is
 the ground truth the adapters are checked against (:mod:`structinit.adapters.verify`).
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.fused import FUSED, compiling, fused_call
 from structinit.adapters.probe import call_copy, detach_all, handed, probing, replaced_tokens, run_forward
 from structinit.adapters.relative import reachable
 from structinit.functional.attention import MASKED_PROB
@@ -41,10 +42,8 @@ if TYPE_CHECKING:
     from structinit.adapters.attention import AttentionAdapter
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.special.softmax}
-_SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
 _MHA_SIGNATURE = inspect.signature(_MHA)
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 # A module that holds no parameter only carries a map made in it (vit-pytorch's ``attend = nn.Softmax(dim=-1)``,
 # MaxViT's Sequential(Softmax, Dropout), an ``Attend`` its parent hands q, k and v): the map belongs to its parent.
 _carrier = lambda m: next(m.parameters(), None) is None
@@ -57,8 +56,8 @@ class AttentionMap:
 
     probs: torch.Tensor
     logits: torch.Tensor | None
-    source: str  # 'softmax', 'sdpa' or 'multihead'
-    q: torch.Tensor | None = None  # what scaled_dot_product_attention received (B, H, Tq, r)
+    source: str  # 'softmax', 'fused' or 'multihead'
+    q: torch.Tensor | None = None  # what a fused call received (B, H, Tq, r)
     k: torch.Tensor | None = None
     applied: bool = True  # a softmax's map: whether the forward used it (False for one computed and dropped)
     open_pairs: torch.Tensor | None = None  # (T, T) bool, for maps joined from segments: the pairs inside one
@@ -95,23 +94,6 @@ class ModuleCall:
     unlike: tuple | None = None
 
 
-def _sdpa_map(args: tuple, kwargs: dict) -> AttentionMap:
-    bound = dict(zip(_SDPA_ARGS, args)) | kwargs
-    q, k = bound["query"].detach().float(), bound["key"].detach().float()
-    if bound.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-    scale = bound.get("scale")
-    logits = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    mask = bound.get("attn_mask")
-    if mask is not None:
-        mask = mask.detach()
-        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
-    if bound.get("is_causal"):
-        t, s = logits.shape[-2:]
-        logits = logits.masked_fill(torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1), float("-inf"))
-    return AttentionMap(logits.softmax(-1), logits, "sdpa", q, k)
-
-
 def _mha_map(args: tuple, kwargs: dict) -> AttentionMap | None:
     bound = _MHA_SIGNATURE.bind(*args, **kwargs)
     # is_causal off: torch needs a mask beside the hint, and the mask is passed as well
@@ -133,6 +115,8 @@ class _Spy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if compiling():  # flex_attention compiling its op: read when it runs (adapters.fused)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if self.derived:
             self._follow(args, kwargs, out)
@@ -146,8 +130,11 @@ class _Spy(TorchFunctionMode):
             if dim is not None and dim % out.ndim == out.ndim - 1:
                 found = AttentionMap(out.detach().float(), args[0].detach().float(), "softmax", applied=False)
                 self.derived[id(out)] = (weakref.ref(out), found)
-        elif func is _SDPA:
-            found = _sdpa_map(args, kwargs)
+        elif func in FUSED:
+            call = fused_call(func, args, kwargs)
+            logits = call.logits()
+            found = AttentionMap(logits.softmax(-1), logits, "fused", call.query.detach().float(),
+                                 call.key.detach().float())
         elif func is _MHA:
             found = _mha_map(args, kwargs)
         if found is not None:

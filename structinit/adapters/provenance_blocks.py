@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from structinit.adapters.observe import _SDPA
+from structinit.adapters.fused import fused_call
 from structinit.adapters.provenance_record import (
     _PRODUCTS,
     Operand,
@@ -330,15 +330,19 @@ def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
 # -- what the map masks whatever the content ------------------------------------------------------
 
 def causal_map(rec: Record, q: Operand) -> bool:
-    """Whether the map masks every key after its query and nothing else: a scaled-dot-product
-    call with ``is_causal``, or a softmax whose input is −∞ exactly above the diagonal."""
+    """Whether the map masks every key after its query and nothing else: logits −∞ exactly
+    above the diagonal (a softmax's input, or a fused call's after its masks: ``is_causal``)."""
+    closed = _closed(_logits(rec, q))
+    t = closed.shape[-1]
+    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
+    return t > 1 and bool((closed == above).all())
+
+
+def _logits(rec: Record, q: Operand) -> torch.Tensor:
+    """The logits of the map ``q`` makes: the softmax's input, or a fused call's, masks applied."""
     func, args, kwargs, _ = rec.ops[q.product_index]
-    if func is _SDPA:
-        return bool(kwargs.get("is_causal", args[5] if len(args) > 5 else False))
-    logits = args[0].detach()
-    t = logits.shape[-1]
-    above = torch.ones(t, t, dtype=torch.bool, device=logits.device).triu(1)
-    return t > 1 and bool((_closed(logits) == above).all())
+    call = fused_call(func, args, kwargs)
+    return args[0].detach() if call is None else call.logits()
 
 
 def _closed(logits: torch.Tensor) -> torch.Tensor:
@@ -351,14 +355,7 @@ def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
     """The (slices, T, T) pairs the module's map masks whatever the content (−∞ logits alike in
     every head: a block-diagonal mask over a packed sequence, a padding mask), as the traced call
     built them inside, or None when it masks none or only the keys after each query."""
-    func, args, kwargs, _ = rec.ops[q.product_index]
-    if func is _SDPA:
-        mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-        if mask is None:
-            return None
-        closed = ~mask.detach() if mask.dtype == torch.bool else _closed(mask.detach())
-    else:
-        closed = _closed(args[0].detach())
+    closed = _closed(_logits(rec, q))
     t = closed.shape[-1]
     if not bool(closed.any()):
         return None

@@ -13,7 +13,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from structinit.adapters.attention import mixes_heads
-from structinit.adapters.observe import _SDPA, _SOFTMAX
+from structinit.adapters.fused import FUSED, compiling, differentiable_flex, fused_call, fused_output
+from structinit.adapters.observe import _SOFTMAX
 from structinit.adapters.probe import call_copy, probing
 from structinit.utils.state import ModuleState
 
@@ -56,13 +57,24 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs, index = kwargs or {}, len(self.ops)
+        if compiling():  # flex_attention compiling its op: recorded when it runs (adapters.fused)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        made = fused_output(func, out)  # a fused op's attention output: flex's comes with its log-sum-exp
+        if not _holds_tensor(made):  # a size or a stride: dynamo's guards read those, more on a first call,
+            return out  # so they are left out, and the indices of the ops recorded do not move
         if index in self.swap:
-            out = self.swap[index]
+            out = self.swap[index] if made is out else (self.swap[index], *out[1:])
+            made = self.swap[index]
         elif func in _PRODUCTS and isinstance(out, torch.Tensor):
             self.snapshots[index] = out.detach().clone()  # as made: an in-place scale or mask may follow
-        self.ops.append((func, args, kwargs, out))
+        self.ops.append((func, args, kwargs, made))
         return out
+
+
+def _holds_tensor(out) -> bool:
+    return isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(
+        isinstance(t, torch.Tensor) for t in out))
 
 
 @dataclass
@@ -79,7 +91,7 @@ def record(module: nn.Module, args: tuple, kwargs: dict, swap: dict[int, torch.T
     random state seeded 0 (the module's mode is restored; :func:`restored` restores the rest)."""
     recorder = _Recorder(swap)
     args, kwargs = call_copy(args, False), call_copy(kwargs, False)  # a fresh cache each call: each run starts alike
-    with probing(module), torch.enable_grad(), recorder:
+    with probing(module), torch.enable_grad(), differentiable_flex(), recorder:
         out = module(*args, **kwargs)
     return Record(recorder.ops, out, recorder.snapshots)
 
@@ -277,16 +289,14 @@ def _maps(rec: Record):
     ops = rec.ops
     producers = _producers(ops)
     for i, (func, args, kwargs, out) in enumerate(ops):
-        if func is _SDPA:
-            q, k = args[0], args[1] if len(args) > 1 else kwargs["key"]
-            scale = kwargs.get("scale")
-            r = q.shape[-1]
+        if func in FUSED:
+            call = fused_call(func, args, kwargs)
+            q, k = call.query, call.key
             keys = k.detach().double()
             if keys.ndim >= 3 and keys.shape[-3] != q.shape[-3]:  # grouped-query: each key head serves several
                 keys = keys.repeat_interleave(q.shape[-3] // keys.shape[-3], dim=-3)
             made = q.detach().double() @ keys.transpose(-2, -1)
-            yield (Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0),
-                   r ** -0.5 if scale is None else float(scale))
+            yield Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0), call.scale
         if square_map(func, out):
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is None or dim % out.ndim != out.ndim - 1:
@@ -352,9 +362,8 @@ def value_operand(ops: list[Op], found) -> Operand | None:
     q = found[0]
     i = q.product_index
     func, args, kwargs, out = ops[i]
-    if func is _SDPA:
-        v = args[2] if len(args) > 2 else kwargs["value"]
-        return Operand(v, -2, -1, i, (-2, -1))
+    if func in FUSED:
+        return Operand(fused_call(func, args, kwargs).value, -2, -1, i, (-2, -1))
     derived, flipped = {id(out)}, set()  # the map as it goes on, and its transpose (keys first)
     for j in range(i + 1, len(ops)):
         func, args, kwargs, result = ops[j]

@@ -113,7 +113,7 @@ def candidate_layers(model: nn.Module) -> tuple[list[tuple[str, AttentionAdapter
 def _looks_like_attention(m: nn.Module) -> bool:
     name = type(m).__name__.lower()
     return ("attention" in name or name.endswith("attn")) and (
-        any(True for _ in m.parameters(recurse=False)) or any(isinstance(c, nn.Linear) for c in m.children()))
+        any(True for _ in m.parameters(recurse=False)) or any(isinstance(c, nn.Linear) for c in m.modules()))
 
 
 def select_layers(found: list, layers: Iterable[int] | int | None, kind: str = "attention") -> list:

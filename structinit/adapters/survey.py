@@ -26,7 +26,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from structinit.adapters.observe import _MHA, _SDPA, _SOFTMAX
+from structinit.adapters.fused import FUSED_FUNCTIONS
+from structinit.adapters.observe import _MHA, _SOFTMAX
 from structinit.adapters.position import Discovery, embedding_rows, named_discovery, prefix_in_layers, square_side
 from structinit.adapters.position_mlp import PositionMlpBias, held_position_mlp
 from structinit.adapters.probe import ModelCall, _pair, as_call, first_taken, probe_at, probe_choices, probe_tokens
@@ -102,11 +103,11 @@ class ModelSurvey:
         """The attention layers in definition order, as (name, adapter); see
         :func:`find_attention_layers`."""
         survey = self.attention
+        unrun = "" if survey.probed else (
+            f". structinit could not run {type(self.model).__name__}'s forward on any input it can build (images, "
+            "token ids) to read what it computes: pass example_inputs= what the forward takes (a tensor, a "
+            "tuple of positional arguments or a dict of keyword arguments)")
         if unknown := survey.unknown:
-            unrun = "" if survey.probed else (
-                f". structinit could not run {type(self.model).__name__}'s forward on any input it can build (images, "
-                "token ids) to read what they compute: pass example_inputs= what the forward takes (a tensor, a "
-                "tuple of positional arguments or a dict of keyword arguments)")
             raise ValueError(
                 "found attention that no adapter understands: "
                 + ", ".join(f"{n or '<root>'} ({what})" for n, what in unknown) + unrun
@@ -116,18 +117,24 @@ class ModelSurvey:
             )
         found = [(v.name, v.adapter) for v in survey.verdicts if v.kind != "pooling" or pooling]
         if not found:
-            types = sorted({type(m).__name__ for m in self.model.modules()})
-            skipped = survey.skipped()
-            also = (f" (only layers it leaves alone: {', '.join(n for n, _ in skipped)}, the first as {skipped[0][1]}; "
-                    "pass pooling=True to include those an adapter understands)") if skipped else ""
-            also += (" (softmax maps it reads neither as self-attention nor as pooling: " + ", ".join(
-                f"{n} ({what})" for n, what in survey.unread[:2]) + ")") if survey.unread else ""
-            raise ValueError(
-                f"no attention layer found in {type(self.model).__name__}{also} (module types: {', '.join(types)}). "
-                "structinit initialises self-attention; register an adapter with "
-                "structinit.register_adapter(YourAttention, factory) if your model has one."
-            )
+            raise ValueError(self._none_found(unrun))
         return found
+
+    def _none_found(self, unrun: str) -> str:
+        """Why :meth:`layers` found no layer to initialise: none at all, only pooling heads, or
+        only softmax maps it cannot read (named, as a model with attention, not one without)."""
+        survey, types = self.attention, sorted({type(m).__name__ for m in self.model.modules()})
+        skipped = survey.skipped()
+        also = (f" (only layers it leaves alone: {', '.join(n for n, _ in skipped)}, the first as {skipped[0][1]}; "
+                "pass pooling=True to include those an adapter understands)") if skipped else ""
+        if survey.unread:
+            return (f"no attention layer structinit can read in {type(self.model).__name__}{also}: its forward makes "
+                    "softmax maps that are neither self-attention over its tokens nor pooling by its adapters: "
+                    + ", ".join(f"{n} ({what})" for n, what in survey.unread[:3])
+                    + ". Register an adapter for it (structinit.register_adapter) if it is attention")
+        return (f"no attention layer found in {type(self.model).__name__}{also} (module types: {', '.join(types)})"
+                f"{unrun}. structinit initialises self-attention; register an adapter with "
+                "structinit.register_adapter(YourAttention, factory) if your model has one.")
 
     @cached_property
     def first_layer(self) -> tuple[str, object] | None:
@@ -272,7 +279,8 @@ def layer_relative_bias(model: nn.Module | ModelSurvey, name: str, adapter) -> R
 def forms_no_attention(model: nn.Module) -> bool:
     """Whether ``model`` provably forms no attention map, read without running it: its torch.fx
     graph (a symbolic trace: Python runs on placeholders, no tensor is computed and nothing in
-    the model changes) calls no softmax, ``scaled_dot_product_attention`` or multi-head attention,
+    the model changes) calls no softmax, fused attention (``scaled_dot_product_attention``, ``flex_attention``) or
+    multi-head attention,
     and no module holding ``nn.MultiheadAttention`` or ``nn.Softmax``. False whenever that cannot
     be told so (a forward whose Python branches on its tensors does not trace): ask the forward."""
     try:
@@ -280,7 +288,7 @@ def forms_no_attention(model: nn.Module) -> bool:
     except Exception:  # dynamic control flow, unusual inputs: no proof
         return False
     for node in graph.nodes:
-        if node.op == "call_function" and node.target in (*_SOFTMAX, _SDPA, _MHA):
+        if node.op == "call_function" and node.target in (*_SOFTMAX, *FUSED_FUNCTIONS, _MHA):
             return False
         if node.op == "call_method" and node.target == "softmax":
             return False
