@@ -139,7 +139,7 @@ def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 180)
         if size > MAX_PARAMETERS:  # the family's smallest entry point is still large: a CPU sweep skips it
             return [Row(name, package, s, "too-large", reason=f"{size / 1e6:.0f}M parameters") for s in schemes]
         survey = attention_survey(model)
-        if not (survey.verdicts or survey.unknown or survey.pooling):
+        if not (survey.verdicts or survey.unknown or survey.pooling or survey.unread):  # unread: maps it cannot read
             return [Row(name, package, s, "no-attention") for s in schemes]
         call = tower_call(model) if package == "transformers" else None
         return [_one_scheme(structinit, model, name, package, scheme, call) for scheme in schemes]

@@ -1,8 +1,7 @@
 """The models the registry sweep (``bench/sweep.py``) builds, one small model per family: timm's
-smallest-sounding entry point of each module, transformers' image classifiers, vision towers
-and language models shrunk to a few layers of width 96 (or ``--width``), and every 2-D image
-model class of vit-pytorch built small from its signature; and, for a vision tower whose
-forward takes packed patches, the call its processor would make."""
+smallest-sounding entry point of each module, transformers' image classifiers, vision towers and
+language models shrunk to width 96 (or ``--width``), vit-pytorch's 2-D image models built small
+from their signatures; and, for a tower whose forward takes patches, the call its processor makes."""
 
 from __future__ import annotations
 
@@ -197,14 +196,11 @@ def tower_class(config):
 
 
 def tower_call(model) -> dict | None:
-    """The call of a vision tower whose forward takes each image's patches packed into one
-    sequence and their grid sizes (Qwen-VL's convention: ``grid_thw`` = [[t, h, w]] and the
-    patches, flat or as small images), as its processor would hand it: one image of 8×8 (else
-    16×16) patches, the first layout the forward takes (:func:`_tower_calls`); a video tower's
-    frames of one clip as a batch of images, or the clip itself where it takes clips; Pix2Struct's
-    flattened patches with their row and column ids (:func:`_flattened_calls`). None for a
-    forward that takes its images alone, or whose extra arguments follow another convention
-    (left to the probe, and said)."""
+    """The call of a vision tower as its processor would hand it: packed patches and grid sizes
+    (Qwen-VL's ``grid_thw``), one image of 8×8 (else 16×16) patches in the first layout the forward
+    takes (:func:`_tower_calls`); a video tower's clip; Pix2Struct's flattened patches; flat patches
+    with their places (:func:`_flat_patch_calls`). None for a forward that takes its images alone,
+    or whose extra arguments follow another convention (left to the probe, and said)."""
     sig = inspect.signature(model.forward)
     required = [n for n, p in list(sig.parameters.items()) if p.default is p.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
@@ -221,8 +217,8 @@ def tower_call(model) -> dict | None:
         calls = [{"pixel_values_videos": torch.randn(1, frames, 3, size, size, generator=gen)}]
     elif "flattened_patches" in sig.parameters:  # Pix2Struct's: each patch's row and column ids, then its pixels
         calls = _flattened_calls(model)
-    elif {"pixel_values", "spatial_shapes"} <= set(sig.parameters):  # NaViT's: padded patches and each image's h, w
-        calls = _navit_calls(model, "pixel_attention_mask" in sig.parameters)
+    elif "pixel_values" in sig.parameters and {"spatial_shapes", "pixel_position_ids"} & set(sig.parameters):
+        calls = _flat_patch_calls(model, sig)
     elif not required or grid is None or not set(required) <= {required[0], grid, "merge_sizes"}:
         return None
     else:
@@ -255,15 +251,20 @@ def _flattened_calls(model):
     yield {"flattened_patches": torch.cat([ids, pixels], -1), "attention_mask": torch.ones(1, 64)}
 
 
-def _navit_calls(model, mask: bool):
-    """SigLIP-2's convention: (1, h·w, C·p·p) patches, ``spatial_shapes`` [[h, w]] and an
-    all-ones ``pixel_attention_mask``, for 8×8 patches (the width of the first Linear)."""
-    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
-    call = {"pixel_values": torch.randn(1, 64, first.in_features, generator=torch.Generator().manual_seed(0)),
-            "spatial_shapes": torch.tensor([[8, 8]])}
-    if mask:
-        call["pixel_attention_mask"] = torch.ones(1, 64, dtype=torch.long)
-    yield call
+def _flat_patch_calls(model, sig):
+    """(1, h·w, C·p·p) patches of an 8×8 (else 12×12, 16×16) grid and their places as the forward names
+    them: SigLIP-2's ``spatial_shapes`` and ``pixel_attention_mask``, Gemma 4's (x, y) ``pixel_position_ids``."""
+    width = next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features  # C·p·p: the first Linear's
+    for side in (8, 12, 16):
+        call = {"pixel_values": torch.randn(1, side * side, width, generator=torch.Generator().manual_seed(0))}
+        if "spatial_shapes" in sig.parameters:
+            call["spatial_shapes"] = torch.tensor([[side, side]])
+        if "pixel_attention_mask" in sig.parameters:
+            call["pixel_attention_mask"] = torch.ones(1, side * side, dtype=torch.long)
+        if "pixel_position_ids" in sig.parameters:  # a row of x first
+            y, x = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+            call["pixel_position_ids"] = torch.stack([x.reshape(1, -1), y.reshape(1, -1)], -1)
+        yield call
 
 
 def _tower_calls(model, patches_name: str, grid: str, merge_sizes: bool):

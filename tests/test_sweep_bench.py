@@ -298,3 +298,17 @@ def test_the_sweep_takes_vit_pytorch_as_a_package_and_refuses_one_it_does_not_kn
     assert "| vit.ViT | vit_pytorch | impulse | written | 1.00 |  |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         sweep.main(["--packages", "vitpytorch"])
+
+
+class _PatchPlaces(_NaViT):
+    """Gemma 4's convention: flat patches and each patch's (x, y), every one of them required."""
+
+    def forward(self, pixel_values, pixel_position_ids):
+        assert pixel_position_ids.shape == (*pixel_values.shape[:2], 2)
+        return self.attn(*(self.embed(pixel_values),) * 3)[0]
+
+
+def test_a_forward_that_takes_each_patchs_place_is_called_with_its_grid_in_x_y_order():
+    call = sweep.tower_call(_PatchPlaces())
+    assert call["pixel_values"].shape == (1, 64, 12) and "spatial_shapes" not in call
+    assert call["pixel_position_ids"][0, :3].tolist() == [[0, 0], [1, 0], [2, 0]]  # x runs along a row first
