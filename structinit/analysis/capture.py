@@ -49,7 +49,7 @@ def attention_maps(model: nn.Module, inputs, layers: Sequence[int] | None = None
     ``inputs``: a list of (B, heads, T, T) float tensors, T including prefix tokens.
 
     These are the maps the model computes itself, captured from its own softmax,
-    ``scaled_dot_product_attention`` or ``nn.MultiheadAttention`` in its forward
+    ``scaled_dot_product_attention``, ``flex_attention`` or ``nn.MultiheadAttention`` in its forward
     (:func:`structinit.adapters.observe.real_maps`), whatever it does to q and k on the way (a
     windowed layer gives B·windows maps of the window's tokens). Holds all maps in memory; for
     large batches use :func:`impulse_fidelity`, which reduces them on the fly.
