@@ -133,23 +133,37 @@ def run_one(name: str, package: str, build, schemes=SCHEMES, seconds: int = 180)
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)
     try:
-        torch.manual_seed(0)
-        model = build().eval()
+        try:
+            torch.manual_seed(0)
+            model = build().eval()
+            call = tower_call(model) if package == "transformers" else None
+        except _Timeout:
+            raise
+        except Exception as err:  # the package could not build it small: not structinit's to judge
+            return [Row(name, package, s, "build-failed", reason=f"{type(err).__name__}: {str(err)[:120]}")
+                    for s in schemes]
         size = sum(p.numel() for p in model.parameters())
         if size > MAX_PARAMETERS:  # the family's smallest entry point is still large: a CPU sweep skips it
             return [Row(name, package, s, "too-large", reason=f"{size / 1e6:.0f}M parameters") for s in schemes]
-        survey = attention_survey(model)
+        try:
+            survey = attention_survey(model)
+        except _Timeout:
+            raise
+        except Exception as err:  # structinit's own survey failed: a traceback, whichever scheme is asked
+            return [Row(name, package, s, "traceback", reason=_where(err)) for s in schemes]
         if not (survey.verdicts or survey.unknown or survey.pooling or survey.unread):  # unread: maps it cannot read
             return [Row(name, package, s, "no-attention") for s in schemes]
-        call = tower_call(model) if package == "transformers" else None
         return [_one_scheme(structinit, model, name, package, scheme, call) for scheme in schemes]
     except _Timeout:
         return [Row(name, package, s, "timeout", reason=f"over {seconds} s") for s in schemes]
-    except Exception as err:  # the package could not build it small: not structinit's to judge
-        return [Row(name, package, s, "build-failed", reason=f"{type(err).__name__}: {str(err)[:120]}")
-                for s in schemes]
     finally:
         signal.alarm(0)
+
+
+def _where(err: Exception) -> str:
+    """An exception in one line: its type, its message and where it was raised."""
+    where = traceback.extract_tb(err.__traceback__)[-1]
+    return f"{type(err).__name__}: {str(err)[:160]} ({where.filename.split('/')[-1]}:{where.lineno})"
 
 
 def _one_scheme(structinit, model, name, package, scheme, call: dict | None = None) -> Row:
@@ -169,9 +183,7 @@ def _one_scheme(structinit, model, name, package, scheme, call: dict | None = No
     except _Timeout:
         raise
     except Exception as err:
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        return Row(name, package, scheme, "traceback", call=said,
-                   reason=f"{type(err).__name__}: {str(err)[:160]} ({where.filename.split('/')[-1]}:{where.lineno})")
+        return Row(name, package, scheme, "traceback", call=said, reason=_where(err))
     try:
         score = own_map(target, scheme, call)
     except Exception as err:  # written, but its maps cannot be read: not verified, and said so

@@ -32,6 +32,29 @@ def test_each_outcome_is_told_apart_on_the_models_own_maps():
                                      "(0 written with no map of 3 or more keys to check)")
 
 
+def test_a_model_with_maps_structinit_cannot_read_is_swept_not_counted_as_one_without_attention():
+    from test_survey import _PooledKeysNet  # a 64×16 map: keys pooled by a strided convolution
+
+    rows = sweep.run_one("pooled-keys", "here", _PooledKeysNet)
+    assert {r.outcome for r in rows} == {"refused"} and "64×16 softmax map" in rows[1].reason
+
+
+def test_a_survey_that_raises_is_a_traceback_and_a_build_that_raises_is_the_packages(monkeypatch):
+    import structinit.adapters.survey as survey
+
+    def broken(model):
+        raise RuntimeError("shape '[4, 12, 48]' is invalid")
+    monkeypatch.setattr(survey, "attention_survey", broken)
+    rows = sweep.run_one("styled", "here", lambda: StyledViT("einsum"))
+    assert {r.outcome for r in rows} == {"traceback"} and "is invalid (test_sweep_bench.py:" in rows[0].reason
+    unbuilt = sweep.run_one("unbuilt", "here", _needs_natten)
+    assert {r.outcome for r in unbuilt} == {"build-failed"} and rows[0].reason.startswith("RuntimeError")
+
+
+def _needs_natten():
+    raise ImportError("this model needs the natten library")
+
+
 def test_a_write_whose_own_maps_miss_is_silent(monkeypatch):
     # as if the maps showed too little of the write
     monkeypatch.setattr(sweep, "own_map", lambda model, scheme, call=None: 0.4)

@@ -56,7 +56,6 @@ class FusedCall:
     key: torch.Tensor
     value: torch.Tensor
     scale: float
-    given_scale: float | None  # the scale the call passed (None: the op's default)
 
     def logits(self) -> torch.Tensor:
         """(…, H, Tq, Tk) float: q kᵀ·scale (key heads repeated for grouped queries) after the
@@ -67,11 +66,10 @@ class FusedCall:
             k = k.expand(q.shape[0], *k.shape[1:])  # keys shared by the batch: as flex broadcasts them
             with torch.no_grad():
                 return _FLEX_MATH(q, k, self.value.detach(), *self.args[3:9])[1].float()
-        q, k = q.float(), k.float()
-        if k.shape[-3] != q.shape[-3] and _sdpa_bound(self.args, self.kwargs).get("enable_gqa"):
+        q, k, bound = q.float(), k.float(), _sdpa_bound(self.args, self.kwargs)
+        if k.shape[-3] != q.shape[-3] and bound.get("enable_gqa"):
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         logits = q @ k.transpose(-2, -1) * self.scale
-        bound = _sdpa_bound(self.args, self.kwargs)
         mask = bound.get("attn_mask")
         if mask is not None:
             mask = mask.detach()
@@ -88,10 +86,9 @@ def fused_call(func, args: tuple, kwargs: dict) -> FusedCall | None:
         bound = _sdpa_bound(args, kwargs)
         q, given = bound["query"], bound.get("scale")
         return FusedCall(func, args, kwargs, q, bound["key"], bound["value"],
-                         q.shape[-1] ** -0.5 if given is None else float(given), given)
+                         q.shape[-1] ** -0.5 if given is None else float(given))
     if func is FLEX and func is not None:  # (query, key, value, score_mod, block_mask, scale, …): all positional
-        q = args[0]
-        return FusedCall(func, args, kwargs, q, args[1], args[2], float(args[5]), float(args[5]))
+        return FusedCall(func, args, kwargs, args[0], args[1], args[2], float(args[5]))
     return None
 
 
