@@ -335,3 +335,21 @@ def test_a_forward_that_takes_each_patchs_place_is_called_with_its_grid_in_x_y_o
     call = sweep.tower_call(_PatchPlaces())
     assert call["pixel_values"].shape == (1, 64, 12) and "spatial_shapes" not in call
     assert call["pixel_position_ids"][0, :3].tolist() == [[0, 0], [1, 0], [2, 0]]  # x runs along a row first
+
+
+def test_the_zoo_pages_sweep_numbers_are_those_of_the_committed_runs():
+    """docs/results/zoo.md quotes each sweep's table rows and last lines: they must be what
+    ``bench/sweep.py --from <file> --summary`` (and the run's own last line) says of the data."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = " ".join((root / "docs/results/zoo.md").read_text().split())  # lines wrapped anywhere
+    for name in ("timm", "transformers", "transformers-w64", "vit_pytorch"):
+        rows = [sweep.Row(**r) for r in json.loads((root / f"docs/results/data/sweep/{name}.json").read_text())["rows"]]
+        last = sweep.summary(rows).split(" (")[0]  # as quoted: without the count of writes with no map to check
+        assert f"`{last}`" in page, (name, last)
+        for line in sweep.summary_table(rows).splitlines():
+            if line.startswith("| ") and not line.startswith("| package") and name != "transformers-w64":
+                assert line in page, (name, line)  # the table shows width 96
+            elif line.startswith("transformers vision"):
+                assert line.split(": ", 1)[1] in page, (name, line)
