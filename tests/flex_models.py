@@ -26,8 +26,9 @@ class FlexAttention(nn.Module):
     than ``heads``), flex_attention with the given ``score_mod`` and ``mask_mod``, an output Linear.
     ``kernel='sdpa'`` runs scaled_dot_product_attention instead, its mask the ``mask_mod``'s pairs."""
 
-    def __init__(self, dim=48, heads=3, kv_heads=None, score_mod=None, mask_mod=None, kernel="flex"):
+    def __init__(self, dim=48, heads=3, kv_heads=None, score_mod=None, mask_mod=None, kernel="flex", lse=False):
         super().__init__()
+        self.lse = lse  # flex returns its log-sum-exp beside the output, as attention sinks use it
         if kernel == "sdpa" and score_mod is not None:
             raise ValueError("score_mod is flex_attention's")
         self.kernel = kernel
@@ -42,8 +43,9 @@ class FlexAttention(nn.Module):
         if self.kernel == "sdpa":
             return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                               enable_gqa=self.kv_heads != self.heads)
-        return flex_attention(q, k, v, score_mod=self.score_mod, block_mask=mask,
-                              enable_gqa=self.kv_heads != self.heads)
+        out = flex_attention(q, k, v, score_mod=self.score_mod, block_mask=mask,
+                             enable_gqa=self.kv_heads != self.heads, return_lse=self.lse)
+        return out[0] if self.lse else out
 
     def forward(self, x):
         b, t, d = x.shape

@@ -84,8 +84,8 @@ def _own_logits(attn, attention):
 
 @pytest.mark.parametrize("attention", [
     {}, {"heads": 4, "kv_heads": 2}, {"mask_mod": causal}, {"score_mod": distance_bias},
-    {"heads": 4, "kv_heads": 2, "kernel": "sdpa"}, {"mask_mod": causal, "kernel": "sdpa"},
-], ids=["plain", "grouped", "causal", "bias", "sdpa-grouped", "sdpa-causal"])
+    {"heads": 4, "kv_heads": 2, "kernel": "sdpa"}, {"mask_mod": causal, "kernel": "sdpa"}, {"lse": True},
+], ids=["plain", "grouped", "causal", "bias", "sdpa-grouped", "sdpa-causal", "with-lse"])
 def test_mimetic_through_flex_attention_shows_in_flexs_own_logits(attention):
     model = _model(**attention)
     structinit.init_(model, "mimetic", seed=0)
