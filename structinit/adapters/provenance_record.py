@@ -73,6 +73,7 @@ class _Recorder(TorchFunctionMode):
 
 
 def _holds_tensor(out) -> bool:
+    """Whether a call's result is a tensor or holds one (a split's tuple), not a size or a flag."""
     return isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(
         isinstance(t, torch.Tensor) for t in out))
 

@@ -279,10 +279,10 @@ def layer_relative_bias(model: nn.Module | ModelSurvey, name: str, adapter) -> R
 def forms_no_attention(model: nn.Module) -> bool:
     """Whether ``model`` provably forms no attention map, read without running it: its torch.fx
     graph (a symbolic trace: Python runs on placeholders, no tensor is computed and nothing in
-    the model changes) calls no softmax, fused attention (``scaled_dot_product_attention``, ``flex_attention``) or
-    multi-head attention,
-    and no module holding ``nn.MultiheadAttention`` or ``nn.Softmax``. False whenever that cannot
-    be told so (a forward whose Python branches on its tensors does not trace): ask the forward."""
+    the model changes) calls no softmax, fused attention (``scaled_dot_product_attention``,
+    ``flex_attention``) or multi-head attention, and no module holding ``nn.MultiheadAttention``
+    or ``nn.Softmax``. False whenever that cannot be told so (a forward whose Python branches on
+    its tensors does not trace): ask the forward."""
     try:
         graph = torch.fx.symbolic_trace(model).graph
     except Exception:  # dynamic control flow, unusual inputs: no proof
