@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from structinit.functional.attention import mask_future
+
 SDPA = F.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 try:  # the op flex_attention runs, and torch's eager implementation of it
@@ -74,10 +76,7 @@ class FusedCall:
         if mask is not None:
             mask = mask.detach()
             logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
-        if bound.get("is_causal"):
-            t, s = logits.shape[-2:]
-            logits = logits.masked_fill(torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1), float("-inf"))
-        return logits
+        return mask_future(logits) if bound.get("is_causal") else logits
 
 
 def fused_call(func, args: tuple, kwargs: dict) -> FusedCall | None:

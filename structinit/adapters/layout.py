@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.fused import compiling
 from structinit.adapters.position import Discovery, embedding_rows, square_side
 from structinit.adapters.probe import _rows, token_candidates
 from structinit.adapters.rotary import find_rotary
@@ -152,6 +153,8 @@ def _carries_position(survey: ModelSurvey, first) -> bool:
     class Additions(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            if compiling():  # flex_attention compiling its op (adapters.fused): nothing to look at
+                return out
             if getattr(func, "__name__", "").strip("_") in ("add", "radd", "iadd") and len(args) == 2:
                 seen.extend(t for t, fed in (args, args[::-1]) if isinstance(t, torch.Tensor)
                             and isinstance(fed, torch.Tensor) and fed.requires_grad and not t.requires_grad

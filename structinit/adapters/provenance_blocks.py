@@ -29,6 +29,7 @@ from structinit.adapters.provenance_record import (
     logits_by_projection,
     square_map,
 )
+from structinit.functional.attention import closes_the_future
 
 # -- a float64 copy to trace on -----------------------------------------------------------------------
 
@@ -332,10 +333,7 @@ def head_leads(op: Operand, heads: int) -> list[tuple[int, ...]]:
 def causal_map(rec: Record, q: Operand) -> bool:
     """Whether the map masks every key after its query and nothing else: logits −∞ exactly
     above the diagonal (a softmax's input, or a fused call's after its masks: ``is_causal``)."""
-    closed = _closed(_logits(rec, q))
-    t = closed.shape[-1]
-    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
-    return t > 1 and bool((closed == above).all())
+    return closes_the_future(_closed(_logits(rec, q)))
 
 
 def _logits(rec: Record, q: Operand) -> torch.Tensor:
@@ -364,5 +362,4 @@ def masked_pairs(rec: Record, q: Operand) -> torch.Tensor | None:
     if not bool((closed == closed[:, :1]).all()):  # differs between heads: not a mask of positions
         return None
     closed = closed[:, 0]
-    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
-    return None if bool((closed == above).all()) else closed
+    return None if closes_the_future(closed) else closed

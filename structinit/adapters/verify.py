@@ -57,7 +57,7 @@ from structinit.adapters.provenance_tokens import (
     tokens_of_call,
 )
 from structinit.adapters.traced import CallTokens
-from structinit.functional.attention import MASKED_PROB, masked_inside
+from structinit.functional.attention import MASKED_PROB, closes_the_future, masked_inside
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)
         return Verdict(name, adapter, "refused", code, words)
-    adapter.masks_future = closes_the_future(real)
+    adapter.masks_future = closes_the_future(real <= MASKED_PROB)  # a causal mask it builds inside
     if getattr(adapter, "output_unread", None):  # its maps are the q kᵀ read; its value path has no V O to set
         return Verdict(name, adapter, "refused", NO_PROJECTION, no_value_path(adapter.output_unread))
     if not _value_path(adapter, real, x, adapter.output_tokens(out), rel=output_tolerance(dtype)):
@@ -208,13 +208,6 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
                        "it masks each token's logit on itself (a masked diagonal, as in LSA), a logit term that does "
                        "not depend on content: a head cannot attend to its own token, impulse's centre offset")
     return Verdict(name, adapter, "self")
-
-
-def closes_the_future(probs: torch.Tensor) -> bool:
-    """Whether maps (…, T, T) close every key after its query and no other (a causal mask)."""
-    t = probs.shape[-1]
-    above = torch.ones(t, t, dtype=torch.bool, device=probs.device).triu(1)
-    return t > 1 and bool(((probs <= MASKED_PROB) == above).all())
 
 
 def computes_as_read(adapter: AttentionAdapter, real: torch.Tensor, ours: torch.Tensor, maps: list, x: torch.Tensor,

@@ -34,11 +34,13 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool
     logits = q @ k.transpose(-2, -1) * scale
     if bias is not None:
         logits = logits + bias
-    if causal:
-        t, s = logits.shape[-2:]
-        future = torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
-    return logits.softmax(dim=-1)
+    return (mask_future(logits) if causal else logits).softmax(dim=-1)
+
+
+def mask_future(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (…, T, S) with every key after its query closed (−∞): a causal mask."""
+    t, s = logits.shape[-2:]
+    return logits.masked_fill(torch.ones(t, s, dtype=torch.bool, device=logits.device).triu(1), float("-inf"))
 
 
 LN_EPS = 1e-6  # timm's ViT LayerNorm eps
@@ -62,6 +64,14 @@ def heads_last_lead(probs: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 MASKED_PROB = 1e-30  # a pair whose probability is below this was masked (a −100 or −inf logit)
+
+
+def closes_the_future(closed: torch.Tensor) -> bool:
+    """Whether ``closed`` (…, T, T), the pairs a map masks, is every key after its query and no
+    other: a causal mask."""
+    t = closed.shape[-1]
+    above = torch.ones(t, t, dtype=torch.bool, device=closed.device).triu(1)
+    return t > 1 and bool((closed == above).all())
 
 
 def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
