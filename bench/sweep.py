@@ -83,11 +83,13 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     """The write as the model's own maps show it (module doc): impulse's smallest head hit on
     the position-only input; for mimetic, the smallest ratio, over the heads whose written q kᵀ
     has a diagonal strength of at least 1 on a probe (a layer with none, or with fewer than 3 keys,
-    counts 1 when its maps are those of the written q kᵀ within 1e-3, else 0), of the strength in
+    counts 1 when its maps are those of the written q kᵀ within 1e-3, or those plus a logit term the
+    same for two images (a position bias of its own), else 0), of the strength in
     the model's own logits (its softmax's input; where that cannot be read, the log of its map
     against the log of the map the adapter models: :func:`structinit.schemes.checks.diagonals`)
     to the written one (a head whose truncation leaves no diagonal promises none)."""
     import structinit
+    from structinit.adapters.logit_transforms import POSITION_BIAS
     from structinit.adapters.observe import observe, real_maps
     from structinit.adapters.provenance_tokens import call_rows
     from structinit.adapters.survey import ModelSurvey
@@ -101,7 +103,7 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
     layers, inputs = [survey.layers()[i] for i in chosen], survey.probe
     calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in layers])
     ratios = []
-    for (_, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):
+    for (name, ad), real in zip(layers, real_maps(model, inputs, layers, calls)):
         call = calls[ad.module]
         x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
         if x is None:
@@ -109,8 +111,10 @@ def own_map(model, scheme: str, call: dict | None = None) -> float:
         terms = ad.call_terms(call.args, call.kwargs, x)
         written, own = diagonals(ad, real, x, terms) if x.shape[-2] >= 3 else (torch.zeros(0), None)
         ratios += [float(own[h] / written[h]) for h in range(len(written)) if written[h] >= 1.0]
-        if not bool((written >= 1.0).any()):  # no diagonal to measure: the maps must be the written q kᵀ's
-            ratios.append(1.0 if _maps_gap(ad, real, x, terms) <= 1e-3 else 0.0)
+        if not bool((written >= 1.0).any()):  # no diagonal to measure: the maps must be the written q kᵀ's,
+            verdict = survey.attention.verdict(name)  # or those plus a term the same for two images (its own bias)
+            biased = verdict is not None and verdict.code == POSITION_BIAS
+            ratios.append(1.0 if biased or _maps_gap(ad, real, x, terms) <= 1e-3 else 0.0)
     if not ratios:
         raise ValueError("no layer's maps could be read on the tokens it was judged on")
     return min(ratios)

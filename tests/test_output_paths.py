@@ -1,9 +1,13 @@
 """Attention whose output is no projection of its context: LeViT's passes an activation before
 its output projection, and a BatchNorm with a weight of zero after it; Gemma's values pass a norm
-and iFormer's a sigmoid after their projection. The trace still reads q,
+and iFormer's a sigmoid after their projection, or a gate made from the tokens; the values reach
+the output besides through the map (exclusive self-attention, a convolution of the values). The
+trace still reads q,
 k and v, and names the output path: mimetic, whose W_v W_o has no product to set there, refuses
 the layer for that mechanism and leaves the model untouched; impulse, which sets q and k alone,
 writes them, and the layer's own maps hit each head's target."""
+
+import math
 
 import pytest
 import torch
@@ -63,9 +67,65 @@ class GatedValues(RawLinearAttention):
         return F.linear((probs @ v.sigmoid()).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
 
 
+class ExclusiveOutput(RawLinearAttention):
+    """Exclusive self-attention (vit-pytorch's LoopedViT): each token's context loses its
+    component along the token's own value, then a gate from the tokens scales each head."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.gate = nn.Linear(dim, heads, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        out = self.keep(logits, logits.softmax(-1)) @ v
+        unit = F.normalize(v, dim=-1)
+        out = (out - (out * unit).sum(-1, keepdim=True) * unit) * self.gate(x).sigmoid().transpose(1, 2)[..., None]
+        return F.linear(out.transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+class ConvolvedValues(RawLinearAttention):
+    """A depthwise 3×3 convolution of the values over the square grid of the tokens joins the
+    context before the output projection (ScalableViT's local interactive module)."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.local = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        out = (self.keep(logits, logits.softmax(-1)) @ v).transpose(1, 2).reshape(b, t, d)
+        grid = v.transpose(1, 2).reshape(b, t, d).transpose(1, 2).reshape(b, d, math.isqrt(t), -1)
+        return F.linear(out + self.local(grid).flatten(2).transpose(1, 2), self.w_out, self.b_out)
+
+
+class TokenGatedValues(RawLinearAttention):
+    """A LayerNorm inside, then values scaled per head by a sigmoid gate made from the normed
+    tokens (vit-pytorch's value residual, without the other layer's values)."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.norm, self.mix = nn.LayerNorm(dim), nn.Linear(dim, heads)
+
+    def forward(self, x):
+        x = self.norm(x)
+        b, t, d = x.shape
+        q, k, v = F.linear(x, self.w_in, self.b_in).reshape(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        v = v * self.mix(x).sigmoid().transpose(1, 2)[..., None]
+        logits = (q @ k.transpose(-2, -1)) * (d // self.h) ** -0.5
+        probs = self.keep(logits, logits.softmax(-1))
+        return F.linear((probs @ v).transpose(1, 2).reshape(b, t, d), self.w_out, self.b_out)
+
+
+BESIDE = "reads its values besides through its attention map"
 PATHS = [(ActivatedOutput, "passes a nonlinearity"), (ZeroScaledOutput, "does not depend on its attention's context"),
-         (NormedValues, "values pass a nonlinearity"), (GatedValues, "values pass a nonlinearity")]
-READ_OUTPUT = (NormedValues, GatedValues)  # their output is a projection of the context: the trace reads it
+         (NormedValues, "values pass a nonlinearity"), (GatedValues, "values pass a nonlinearity"),
+         (ExclusiveOutput, BESIDE), (ConvolvedValues, BESIDE), (TokenGatedValues, "values pass a nonlinearity")]
+# their output is a projection of the context: the trace reads it
+READ_OUTPUT = (NormedValues, GatedValues, TokenGatedValues)
 
 
 def _model(cls):

@@ -58,6 +58,9 @@ class AttentionAdapter:
     # Each token's logit on itself masked out (vit-pytorch's LSA): a logit term that does not
     # depend on content, which the maps include and impulse, whose centre offset it hides, refuses.
     masks_self: bool = False
+    # A logit term the layer adds that does not depend on content and that the adapter does not
+    # model (a position bias of its own), as the probe showed it: row-centred (slices, H, T, T).
+    added_term: torch.Tensor | None = None
 
     def linear_views(self) -> Views:
         raise NotImplementedError

@@ -67,10 +67,7 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
             return QK_NORM, "q and k are normalised after their projections (a norm on q/k)"
     raw_real = None if real.logits is None else as_shape(real.logits, shape)
     if raw_real is not None:
-        real_logits = _rows_centred(raw_real)
-        # pairs the module closes inside (a causal mask it builds) are closed in ours too, so that they
-        # neither count as a difference nor shift the row means the softmax does not see
-        ours_logits = _rows_centred(raw_ours.masked_fill(~_open(raw_real), float("-inf")))
+        real_logits, ours_logits = _centred_pair(raw_real, raw_ours)
         if _content_free(real_logits - ours_logits):  # before the rotation: an ALiBi bias is 0 on the diagonal too
             return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                    "structinit does not model)")
@@ -93,6 +90,36 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
                          "cos(q, k) plus a term that does not depend on content)")
     return LAYOUT, ("its q kᵀ is not that of the projections structinit reads (another head layout, such as q, k, v "
                     "packed per head, or a transform of q and k)")
+
+
+def _centred_pair(raw_real: torch.Tensor, raw_ours: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real and the adapter's logits, row-centred; pairs the module closes inside (a causal
+    mask it builds) are closed in ours too, so that they neither count as a difference nor shift
+    the row means the softmax does not see."""
+    return _rows_centred(raw_real), _rows_centred(raw_ours.masked_fill(~_open(raw_real), float("-inf")))
+
+
+def added_term(adapter: AttentionAdapter, real: AttentionMap, x: torch.Tensor, terms) -> torch.Tensor | None:
+    """What the layer adds to the q kᵀ its adapter reads on the tokens ``x`` before its softmax,
+    row-centred ((slices, H, T, T), real minus ours; its own logits, else the log of its map);
+    None when the shapes differ. A term that does not depend on content (a position bias the
+    adapter does not model) is the same before and after a write of the projections."""
+    raw_ours = adapter_logits(adapter, x.float(), terms)
+    own = real.logits if real.logits is not None else real.probs.clamp_min(1e-30).log()
+    raw_real = as_shape(own.float(), raw_ours.shape)
+    if raw_real is None:
+        return None
+    real_logits, ours_logits = _centred_pair(raw_real, raw_ours)
+    return real_logits - ours_logits
+
+
+def same_term(before: torch.Tensor, after: torch.Tensor | None) -> bool:
+    """Whether ``after`` (:func:`added_term` of one image) is the term ``before`` of the same
+    image's slices, to 1e-3 of its largest entry (as :func:`_content_free` judges two images)."""
+    if after is None or after.shape[1:] != before.shape[1:] or after.shape[0] > before.shape[0]:
+        return False
+    spread = float(before.abs().max())
+    return math.isfinite(spread) and torch.allclose(after, before[:after.shape[0]], atol=1e-3 * (1 + spread))
 
 
 def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:

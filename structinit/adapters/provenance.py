@@ -73,24 +73,26 @@ from structinit.utils.state import derived_weights
 def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapter:
     """A :class:`TracedAdapter` for ``module`` from one call on ``args``/``kwargs`` (module doc);
     the module, its parameters, buffers and cached attributes are restored bit for bit after.
-    A module that normalises its input inside (vit-pytorch's pre-norm) is read from the
-    normalised tokens: the trace starts where its projections read them (:func:`inner_tokens`).
-    :class:`TraceError` with the reason when its attention is not read so."""
+    A module that normalises its input inside (vit-pytorch's pre-norm) is read from the normalised
+    tokens, where its projections read them (:func:`inner_tokens`); TraceError if it cannot be read."""
     try:
         return _trace_from(module, args, kwargs, ())
     except (TraceError, TokenError) as err:
-        closest = err
+        closest, by_place = err, []
         # tokens read elsewhere than the input (a slice of it, or a pooled copy) only when they were what failed
         for readers in inner_tokens(module, args, kwargs, any_shape=isinstance(err, TokenError)):
             try:
                 return _trace_from(module, args, kwargs, readers)
-            except (TraceError, TokenError) as again:  # the reason of the place the reading got furthest in
+            except (TraceError, TokenError) as again:  # the reason of the place the reading got furthest in;
+                # as far as on the input, past its norm's weight (which the input's reading names): the first such
+                deeper = _depth(again) > _depth(closest) or (closest is err and _depth(again) == _depth(err))
+                closest = again if deeper else closest
+                by_place += [readers] * getattr(again, "values_by_place", False)
+        for readers in by_place + [()] * getattr(err, "values_by_place", False):  # last, as it costs most: values
+            try:  # behind a norm or a gate, read by place (at the inner tokens first)
+                return _trace_from(module, args, kwargs, readers, values_by_place=True)
+            except (TraceError, TokenError) as again:
                 closest = again if _depth(again) > _depth(closest) else closest
-        if getattr(err, "values_by_place", False):  # last, as it costs most: values behind a norm, read by place
-            try:
-                return _trace_from(module, args, kwargs, (), values_by_place=True)
-            except (TraceError, TokenError):
-                pass
         why = unreadable(module, args, kwargs)  # a weight remade each forward, or a random map, explains any failure
         raise (TraceError(why) if why else closest) from None
 
@@ -180,15 +182,17 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     one_map_a_head(rec, heads)  # after q, k and v are read: a reason found there (q convolved) says more
     made, token_axis = ops[v.product_index][3], v.context_axes[0]
     slices = made.numel() // (made.shape[token_axis] * rv * heads)
-    gated = values_unread(v, dict(params)[names["v"]])
-    if getattr(v, "by_place", False) and gated is None:
+    by_place = getattr(v, "by_place", False)  # then also a gate from any other parameter of the module
+    gated = values_unread(v, dict(params)[names["v"]], [p for n, p in params if by_place and n not in names.values()])
+    if by_place and gated is None:
         raise TraceError("its values pass more than a projection, and the trace cannot name what")
     try:
         views["o"], names["o"] = output_block(module, args, kwargs, ops, v, params, originals, heads, group, rv, dim)
         reach = slices * views["o"][0].shape[0]  # a token's output entries, in every slice
         unread = gated or output_bent(module, args, kwargs, v.product_index, made, token_axis, reach)
     except TraceError:  # an output path no projection is: named where it is a mechanism (q, k and v still read)
-        unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, slices * dim)
+        values = (dict(params)[names["v"]], views["v"][0])
+        unread = gated or output_unread(module, args, kwargs, v.product_index, made, token_axis, slices * dim, values)
         if unread is None:
             raise
     adapter = TracedAdapter(owner, views, heads, r, 1.0, tokens_of, names, kv_of, inputs, value_dim=rv,

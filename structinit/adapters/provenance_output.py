@@ -112,13 +112,15 @@ def _output_grads(module, args, kwargs, context: int, value: torch.Tensor, param
     return grads_of(y, torch.ones_like(y), params)
 
 
-def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
+def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int,
+                  values: tuple | None = None) -> str | None:
     """Why the module's output is no projection of its attention's context, where that is a
     mechanism no write to projections changes: it does not depend on the context (a scale after
     the output projection that starts at zero: LeViT's BatchNorm), not affinely (an activation
-    between them), or not token by token (:func:`output_spread`); None where it is affine in it
-    token by token (a layout the trace cannot read). Read from the output with the context
-    (``made``, the output of op ``context``) replaced by 0, c, d and c + d for fixed random c, d."""
+    between them), it reads the value projection (``values``) by another path too
+    (:func:`values_beside`), or not token by token (:func:`output_spread`); None where it is
+    affine in it token by token (a layout the trace cannot read). Read from the output with the
+    context (``made``, the output of op ``context``) replaced by 0, c, d and c + d for fixed random c, d."""
     c, d = _random_like(made), _random_like(made, seed=1)
     y0, y1, y2, y3 = (_first(record(module, args, kwargs, swap={context: value}).out).detach().double()
                       for value in (0 * c, c, d, c + d))
@@ -129,7 +131,28 @@ def output_unread(module, args, kwargs, context: int, made: torch.Tensor, token_
     # c, d and c + d, not c and 2c: a ReLU is linear along each ray from zero
     if float(((y3 - y2) - (y1 - y0)).abs().max()) > 1e-4 * step:
         return "its attention's context passes a nonlinearity before the output projection"
+    if values is not None and values_beside(module, args, kwargs, context, made, values):
+        return ("its output reads its values besides through its attention map (a term of them joins the context: "
+                "a convolution of the values, or each token's own value, which exclusive self-attention subtracts)")
     return output_spread(module, args, kwargs, context, made, token_axis, reach, y0)
+
+
+def values_beside(module, args, kwargs, context: int, made: torch.Tensor, values: tuple) -> bool:
+    """Whether the output reads the value projection's entries (``values``: the parameter
+    holding them, as the module computes with it, and the view of them in the module's own)
+    while the attention's context (``made``, of op ``context``) stays a fixed random c: the
+    values then reach the output by a path besides the map (a token's own value subtracted, a
+    convolution of the values added)."""
+    weight, view = values
+    y = _first(record(module, args, kwargs, swap={context: _random_like(made)}).out)
+    if not y.requires_grad:
+        return False
+    (g,) = torch.autograd.grad(y, weight, _random_like(y, seed=2), allow_unused=True)
+    if g is None:
+        return False
+    mask = torch.zeros(weight.shape, dtype=torch.bool, device=weight.device)
+    mask.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(True)  # the layout of the original
+    return bool(g[mask].ne(0).any())
 
 
 def output_bent(module, args, kwargs, context: int, made: torch.Tensor, token_axis: int, reach: int) -> str | None:
@@ -163,23 +186,29 @@ def output_spread(module, args, kwargs, context: int, made: torch.Tensor, token_
     return None
 
 
-def values_unread(v: Operand, weight: torch.Tensor) -> str | None:
+def values_unread(v: Operand, weight: torch.Tensor, others: list[torch.Tensor] = ()) -> str | None:
     """Why the values are no projection of the tokens, or None: v is not linear in ``weight``,
-    its projection's (the second derivative along random directions is not zero), as where an
-    activation or a gate follows the projection (iFormer's sigmoid). A norm before the
-    projection, a rotation or a scale after it leave v linear in the weight, and its second
-    derivative exactly zero."""
+    its projection's, or in one of the module's ``others`` parameters (the second derivative
+    along random directions is not zero), as where an activation or a gate follows the projection
+    (iFormer's sigmoid), or a gate made from the tokens mixes them with another layer's values (a
+    value residual). A norm before the projection, a rotation or a scale after it leave v linear
+    in each parameter, and its second derivative exactly zero."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(v.tensor.shape, generator=gen, dtype=torch.float64).to(v.tensor)
-    u = torch.randn(weight.shape, generator=gen, dtype=torch.float64).to(weight)
-    try:
-        (g,) = torch.autograd.grad(v.tensor, weight, w, retain_graph=True, create_graph=True)
-        (h,) = torch.autograd.grad(g, weight, u, retain_graph=True, allow_unused=True)
-    except RuntimeError:  # an op without a second derivative: no word on it
-        return None
-    if h is None or not bool(h.any()):  # exactly: a sigmoid near zero is nearly linear, but not quite
-        return None
-    return "its values pass a nonlinearity after their projection (an activation or a gate)"
+    for param in (weight, *others):
+        if not param.requires_grad:
+            continue
+        u = torch.randn(param.shape, generator=gen, dtype=torch.float64).to(param)
+        try:
+            (g,) = torch.autograd.grad(v.tensor, param, w, retain_graph=True, create_graph=True, allow_unused=True)
+            if g is None or not g.requires_grad:  # no path to v, or a linear one
+                continue
+            (h,) = torch.autograd.grad(g, param, u, retain_graph=True, allow_unused=True)
+        except RuntimeError:  # an op without a second derivative: no word on it
+            continue
+        if h is not None and bool(h.any()):  # exactly: a sigmoid near zero is nearly linear, but not quite
+            return "its values pass a nonlinearity after their projection (an activation or a gate)"
+    return None
 
 
 def _random_like(made: torch.Tensor, seed: int = 0) -> torch.Tensor:

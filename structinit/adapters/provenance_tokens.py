@@ -179,12 +179,13 @@ def leaf_at(module: nn.Module, readers: tuple[str, ...], args: tuple, kwargs: di
 
 
 def inner_tokens(module: nn.Module, args: tuple, kwargs: dict, any_shape: bool = True) -> list[tuple[str, ...]]:
-    """Where a module that transforms its input inside reads its tokens: for each tensor of the
-    input's rank that a submodule makes or takes, in call order (those of the input's shape
-    first), the names of the submodules that take it as their first argument: the q/k/v
-    projections after a pre-norm, after a norm of a slice of the channels (SHViT's), on a slice
-    of the channels (EfficientViT-MSRA's), or after a strided depthwise convolution that pools the
-    positions first (LowFormer's); those of the input's shape alone unless ``any_shape``."""
+    """Where a module that transforms its input inside reads its tokens: for each tensor that a
+    submodule makes or takes, in call order (the input's shape first, then its rank, then the
+    rest), the names of the submodules that take it as their first argument: the q/k/v
+    projections after a pre-norm, after a norm of a slice of the channels (SHViT's), on a slice of
+    the channels (EfficientViT-MSRA's), after a strided depthwise convolution that pools the
+    positions first (LowFormer's), or after the normed input is reshaped into windows (vit-pytorch's
+    MaxViT); of the input's rank, those of its shape alone unless ``any_shape``."""
     x = first_tensor(args, kwargs)
     names = {m: n for n, m in module.named_modules() if m is not module}
     made, read = [], []
@@ -201,13 +202,12 @@ def inner_tokens(module: nn.Module, args: tuple, kwargs: dict, any_shape: bool =
         for h in hooks:
             h.remove()
     taken = [a for _, a in read if a is not None and not any(a is t for t in made)]  # a slice cut in the forward
-    out = []
-    for t in sorted([*made, *taken], key=lambda t: not (isinstance(t, torch.Tensor) and t.shape == x.shape)):
-        if (isinstance(t, torch.Tensor) and t is not x and t.ndim == x.ndim and t.is_floating_point()
-                and (any_shape or t.shape == x.shape)):
-            readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
-            if readers and readers not in out:
-                out.append(readers)
+    tensors, out = [t for t in [*made, *taken] if isinstance(t, torch.Tensor) and t is not x and t.is_floating_point()
+                    and (t.ndim != x.ndim or any_shape or t.shape == x.shape)], []
+    for t in sorted(tensors, key=lambda t: (t.shape != x.shape, t.ndim != x.ndim)):
+        readers = tuple(dict.fromkeys(names[m] for m, a in read if a is t))
+        if readers and readers not in out:
+            out.append(readers)
     return out
 
 

@@ -31,10 +31,12 @@ from structinit.adapters.logit_transforms import (
     LAYOUT,
     NO_MAP,
     NO_PROJECTION,
+    POSITION_BIAS,
     SELF_MASK,
     UNCALLED,
     UNLIKE_CALLS,
     VALUE_PATH,
+    added_term,
     as_shape,
     diagnose,
 )
@@ -195,6 +197,8 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
             return Verdict(name, adapter, "refused", LAYOUT,
                            f"its map has shape {tuple(best.probs.shape)}, the adapter's {tuple(ours.shape)}")
         code, words = getattr(adapter, "qk_transform", None) or diagnose(adapter, best, ours, x, terms)
+        if code == POSITION_BIAS:  # what a check after a write of the projections must find it adds again
+            adapter.added_term = added_term(adapter, best, x, terms)
         return Verdict(name, adapter, "refused", code, words)
     adapter.masks_future = closes_the_future(real <= MASKED_PROB)  # a causal mask it builds inside
     if getattr(adapter, "output_unread", None):  # its maps are the q kᵀ read; its value path has no V O to set

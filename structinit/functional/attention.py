@@ -1,6 +1,7 @@
 """Attention maths shared by every path that computes attention maps: the one
-implementation of the attention probabilities, LayerNorm of position-only tokens, and the
-heads axis of a map read from a module's forward."""
+implementation of the attention probabilities, LayerNorm of position-only tokens, the
+heads axis of a map read from a module's forward, and how strongly each head's logits stand
+on their diagonal (what mimetic's check measures)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,31 @@ def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
     kept = ours.masked_fill(~open_pairs, 0)
     kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
     return float((real - kept).abs().max()) <= atol
+
+
+MIN_DIAGONAL_TOKENS = 3  # a diagonal stands out of a spread: two logits besides it at least
+
+
+def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
+    """Per head, how far each token's logit on itself stands above its logits on the others,
+    in units of their spread: mean over rows of (L_ii − mean_j≠i L_ij) / std_j≠i L_ij, for
+    logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve). It needs
+    T ≥ 3 (two logits off the diagonal to have a spread); ValueError otherwise."""
+    t = logits.shape[-1]
+    if t < MIN_DIAGONAL_TOKENS:
+        raise ValueError(f"diagonal_strength: {t} tokens leave {max(t - 1, 0)} logit(s) off the diagonal per row, "
+                         f"no spread to measure against; it needs at least {MIN_DIAGONAL_TOKENS} tokens")
+    eye = torch.eye(t, dtype=torch.bool, device=logits.device)
+    # −∞, or the most negative float a mask fills in (Hugging Face's finfo.min): a closed pair either way
+    finite = torch.isfinite(logits) & (logits > torch.finfo(logits.dtype).min / 2)
+    diag = logits.diagonal(dim1=-2, dim2=-1)
+    # Masked pairs (a causal mask's −∞ or finfo.min) are no logits: each row is measured on its open keys.
+    # Whole-matrix masks, not a gather of the off-diagonal entries: one pass over (B, H, T, T) each.
+    off_open = finite & ~eye
+    count = off_open.sum(-1)
+    mean = torch.where(off_open, logits, 0.0).sum(-1) / count.clamp_min(1)
+    var = torch.where(off_open, (logits - mean[..., None]) ** 2, 0.0).sum(-1) / (count - 1).clamp_min(1)
+    rows = (count >= 2) & finite.diagonal(dim1=-2, dim2=-1)
+    score = torch.where(rows, (diag - mean) / var.sqrt().clamp_min(1e-6), torch.zeros_like(diag))
+    used = rows.sum(dim=(0, -1)).clamp_min(1)
+    return score.sum(dim=(0, -1)) / used

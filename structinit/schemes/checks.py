@@ -13,7 +13,7 @@ import torch
 
 from structinit.adapters import TokenLayout
 from structinit.adapters.attention import adapter_logits, head_mixers, in_matrix
-from structinit.adapters.logit_transforms import TRANSFORMS, UNCALLED, order_kept
+from structinit.adapters.logit_transforms import POSITION_BIAS, TRANSFORMS, UNCALLED, added_term, order_kept, same_term
 from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
@@ -22,6 +22,7 @@ from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import PositionUnreached, TokensOffGrid, canonical, maps_on_grid
 from structinit.adapters.verify import Verdict, computes_as_read
+from structinit.functional.attention import MIN_DIAGONAL_TOKENS, diagonal_strength
 from structinit.functional.targets import target_index, target_indices, target_pairs
 from structinit.utils.state import derived_advice, shares_memory
 
@@ -289,34 +290,6 @@ def _prefix_share(probs: torch.Tensor, layout: TokenLayout, offset, h: int) -> f
     return float((arg[miss] < prefix).double().mean()) if bool(miss.any()) else 0.0
 
 
-MIN_DIAGONAL_TOKENS = 3  # a diagonal stands out of a spread: two logits besides it at least
-
-
-def diagonal_strength(logits: torch.Tensor) -> torch.Tensor:
-    """Per head, how far each token's logit on itself stands above its logits on the others,
-    in units of their spread: mean over rows of (L_ii − mean_j≠i L_ij) / std_j≠i L_ij, for
-    logits (B, H, T, T) (any constant per row cancels, so log-probabilities serve). It needs
-    T ≥ 3 (two logits off the diagonal to have a spread); ValueError otherwise."""
-    t = logits.shape[-1]
-    if t < MIN_DIAGONAL_TOKENS:
-        raise ValueError(f"diagonal_strength: {t} tokens leave {max(t - 1, 0)} logit(s) off the diagonal per row, "
-                         f"no spread to measure against; it needs at least {MIN_DIAGONAL_TOKENS} tokens")
-    eye = torch.eye(t, dtype=torch.bool, device=logits.device)
-    # −∞, or the most negative float a mask fills in (Hugging Face's finfo.min): a closed pair either way
-    finite = torch.isfinite(logits) & (logits > torch.finfo(logits.dtype).min / 2)
-    diag = logits.diagonal(dim1=-2, dim2=-1)
-    # Masked pairs (a causal mask's −∞ or finfo.min) are no logits: each row is measured on its open keys.
-    # Whole-matrix masks, not a gather of the off-diagonal entries: one pass over (B, H, T, T) each.
-    off_open = finite & ~eye
-    count = off_open.sum(-1)
-    mean = torch.where(off_open, logits, 0.0).sum(-1) / count.clamp_min(1)
-    var = torch.where(off_open, (logits - mean[..., None]) ** 2, 0.0).sum(-1) / (count - 1).clamp_min(1)
-    rows = (count >= 2) & finite.diagonal(dim1=-2, dim2=-1)
-    score = torch.where(rows, (diag - mean) / var.sqrt().clamp_min(1e-6), torch.zeros_like(diag))
-    used = rows.sum(dim=(0, -1)).clamp_min(1)
-    return score.sum(dim=(0, -1)) / used
-
-
 def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
     """The check after a mimetic write, on a probe through the model: a layer whose maps were those of
     the q kᵀ read must make those of the q kᵀ written (a weight made from the parameters written fails).
@@ -339,11 +312,15 @@ def mimetic_check(survey: ModelSurvey, chosen) -> Callable[[], None]:
             # transform mimetic accepts that small logits hid before (Gemma-2's soft-cap) is judged by the diagonal.
             plain = verdict is not None and verdict.kind == "self" and verdict.checked
             measurable = not ad.masks_self and real.probs.shape[-1] >= MIN_DIAGONAL_TOKENS
-            if (plain or not measurable) and _check_same_maps(name, ad, real, x, terms, plain and measurable):
+            # A position bias of its own: the maps are those of the q kᵀ written plus the term it added before
+            biased = verdict is not None and verdict.code == POSITION_BIAS and _kept_term(name, ad, real, x, terms)
+            if not biased and (plain or not measurable) and _check_same_maps(name, ad, real, x, terms,
+                                                                              plain and measurable):
                 continue
-            wrote, got = diagonals(ad, real, x, terms)
+            wrote, got = diagonals(ad, real, x, terms) if measurable else (torch.zeros(0), None)
             if not bool((wrote >= MIN_DESIGNED_DIAGONAL).any()):  # no head's diagonal to measure: the maps then
-                _check_same_maps(name, ad, real, x, terms)          # must be those of the q kᵀ written
+                if not biased:                                      # must be those of the q kᵀ written
+                    _check_same_maps(name, ad, real, x, terms)
                 continue
             weak = [h for h in range(len(wrote)) if wrote[h] >= MIN_DESIGNED_DIAGONAL
                     and not got[h] >= MIN_DIAGONAL_SHARE * wrote[h]]  # NaN is no diagonal: it fails
@@ -372,6 +349,21 @@ def diagonals(ad, real, x: torch.Tensor, terms) -> tuple[torch.Tensor, torch.Ten
     pairs = real.open_pairs  # the pairs the call masks (a mask built inside, whose −100 is no logit) at −∞
     close = lambda t: t if pairs is None or pairs.shape[0] != t.shape[0] else t.masked_fill(~pairs, float("-inf"))
     return diagonal_strength(close(written.float())), diagonal_strength(close(own.float()))
+
+
+@torch.no_grad()
+def _kept_term(name: str, ad, real, x: torch.Tensor, terms) -> bool:
+    """True when the layer adds to the q kᵀ written the term it added to the q kᵀ read before the
+    write (a position bias that does not depend on content: :attr:`AttentionAdapter.added_term`);
+    False when none was kept; else ValueError (the term depends on the parameters written)."""
+    if ad.added_term is None:
+        return False
+    if same_term(ad.added_term, added_term(ad, real, x, terms)):
+        return True
+    raise ValueError(
+        f"mimetic: after the write, layer {name!r} ({type(ad.module).__name__}) adds to the q kᵀ written another "
+        "logit term than the one it added to the q kᵀ read before (a position bias that depends on the parameters "
+        "written); the write was undone (register an adapter that models the term)")
 
 
 @torch.no_grad()
