@@ -1,8 +1,8 @@
 """Small language models in the styles people write them, for mimetic on 1-D sequences: nanoGPT's
 causal self-attention (one fused ``c_attn`` Linear, a causal mask held as a buffer or passed to
-``scaled_dot_product_attention``), a grouped-query attention with rotary positions, as in
-Llama, and an ALiBi attention laid out as Bloom's. Each attention records the softmax input and output
-its own forward formed."""
+``scaled_dot_product_attention``), a grouped-query attention with rotary positions, as in Llama,
+the same with attention sinks, as in gpt-oss, and an ALiBi attention laid out as Bloom's. Each
+attention records the softmax input and output its own forward formed."""
 
 import torch
 import torch.nn.functional as F
@@ -85,22 +85,44 @@ class GroupedRotaryAttention(nn.Module):
         self.wkv = nn.ModuleList(nn.Linear(dim, kv_heads * self.r, bias=False) for _ in range(2))
         self.wo = nn.Linear(heads * self.r, dim, bias=False)
 
-    def forward(self, x):
+    def project(self, x):
+        """q, k and v of the heads (k and v of the fewer key heads), and the causal logits."""
         b, t, _ = x.shape
         pos = torch.arange(t)
         q = rotate(self.wq(x).view(b, t, self.heads, self.r).transpose(1, 2), pos)
         k = rotate(self.wkv[0](x).view(b, t, self.kv_heads, self.r).transpose(1, 2), pos)
         v = self.wkv[1](x).view(b, t, self.kv_heads, self.r).transpose(1, 2)
-        rep = self.heads // self.kv_heads
-        full_k, full_v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-        logits = (q @ full_k.transpose(-2, -1)) / self.r**0.5
-        logits = logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        logits = (q @ k.repeat_interleave(self.heads // self.kv_heads, 1).transpose(-2, -1)) / self.r**0.5
+        return q, k, v, logits.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+
+    def forward(self, x):
+        q, k, v, logits = self.project(x)
         self.last_logits, self.last_probs = logits.detach(), logits.softmax(-1).detach()
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            y = logits.softmax(-1) @ full_v
-        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+            y = logits.softmax(-1) @ v.repeat_interleave(self.heads // self.kv_heads, 1)
+        return self.wo(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+
+
+class SinkAttention(GroupedRotaryAttention):
+    """gpt-oss's attention: a learned logit per head (a sink) joined to every row of the causal
+    logits, the row's largest logit subtracted, one softmax over both, and the sink's column
+    dropped before the map weights the values; ``first`` joins it before the keys."""
+
+    def __init__(self, dim, heads, kv_heads, first=False):
+        super().__init__(dim, heads, kv_heads)
+        self.sinks, self.first = nn.Parameter(torch.randn(heads)), first
+
+    def forward(self, x):
+        _, _, v, logits = self.project(x)
+        sink = self.sinks.reshape(1, -1, 1, 1).expand(*logits.shape[:-1], 1)
+        joined = torch.cat([sink, logits] if self.first else [logits, sink], -1)
+        probs = F.softmax(joined - joined.max(-1, keepdim=True).values, dim=-1)
+        probs = probs[..., 1:] if self.first else probs[..., :-1]
+        self.last_logits, self.last_probs = logits.detach(), probs.detach()
+        y = probs @ v.repeat_interleave(self.heads // self.kv_heads, 1)
+        return self.wo(y.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
 
 class AlibiAttention(nn.Module):

@@ -7,11 +7,20 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from language_models import AlibiAttention, GroupedRotaryAttention, TinyEncoder, TinyGPT, TinySeq2Seq, TwoNormAttention
+from language_models import (
+    AlibiAttention,
+    GroupedRotaryAttention,
+    SinkAttention,
+    TinyEncoder,
+    TinyGPT,
+    TinySeq2Seq,
+    TwoNormAttention,
+)
 
 import structinit
 from rejection import check_rejected
 from structinit.adapters.traced import TracedAdapter
+from structinit.functional.attention import kept_keys
 from structinit.functional.mimetic import mimetic_qk, mimetic_qk_grouped
 from structinit.schemes.checks import diagonal_strength
 
@@ -58,6 +67,35 @@ def test_mimetic_on_a_language_model_shows_in_its_own_causal_logits_and_values(n
         assert torch.isneginf(logits[0, 0, 0, 1:]).all()
         assert (diagonal_strength(logits) > 1.0).all()
         assert float(_vo_product(block.attn).diagonal().mean()) == pytest.approx(-0.4, abs=0.1)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_mimetic_writes_attention_with_sinks_and_its_own_logits_show_the_diagonal(first):
+    """A sink's column, dropped after the softmax, is no key of a token: the layer is causal
+    self-attention over its tokens (not cross-attention over one key more), its map the q kᵀ's
+    with each row scaled by what the sink leaves (it was left alone as such)."""
+    torch.manual_seed(0)
+    model = TinyGPT(dim=48, attn=lambda: SinkAttention(48, 4, 2, first=first))
+    layers = structinit.find_attention_layers(model)
+    assert [n for n, _ in layers] == ["h.0.attn", "h.1.attn"] and all(ad.causal for _, ad in layers)
+    structinit.init_(model, "mimetic", seed=0)
+    assert structinit.get_record(model, "init")["layers"] == ["h.0.attn", "h.1.attn"]
+    with torch.no_grad():
+        model(_ids())
+    for block in model.h:
+        assert (diagonal_strength(block.attn.last_logits) > 1.0).all()  # the module's own q kᵀ, before its sink
+        assert float(block.attn.last_probs.sum(-1).max()) < 1.0  # the sink still takes its share of each row
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(2, 9), st.integers(1, 3), st.booleans())
+def test_the_key_columns_a_map_keeps_are_found_only_where_its_first_or_last_are_cut_off(heads, t, sinks, first):
+    probs = torch.rand(2, heads, t, t + sinks, generator=torch.Generator().manual_seed(t)).softmax(-1)
+    cols = slice(sinks, t + sinks) if first else slice(0, t)
+    assert kept_keys(probs, probs[..., cols]) == cols
+    assert kept_keys(probs, probs[..., cols] * 1.5) is None  # not the map's own columns
+    assert kept_keys(probs, probs[..., 1:-1]) is None  # columns cut from both ends: no sinks at one end
+    assert kept_keys(probs, probs[..., :t - 1, :t]) is None  # queries cut too
 
 
 def test_mimetic_reads_q_k_past_a_bias_baddbmm_adds_and_heads_regrouped_around_the_softmax():

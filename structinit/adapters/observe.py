@@ -36,7 +36,7 @@ from torch.overrides import TorchFunctionMode
 from structinit.adapters.fused import FUSED, compiling, fused_call
 from structinit.adapters.probe import call_copy, detach_all, handed, probing, replaced_tokens, run_forward
 from structinit.adapters.relative import reachable
-from structinit.functional.attention import MASKED_PROB
+from structinit.functional.attention import MASKED_PROB, kept_keys
 
 if TYPE_CHECKING:
     from structinit.adapters.attention import AttentionAdapter
@@ -61,6 +61,19 @@ class AttentionMap:
     k: torch.Tensor | None = None
     applied: bool = True  # a softmax's map: whether the forward used it (False for one computed and dropped)
     open_pairs: torch.Tensor | None = None  # (T, T) bool, for maps joined from segments: the pairs inside one
+    # Key columns the forward dropped from the map before applying it (attention sinks, as gpt-oss's learned
+    # per-head logit): ``probs`` and ``logits`` are the columns kept, whose rows then sum to less than one.
+    sinks: int = 0
+
+    def drop_keys(self, cols: slice) -> None:
+        """Keep key columns ``cols`` of the map (:attr:`sinks`), and of its logits less the
+        log-sum-exp of the sinks': a shift of each row (a max subtracted for stability) then
+        leaves them as they were, up to a constant per head."""
+        self.sinks = self.keys - (cols.stop - cols.start)
+        self.probs = self.probs[..., cols]
+        if self.logits is not None:
+            dropped = torch.cat([self.logits[..., :cols.start], self.logits[..., cols.stop:]], -1)
+            self.logits = self.logits[..., cols] - dropped.logsumexp(-1, keepdim=True)
 
     @property
     def queries(self) -> int:
@@ -155,6 +168,9 @@ class _Spy(TorchFunctionMode):
                 found.applied = True
             self.derived = {k: entry for k, entry in self.derived.items() if not entry[1].applied}
             return
+        if not maps[0].sinks and len(tensors) == 1 and tensors[0].shape == maps[0].probs.shape \
+                and (kept := kept_keys(tensors[0], out)) is not None:
+            maps[0].drop_keys(kept)
         for t in _tensors_in((out,)):
             self.derived[id(t)] = (weakref.ref(t), maps[0])
 

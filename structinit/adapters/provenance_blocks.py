@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from structinit.adapters.fused import fused_call
@@ -25,8 +26,9 @@ from structinit.adapters.provenance_record import (
     Operand,
     Record,
     TraceError,
+    _made_before,
+    _producers,
     applied_maps,
-    logits_by_projection,
     square_map,
 )
 from structinit.functional.attention import closes_the_future
@@ -289,6 +291,26 @@ _ARITHMETIC = {"add", "sub", "rsub", "mul", "div", "truediv", "radd", "rmul", "r
                "itruediv", "add_", "sub_", "mul_", "div_"}
 
 
+def logits_by_projection(rec: Record) -> bool:
+    """Whether a square map's logits come from a Linear or a convolution with no product of two
+    tensors before them in the module (VOLO's outlook attention: a token's weights over its
+    window project that token alone); heads mixed after q kᵀ (talking heads) are not that."""
+    producers = _producers(rec.ops)
+    for i, (func, args, _, out) in enumerate(rec.ops):
+        if not square_map(func, out):
+            continue
+        t, before, projected = args[0], i, False
+        while t is not None and (j := _made_before(producers, t, before)) is not None:
+            if rec.ops[j][0] in _PRODUCTS:
+                break
+            projected = projected or rec.ops[j][0] in (F.linear, F.conv1d, F.conv2d)
+            t, before = next((a for a in rec.ops[j][1] if isinstance(a, torch.Tensor)), None), j
+        else:
+            if projected:
+                return True
+    return False
+
+
 def no_map_reason(rec: Record) -> str:
     """Why the call shows no softmax(q kᵀ) map applied to values (:func:`map_operands` found none)."""
     if logits_by_projection(rec):
@@ -340,7 +362,7 @@ def _logits(rec: Record, q: Operand) -> torch.Tensor:
     """The logits of the map ``q`` makes: the softmax's input, or a fused call's, masks applied."""
     func, args, kwargs, _ = rec.ops[q.product_index]
     call = fused_call(func, args, kwargs)
-    return args[0].detach() if call is None else call.logits()
+    return args[0].detach()[..., q.keys_kept or slice(None)] if call is None else call.logits()
 
 
 def _closed(logits: torch.Tensor) -> torch.Tensor:

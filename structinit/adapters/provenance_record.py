@@ -16,6 +16,7 @@ from structinit.adapters.attention import mixes_heads
 from structinit.adapters.fused import FUSED, compiling, differentiable_flex, fused_call, fused_output
 from structinit.adapters.observe import _SOFTMAX
 from structinit.adapters.probe import call_copy, probing
+from structinit.functional.attention import kept_keys
 from structinit.utils.state import ModuleState
 
 _MATMUL = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm}
@@ -136,6 +137,7 @@ class Operand:
     product_index: int = -1
     context_axes: tuple[int, int] = (-2, -1)
     head: int | None = None
+    keys_kept: slice | None = None  # a q's map: its tokens' key columns, where sinks join them (:func:`sinks_cut`)
 
     def __post_init__(self):
         self.token %= self.tensor.ndim
@@ -210,7 +212,8 @@ def _back_to_product(ops, producers, t: torch.Tensor, before: int, depth: int = 
         return i, 1.0
     if regroups(func, args, t):
         return _back_to_product(ops, producers, args[0], i, depth - 1)
-    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.ndim == t.ndim]
+    parts = args[0] if func in (torch.cat, torch.concat) and args and isinstance(args[0], (tuple, list)) else args
+    tensors = [a for a in parts if isinstance(a, torch.Tensor) and a.ndim == t.ndim]  # a cat: the logits, then sinks
     tensors.sort(key=lambda a: a.shape != t.shape)  # the logits themselves before a bias or mask added to them
     for a in tensors:
         found = _back_to_product(ops, producers, a, i, depth - 1)
@@ -298,7 +301,8 @@ def _maps(rec: Record):
                 keys = keys.repeat_interleave(q.shape[-3] // keys.shape[-3], dim=-3)
             made = q.detach().double() @ keys.transpose(-2, -1)
             yield Operand(q, -2, -1, i), Operand(k, -2, -1, i), (made, 1.0), call.scale
-        if square_map(func, out):
+        cut = sinks_cut(ops, i)
+        if square_map(func, out) or cut is not None:
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             if dim is None or dim % out.ndim != out.ndim - 1:
                 continue
@@ -308,7 +312,20 @@ def _maps(rec: Record):
                 continue
             q, k = operands
             q.product_index = k.product_index = i
+            q.keys_kept = cut
             yield q, k, (_product_part(ops[found[0]], rec.snapshots[found[0]]), found[1]), None
+
+
+def sinks_cut(ops: list[Op], i: int) -> slice | None:
+    """The key columns of softmax ``i``'s map (…, T, T + s) that a later call keeps, cutting off
+    s columns first or last (attention sinks: a learned logit per head joined to q kᵀ, dropped
+    after the softmax, as gpt-oss does); None when no call cuts it so."""
+    out = ops[i][3]
+    if ops[i][0] not in _SOFTMAX or not isinstance(out, torch.Tensor) or out.ndim < 3 or out.shape[-1] <= out.shape[-2]:
+        return None
+    cut = next((r for f, a, _, r in ops[i + 1:] if f is torch.Tensor.__getitem__ and a and a[0] is out
+                and isinstance(r, torch.Tensor) and r.shape == (*out.shape[:-1], out.shape[-2])), None)
+    return kept_keys(out, cut)
 
 
 def _product_part(op: Op, made: torch.Tensor) -> torch.Tensor:
@@ -322,26 +339,6 @@ def _product_part(op: Op, made: torch.Tensor) -> torch.Tensor:
 
 _TRANSPOSES = {torch.transpose, torch.Tensor.transpose, torch.Tensor.mT.__get__, torch.swapaxes,
                torch.Tensor.swapaxes, torch.Tensor.permute, torch.permute}
-
-
-def logits_by_projection(rec: Record) -> bool:
-    """Whether a square map's logits come from a Linear or a convolution with no product of two
-    tensors before them in the module (VOLO's outlook attention: a token's weights over its
-    window project that token alone); heads mixed after q kᵀ (talking heads) are not that."""
-    producers = _producers(rec.ops)
-    for i, (func, args, _, out) in enumerate(rec.ops):
-        if not square_map(func, out):
-            continue
-        t, before, projected = args[0], i, False
-        while t is not None and (j := _made_before(producers, t, before)) is not None:
-            if rec.ops[j][0] in _PRODUCTS:
-                break
-            projected = projected or rec.ops[j][0] in (F.linear, F.conv1d, F.conv2d)
-            t, before = next((a for a in rec.ops[j][1] if isinstance(a, torch.Tensor)), None), j
-        else:
-            if projected:
-                return True
-    return False
 
 
 def _swaps_last_two(func, args, result: torch.Tensor) -> bool:
@@ -373,6 +370,7 @@ def value_operand(ops: list[Op], found) -> Operand | None:
             continue
         first = id(tensors[0])
         carried = (func in _CARRY or regroups(func, args, result)
+                   or (func is torch.Tensor.__getitem__ and q.keys_kept is not None)  # the sinks cut off
                    or (first in derived and mixes_heads(func, args, result)))  # talking heads: judged
         if first in derived | flipped and (carried or _swaps_last_two(func, args, result)):
             same = first in derived if carried else first in flipped

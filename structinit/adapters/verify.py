@@ -219,8 +219,11 @@ def computes_as_read(adapter: AttentionAdapter, real: torch.Tensor, ours: torch.
     """Whether a layer's own maps ``real`` are the maps ``ours`` its adapter computes from the
     parameters it reads, on its tokens ``x``: to the probability tolerance, or with some pairs
     closed by a mask it builds inside, or from the same logits (``maps``, the softmaxes seen in
-    the call) where large logits saturate the softmax."""
+    the call) where large logits saturate the softmax, or, for a map whose sink columns the forward
+    dropped, with its rows renormalised over the tokens' keys."""
     tol = tolerance(dtype)
+    if any(getattr(m, "sinks", 0) for m in maps):  # the sinks' share of each row is no pair of tokens
+        real = real / real.sum(-1, keepdim=True).clamp_min(1e-30)
     return (float((real - ours).abs().max()) <= tol or masked_inside(real, ours, tol)
             or same_logits(adapter_logits(adapter, x.float(), terms), maps, dtype))
 

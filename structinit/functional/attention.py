@@ -1,6 +1,7 @@
 """Attention maths shared by every path that computes attention maps: the one
 implementation of the attention probabilities, LayerNorm of position-only tokens, the
-heads axis of a map read from a module's forward, and how strongly each head's logits stand
+heads axis of a map read from a module's forward, the key columns a map keeps when its
+sinks are cut off, and how strongly each head's logits stand
 on their diagonal (what mimetic's check measures)."""
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def masked_inside(real: torch.Tensor, ours: torch.Tensor, atol: float) -> bool:
     kept = ours.masked_fill(~open_pairs, 0)
     kept = kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)
     return float((real - kept).abs().max()) <= atol
+
+
+def kept_keys(probs: torch.Tensor, cut) -> slice | None:
+    """The key columns of a map ``probs`` (…, T, S) that ``cut`` (…, T, S′), S′ < S, holds: its
+    first or last S′ (attention sinks cut off after the softmax), else None."""
+    if not isinstance(cut, torch.Tensor) or not cut.ndim or cut.shape[:-1] != probs.shape[:-1]:
+        return None
+    n = cut.shape[-1]
+    if not 0 < n < probs.shape[-1]:
+        return None
+    return next((slice(a, a + n) for a in (0, probs.shape[-1] - n) if torch.equal(cut, probs[..., a:a + n])), None)
 
 
 MIN_DIAGONAL_TOKENS = 3  # a diagonal stands out of a spread: two logits besides it at least
