@@ -6,7 +6,7 @@ the write and undoes it, naming the parametrisation. Never written silently."""
 import warnings
 
 import pytest
-from attention_styles import StyledViT
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

@@ -9,9 +9,10 @@ attention or convolutions must not take for the only kind of layer there is."""
 
 import pytest
 import torch
-from attention_styles import ConvMapAttention, StyledViT, _Records
+from attention_styles import ConvMapAttention, _Records
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

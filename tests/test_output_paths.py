@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_styles import RawLinearAttention, StyledViT
+from attention_styles import RawLinearAttention
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

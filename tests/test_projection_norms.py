@@ -6,7 +6,7 @@ the channels by more than the biases, and the trace refuses it."""
 
 import pytest
 import torch
-from attention_styles import StyledViT
+from styled_vit import StyledViT
 
 import structinit
 from rejection import check_rejected

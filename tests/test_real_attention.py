@@ -7,8 +7,9 @@ import warnings
 
 import pytest
 import torch
-from attention_styles import STYLES, RawLinearAttention, StyledViT
+from attention_styles import STYLES, RawLinearAttention
 from broken_attention import ConvPositionViT, PooledViT, ReorderedViT, micro_vit_with, micro_vit_with_sibling_output
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_styles import StyledViT, _Records
+from attention_styles import _Records
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

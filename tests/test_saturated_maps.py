@@ -7,7 +7,7 @@ so, not a rotation; logits that differ off the diagonal are still another map.""
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_styles import StyledViT
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

@@ -8,7 +8,7 @@ import pytest
 import sweep
 import sweep_models
 import torch
-from attention_styles import StyledViT
+from styled_vit import StyledViT
 from test_traced_attention import ScatteredRows
 from torch import nn
 

@@ -5,7 +5,8 @@ maps it records itself), not on structinit's recomputation."""
 
 import pytest
 import torch
-from attention_styles import STYLES, LearnedQueries, RawLinearAttention, StyledViT
+from attention_styles import STYLES, LearnedQueries, RawLinearAttention
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from attention_styles import StyledViT
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from styled_vit import StyledViT
 from torch import nn
 
 import structinit
