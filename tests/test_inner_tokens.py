@@ -87,6 +87,15 @@ class ConvolvedQueries(_Records):
         return self.proj((v @ probs.transpose(-2, -1)).reshape(b, c, hh, ww))
 
 
+class NormedConvolvedQueries(ConvolvedQueries):
+    """:class:`ConvolvedQueries` with q normalised after its convolution by a module of its own,
+    whose input has the shape of the layer's (ZAYA's q norm after its convolved q and k)."""
+
+    def __init__(self, dim, heads):
+        super().__init__(dim, heads)
+        self.dw = nn.Sequential(self.dw, nn.GroupNorm(heads, dim, affine=False))
+
+
 class ConvPositionViT(StyledViT):
     """StyledViT on maps with a depthwise convolution on the tokens before the blocks (a
     conditional position encoding), and ``attention`` in every block."""
@@ -175,6 +184,14 @@ def test_q_convolved_over_the_positions_after_its_projection_is_named_and_refuse
         check_rejected(ConvPositionViT(lambda: ConvolvedQueries(DIM, HEADS)),
                        lambda m, s=scheme: structinit.init_(m, s, seed=0), ValueError,
                        r"attns.0.*no product of projections of one token each")
+
+
+def test_a_reading_past_the_q_projection_does_not_hide_why_the_input_reading_stopped():
+    """Read at the q norm's input, no parameter projects the tokens to q: that says only that the
+    norm lies past the projection, so the reason stays the one the input's reading gave."""
+    module = NormedConvolvedQueries(DIM, HEADS)
+    with pytest.raises(TokenError, match="q reads several positions of its input per token"):
+        trace_attention(module, *_call(module))
 
 
 class Attention(nn.Module):

@@ -19,6 +19,7 @@ from language_models import (
 
 import structinit
 from rejection import check_rejected
+from structinit.adapters.observe import AttentionMap
 from structinit.adapters.traced import TracedAdapter
 from structinit.functional.attention import kept_keys
 from structinit.functional.mimetic import mimetic_qk, mimetic_qk_grouped
@@ -85,6 +86,20 @@ def test_mimetic_writes_attention_with_sinks_and_its_own_logits_show_the_diagona
     for block in model.h:
         assert (diagonal_strength(block.attn.last_logits) > 1.0).all()  # the module's own q kᵀ, before its sink
         assert float(block.attn.last_probs.sum(-1).max()) < 1.0  # the sink still takes its share of each row
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_sink_switched_off_leaves_the_kept_logits_finite_and_as_they_were(first):
+    """A sink at −∞ in some heads (switched off) takes no share of their rows: their kept logits
+    stay as the softmax saw them, where a shift by its log-sum-exp would make them +∞."""
+    logits = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(0))
+    sink = torch.tensor([float("-inf"), 0.5, float("-inf")]).reshape(1, 3, 1, 1).expand(2, 3, 5, 1)
+    joined = torch.cat([sink, logits] if first else [logits, sink], -1)
+    amap = AttentionMap(joined.softmax(-1), joined, "softmax")
+    amap.drop_keys(slice(1, 6) if first else slice(0, 5))
+    assert amap.sinks == 1 and amap.probs.shape == logits.shape and torch.isfinite(amap.logits).all()
+    assert torch.equal(amap.logits[:, [0, 2]], logits[:, [0, 2]])
+    assert torch.allclose(amap.logits[:, 1], logits[:, 1] - 0.5)  # read against the sink's logit
 
 
 @settings(max_examples=30, deadline=None)

@@ -67,13 +67,14 @@ class AttentionMap:
 
     def drop_keys(self, cols: slice) -> None:
         """Keep key columns ``cols`` of the map (:attr:`sinks`), and of its logits less the
-        log-sum-exp of the sinks': a shift of each row (a max subtracted for stability) then
-        leaves them as they were, up to a constant per head."""
+        log-sum-exp of the sinks' (none where they are all -inf: a sink switched off): a shift of
+        each row (a max subtracted for stability) then leaves them as they were, up to a constant per head."""
         self.sinks = self.keys - (cols.stop - cols.start)
         self.probs = self.probs[..., cols]
         if self.logits is not None:
             dropped = torch.cat([self.logits[..., :cols.start], self.logits[..., cols.stop:]], -1)
-            self.logits = self.logits[..., cols] - dropped.logsumexp(-1, keepdim=True)
+            shift = dropped.logsumexp(-1, keepdim=True)
+            self.logits = self.logits[..., cols] - shift.masked_fill(shift.isneginf(), 0.0)
 
     @property
     def queries(self) -> int:

@@ -16,18 +16,18 @@ that applies it (v). Labelled probing then says which entries feed which head an
 - the output side is read the same way, with the context the map produced replaced by labelled
   constants in a second run.
 
-The run is on a float64 copy of the module (an exact ratio even where a channel's tokens nearly
+The run is on a float64 copy of the module (an exact ratio where a channel's tokens nearly
 cancel). Rotary positions are read at position 0, where the rotation is the identity; q and k
-behind a norm by where their entries are (:mod:`structinit.adapters.provenance_blocks`); key
-and value heads shared by several query heads as grouped-query attention; which input position
-each token of the map reads, through any reshape or window cut, by the same labelling on the
-module's input (:mod:`structinit.adapters.provenance_tokens`).
+behind a norm by where their entries are (:mod:`structinit.adapters.provenance_blocks`); key and
+value heads shared by several query heads as grouped-query attention; which input position each
+token of the map reads, through any reshape or window cut, by the same labelling on the module's
+input (:mod:`structinit.adapters.provenance_tokens`).
 
 Entries that do not form one evenly strided (heads·r, D) block per role, values or outputs that
-pass more than a projection, or tokens that are not one input position each make no adapter:
-the layer stays "attention that no adapter understands", with the reason. What is found becomes
-a :class:`TracedAdapter` over strided views of the module's own parameters, which the survey
-(:mod:`structinit.adapters.verify`) then checks against the model's own maps like any other.
+pass more than a projection, or tokens that are not one input position each make no adapter: the
+layer stays "attention that no adapter understands", with the reason. What is found becomes a
+:class:`TracedAdapter` over strided views of the module's own parameters, which the survey
+(:mod:`structinit.adapters.verify`) checks against the model's own maps.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from structinit.adapters.provenance_blocks import (
+    PastAProjection,
     assemble,
     causal_map,
     decode,
@@ -84,21 +85,17 @@ def trace_attention(module: nn.Module, args: tuple, kwargs: dict) -> TracedAdapt
             try:
                 return _trace_from(module, args, kwargs, readers)
             except (TraceError, TokenError) as again:  # the reason of the place the reading got furthest in;
-                # as far as on the input, past its norm's weight (which the input's reading names): the first such
-                deeper = _depth(again) > _depth(closest) or (closest is err and _depth(again) == _depth(err))
-                closest = again if deeper else closest
+                # or as far as the input's, stopped at its norm's weight (which this reading passes by)
+                past_norm = closest is err and isinstance(err, PastAProjection) and again.depth == err.depth
+                closest = again if again.depth > closest.depth or past_norm else closest
                 by_place += [readers] * getattr(again, "values_by_place", False)
         for readers in by_place + [()] * getattr(err, "values_by_place", False):  # last, as it costs most: values
             try:  # behind a norm or a gate, read by place (at the inner tokens first)
                 return _trace_from(module, args, kwargs, readers, values_by_place=True)
             except (TraceError, TokenError) as again:
-                closest = again if _depth(again) > _depth(closest) else closest
+                closest = again if again.depth > closest.depth else closest
         why = unreadable(module, args, kwargs)  # a weight remade each forward, or a random map, explains any failure
         raise (TraceError(why) if why else closest) from None
-
-
-def _depth(err: Exception) -> int:
-    return getattr(err, "depth", 3)  # a TraceError: past the tokens
 
 
 def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str, ...],
@@ -112,9 +109,8 @@ def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str
     originals = dict(params)
     twin = double_twin(module, originals)
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
-        try:
+        try:  # (below: the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's)
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
-            # the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's to hear
             with warnings.catch_warnings(), \
                     leaf_at(twin, readers, *_with_leaf(in_double(args), in_double(kwargs))) as (a, k, leaf):
                 warnings.simplefilter("ignore")
@@ -232,7 +228,7 @@ def _input_width(q: Operand, params) -> int:
         largest = max(int(g.sum()) for g in _entries_feeding(q, lead, params, isolate))
         if largest and not largest % q.channels:
             return largest // q.channels
-    raise TraceError("no parameter of the module projects its tokens to q")
+    raise TraceError("no parameter of the module projects its tokens to q", depth=0)  # tokens read past it
 
 
 def _entries_feeding(op: Operand, lead, params, isolate: bool) -> list[torch.Tensor]:

@@ -55,6 +55,10 @@ def in_double(value):
     return value
 
 
+class PastAProjection(TraceError):
+    """A parameter reaches the product through more than a projection (a norm's weight, read at the input)."""
+
+
 def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict[int, torch.Tensor]:
     where = torch.nonzero(g1)
     if not len(where):
@@ -62,7 +66,7 @@ def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict
     ratio = (gl[tuple(where.T)] / g1[tuple(where.T)]).double()
     label = ratio.round()
     if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
-        raise TraceError(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
+        raise PastAProjection(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
                          "rotation or a position term between it and the product)")
     order = torch.argsort(label, stable=True)  # each channel's entries in the order nonzero gives them
     channels_of, counts = torch.unique_consecutive(label[order], return_counts=True)

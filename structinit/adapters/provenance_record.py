@@ -36,7 +36,12 @@ _TOKEN_KEYS = ("hidden_states", "x", "query", "input", "inputs", "tokens")
 
 
 class TraceError(ValueError):
-    """Why a module's attention could not be followed back to its parameters."""
+    """Why a module's attention could not be followed back to its parameters; ``depth``, how far the
+    reading got (3: past the tokens, 0: they do not make q; ``provenance_tokens.TokenError``, 0 to 2)."""
+
+    def __init__(self, message: str, depth: int = 3):
+        super().__init__(message)
+        self.depth = depth
 
 
 class HandedQueries(TraceError):
