@@ -194,6 +194,36 @@ def test_a_reading_past_the_q_projection_does_not_hide_why_the_input_reading_sto
         trace_attention(module, *_call(module))
 
 
+class SequenceConvolvedQueries(nn.Module):
+    """RvT's layout on (B, T, D) tokens of a square grid: q from a depthwise convolution over the
+    grid, then a pointwise one; heads folded into the batch, so that the (B·heads, T, T) logits an
+    ``nn.Softmax`` module takes have the tokens' rank."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.to_q = nn.Sequential(nn.Conv2d(dim, dim, 3, padding=1, groups=dim), nn.Conv2d(dim, dim, 1))
+        self.to_kv, self.to_out = nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.attend = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        side = int(t**0.5)
+        q = self.to_q(x.transpose(1, 2).reshape(b, d, side, side)).flatten(2).transpose(1, 2)
+        q, k, v = (u.reshape(b, t, self.h, -1).transpose(1, 2).reshape(b * self.h, t, -1)
+                   for u in (q, *self.to_kv(x).chunk(2, -1)))
+        out = self.attend(q @ k.transpose(1, 2) * (d // self.h) ** -0.5) @ v
+        return self.to_out(out.reshape(b, self.h, t, -1).transpose(1, 2).reshape(b, t, d))
+
+
+def test_a_reading_at_the_softmax_module_does_not_hide_why_the_input_reading_stopped():
+    """Read at the ``nn.Softmax``'s input, the logits are the tokens and no map is made from
+    them: that says only that the reading came too late, so the input's reason stands."""
+    module = SequenceConvolvedQueries(DIM, HEADS)
+    with pytest.raises(TokenError, match="q reads several positions of its input per token"):
+        trace_attention(module, (torch.randn(2, 16, DIM, generator=torch.Generator().manual_seed(0)),), {})
+
+
 class Attention(nn.Module):
     """timm's names (``qkv``, ``proj``, ``num_heads``), which an adapter claims, with q
     convolved over the tokens after the projection (MViT-v2's pooling of q at stride 1)."""

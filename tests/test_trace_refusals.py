@@ -63,15 +63,20 @@ class _Fused(nn.Module):
     """Multi-head attention with one qkv Linear; ``output`` 'none' returns the joined heads with no
     projection, 'gated' multiplies them by sigmoid(gate(x)) before it; ``combine`` 'differential'
     weights the values by the map less λ times a second one (differential attention), 'self'
-    by the map plus a learned share of each token's own value; ``dropout`` drops map entries
-    even in eval mode (``F.dropout`` called without ``training=``)."""
+    by the map plus a learned share of each token's own value, 'reattention' by the maps mixed
+    across heads by a (heads, heads) parameter and normalised across heads (DeepViT's), 'sampled'
+    by the map's rows gathered in the order of the first token's attention (adaptive token
+    sampling, keeping every token); ``dropout`` drops map entries even in eval mode (``F.dropout``
+    called without ``training=``)."""
 
     def __init__(self, dim, heads, output="plain", combine="plain", dropout=0.0):
         super().__init__()
         self.h, self.output, self.combine, self.dropout = heads, output, combine, dropout
         self.qkv = nn.Linear(dim, 3 * dim)
         self.qk2 = nn.Linear(dim, 2 * dim) if combine == "differential" else None
-        self.lam = nn.Parameter(torch.tensor(0.5)) if combine != "plain" else None
+        self.lam = nn.Parameter(torch.tensor(0.5)) if combine in ("differential", "self") else None
+        mixer = torch.eye(heads) + 0.1 * torch.randn(heads, heads)
+        self.mix = nn.Parameter(mixer) if combine == "reattention" else None
         self.proj = nn.Linear(dim, dim) if output != "none" else None
         self.gate = nn.Linear(dim, dim) if output == "gated" else None
 
@@ -84,6 +89,12 @@ class _Fused(nn.Module):
             probs = probs - self.lam * (q2 @ k2.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
         elif self.combine == "self":
             probs = (probs + self.lam * torch.eye(t)) / (1 + self.lam)
+        elif self.combine == "reattention":
+            probs = torch.einsum("bhij,hg->bgij", probs, self.mix)
+            probs = nn.functional.layer_norm(probs.permute(0, 2, 3, 1), (self.h,)).permute(0, 3, 1, 2)
+        elif self.combine == "sampled":
+            order = probs[..., 0, :].argsort(-1, descending=True)  # (b, h, t): rows by the first token's attention
+            probs = probs.gather(2, order[..., None].expand(-1, -1, -1, t))
         if self.dropout:
             probs = nn.functional.dropout(probs, self.dropout)  # training=True, the default: random in eval too
         out = (probs @ v).transpose(1, 2).reshape(b, t, d)
@@ -132,6 +143,13 @@ CASES = {
                                 r"\(another map subtracted, as differential attention does"),
     "each token's own value added to the map": (lambda d, h: _Fused(d, h, combine="self"),
                                                 r"its softmax map goes through `add` with another tensor"),
+    "maps mixed across heads by a parameter": (
+        lambda d, h: _Fused(d, h, combine="reattention"),
+        r"its softmax map is mixed across its heads by a \(2, 2\) parameter before it weights the values \(as "
+        r"re-attention does\), so what weights them is no softmax\(q kᵀ\) map of its projections"),
+    "rows of the map sampled": (lambda d, h: _Fused(d, h, combine="sampled"),
+                                r"its softmax map has its rows gathered by indices its forward computes \(tokens "
+                                r"sampled from it, as adaptive token sampling does\)"),
     "a weight a spectral_norm hook remakes each forward": (
         lambda d, h: _spectral(_Fused(d, h)), r"it computes weights from other parameters in its forward \(qkv\.weight "
                                               r"by spectral_norm\).*remove_spectral_norm\) and apply it again after"),

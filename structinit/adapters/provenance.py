@@ -142,7 +142,7 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
     ops = rec.ops
     found = map_operands(rec)
     if found is None:
-        raise TraceError(no_map_reason(rec))
+        raise TraceError(no_map_reason(rec), depth=0 if readers else 3)  # read at the map's own input: too late
     q, k, product, sdpa_scale, v = found
     owned = [role for role, op in (("q", q), ("k", k), ("v", v)) if not op.tensor.requires_grad]
     if owned:  # made outside the module and handed to it (GCViT's global query): no projection of its own
@@ -150,9 +150,10 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         raise error(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
                     "parameters (handed to it, as a global query is), and structinit writes the projections a "
                     "layer owns")
-    if leaf.requires_grad and torch.autograd.grad(q.tensor, leaf, torch.ones_like(q.tensor), retain_graph=True,
-                                                  allow_unused=True)[0] is None:
-        raise TokenError("its q is not computed from the tokens it is called with", depth=0)  # before the costly reads
+    for role, op in (("q", q), ("k", k)) if leaf.requires_grad else ():  # before the costly reads
+        if torch.autograd.grad(op.tensor, leaf, torch.ones_like(op.tensor), retain_graph=True,
+                               allow_unused=True)[0] is None:
+            raise TokenError(f"its {role} is not computed from the tokens it is called with", depth=0)
     r, rv = q.channels, v.channels  # values may be wider than queries and keys (LeViT): only q kᵀ needs one r
     if k.channels != r:
         raise TraceError(f"its q and k have {r} and {k.channels} channels a head; a head's q kᵀ needs them equal")

@@ -291,6 +291,8 @@ def one_map_a_head(rec, heads: int) -> None:
                      "makes, from one projection per role: write it so to initialise it")
 
 
+_GATHERS = {torch.gather, torch.Tensor.gather, torch.index_select, torch.Tensor.index_select, torch.take_along_dim,
+            torch.Tensor.take_along_dim}
 _ARITHMETIC = {"add", "sub", "rsub", "mul", "div", "truediv", "radd", "rmul", "rtruediv", "iadd", "isub", "imul",
                "itruediv", "add_", "sub_", "mul_", "div_"}
 
@@ -320,18 +322,15 @@ def no_map_reason(rec: Record) -> str:
     if logits_by_projection(rec):
         return ("its logits are a projection of each token alone (outlook attention), not a product of queries and "
                 "keys: it forms no softmax(q kᵀ) map to shape")
-    changed = _map_changed(rec)
-    if changed is not None:
-        return (f"its softmax map goes through `{changed}` with another tensor before it weights the values (another "
-                "map subtracted, as differential attention does, or a term added or multiplied in), so what weights "
-                "them is no softmax(q kᵀ) map of its projections, the map structinit shapes")
-    return ("the trace cannot follow its softmax map back to a product of q and k and on to the product that "
-            "applies it to v")
+    return _map_changed(rec) or ("the trace cannot follow its softmax map back to a product of q and k and on to "
+                                 "the product that applies it to v")
 
 
 def _map_changed(rec: Record) -> str | None:
-    """The name of the first arithmetic op a square softmax map of the call meets with another
-    tensor before any product (copies, masks and reshapes on the way passed over); None when none does."""
+    """Why a square softmax map is not what weights the values, when the call changes it first
+    (copies, masks, reshapes and slices passed over): by arithmetic with another tensor, a product
+    with a parameter (re-attention) or rows gathered (tokens sampled); None when it does not."""
+    no_map = ", so what weights them is no softmax(q kᵀ) map of its projections, the map structinit shapes"
     for i, (func, _, _, out) in enumerate(rec.ops):
         if not square_map(func, out):
             continue
@@ -342,10 +341,20 @@ def _map_changed(rec: Record) -> str | None:
                 continue
             name = getattr(later, "__name__", "").strip("_")
             if name in _ARITHMETIC and len(tensors) > 1:
-                return name
+                return (f"its softmax map goes through `{name}` with another tensor before it weights the values "
+                        "(another map subtracted, as differential attention does, or a term added or multiplied in)"
+                        + no_map)
+            if later in _GATHERS and id(tensors[0]) in live:
+                return ("its softmax map has its rows gathered by indices its forward computes (tokens sampled from "
+                        "it, as adaptive token sampling does), a map the trace does not follow to its values")
             if later in _PRODUCTS:
+                mixer = next((a for a in tensors if isinstance(a, nn.Parameter)), None)
+                if mixer is not None:
+                    return (f"its softmax map is mixed across its heads by a {tuple(mixer.shape)} parameter before "
+                            "it weights the values (as re-attention does)" + no_map)
                 break
-            live.add(id(result))
+            if result.shape[-2:] == out.shape[-2:] or result.numel() == out.numel():  # not a slice of it
+                live.add(id(result))
     return None
 
 
