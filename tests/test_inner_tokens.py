@@ -195,21 +195,23 @@ def test_a_reading_past_the_q_projection_does_not_hide_why_the_input_reading_sto
 
 
 class SequenceConvolvedQueries(nn.Module):
-    """RvT's layout on (B, T, D) tokens of a square grid: q from a depthwise convolution over the
-    grid, then a pointwise one; heads folded into the batch, so that the (B·heads, T, T) logits an
-    ``nn.Softmax`` module takes have the tokens' rank."""
+    """RvT's layout on (B, 1 + T, D) tokens, a class token and a square grid: q of the grid from
+    a depthwise convolution over it, then a pointwise one, q of the class token from a Linear;
+    heads folded into the batch, so that the (B·heads, 1 + T, 1 + T) logits an ``nn.Softmax``
+    module takes have the tokens' rank."""
 
     def __init__(self, dim, heads):
         super().__init__()
         self.h = heads
         self.to_q = nn.Sequential(nn.Conv2d(dim, dim, 3, padding=1, groups=dim), nn.Conv2d(dim, dim, 1))
-        self.to_kv, self.to_out = nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
+        self.cls_q, self.to_kv, self.to_out = nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), nn.Linear(dim, dim)
         self.attend = nn.Softmax(dim=-1)
 
     def forward(self, x):
         b, t, d = x.shape
-        side = int(t**0.5)
-        q = self.to_q(x.transpose(1, 2).reshape(b, d, side, side)).flatten(2).transpose(1, 2)
+        side = int((t - 1) ** 0.5)
+        grid = self.to_q(x[:, 1:].transpose(1, 2).reshape(b, d, side, side)).flatten(2).transpose(1, 2)
+        q = torch.cat([self.cls_q(x[:, :1]), grid], 1)
         q, k, v = (u.reshape(b, t, self.h, -1).transpose(1, 2).reshape(b * self.h, t, -1)
                    for u in (q, *self.to_kv(x).chunk(2, -1)))
         out = self.attend(q @ k.transpose(1, 2) * (d // self.h) ** -0.5) @ v
@@ -221,7 +223,34 @@ def test_a_reading_at_the_softmax_module_does_not_hide_why_the_input_reading_sto
     them: that says only that the reading came too late, so the input's reason stands."""
     module = SequenceConvolvedQueries(DIM, HEADS)
     with pytest.raises(TokenError, match="q reads several positions of its input per token"):
-        trace_attention(module, (torch.randn(2, 16, DIM, generator=torch.Generator().manual_seed(0)),), {})
+        trace_attention(module, (torch.randn(2, 17, DIM, generator=torch.Generator().manual_seed(0)),), {})
+
+
+class ValueFirst(nn.Module):
+    """CTRL's convention: called as ``attn(v, k, q)``, one projection per role, each reading its
+    own argument (the model hands the same tokens to all three)."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.h = heads
+        self.wq, self.wk, self.wv, self.dense = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, v, k, q):
+        b, t, d = q.shape
+        roles = ((self.wq, q), (self.wk, k), (self.wv, v))
+        q, k, v = (w(u).reshape(b, t, self.h, -1).transpose(1, 2) for w, u in roles)
+        probs = (q @ k.transpose(-2, -1) * (d // self.h) ** -0.5).softmax(-1)
+        return self.dense((probs @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def test_a_layer_whose_roles_read_separate_copies_of_the_tokens_is_read_at_its_q_projection():
+    """Handed copies of one tensor (as a probe records a call), its q reads the last: read where
+    the q projection takes them, k and v come from the same tokens by other arguments."""
+    module = ValueFirst(DIM, HEADS)
+    x = torch.randn(2, 16, DIM, generator=torch.Generator().manual_seed(0))
+    ad = trace_attention(module, (x, x.clone(), x.clone()), {})
+    assert ad.input_module is module.wq and set(ad.linear_views()) >= {"q", "k", "v", "o"}
+    assert (ad.num_heads, ad.dim) == (HEADS, DIM)
 
 
 class Attention(nn.Module):

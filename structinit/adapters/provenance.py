@@ -150,10 +150,9 @@ def _trace(module, args, kwargs, leaf, params, owner, originals, owner_args, own
         raise error(f"its {' and '.join(owned)} {'does' if len(owned) == 1 else 'do'} not come from its own "
                     "parameters (handed to it, as a global query is), and structinit writes the projections a "
                     "layer owns")
-    for role, op in (("q", q), ("k", k)) if leaf.requires_grad else ():  # before the costly reads
-        if torch.autograd.grad(op.tensor, leaf, torch.ones_like(op.tensor), retain_graph=True,
-                               allow_unused=True)[0] is None:
-            raise TokenError(f"its {role} is not computed from the tokens it is called with", depth=0)
+    if leaf.requires_grad and torch.autograd.grad(q.tensor, leaf, torch.ones_like(q.tensor), retain_graph=True,
+                                                  allow_unused=True)[0] is None:
+        raise TokenError("its q is not computed from the tokens it is called with", depth=0)  # before the costly reads
     r, rv = q.channels, v.channels  # values may be wider than queries and keys (LeViT): only q kᵀ needs one r
     if k.channels != r:
         raise TraceError(f"its q and k have {r} and {k.channels} channels a head; a head's q kᵀ needs them equal")
