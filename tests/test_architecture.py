@@ -402,7 +402,7 @@ def test_adapter_registration_is_keyed_by_qualified_name():
     "structinit.schemes.mimetic", "structinit.models.registry", "structinit.functional.relative",
     "structinit.functional.mixer", "structinit.models.mixer", "structinit.schemes.token_mixing",
     "structinit.models.swin", "structinit.adapters.relative", "structinit.analysis.token_mixing",
-    "structinit.functional.rope", "structinit.functional.position_mlp",
+    "structinit.functional.rope", "structinit.functional.position_mlp", "structinit.utils.state",
 ])
 def test_docstring_examples_run(module):
     import doctest

@@ -163,3 +163,18 @@ def test_generator_is_advanced_not_reset():
 @pytest.mark.parametrize("bad", [1.5, "0", True])
 def test_invalid_seed_rejected(bad):
     check_rejected(build(0), lambda m: structinit.init_(m, "timm", seed=bad), TypeError, rf"seed={bad!r}")
+
+
+@pytest.mark.parametrize("scheme", ["impulse", "mimetic"])
+def test_the_callers_autocast_changes_no_weight_and_is_back_after(scheme):
+    """Called inside ``torch.autocast`` (a training script's mixed-precision region), an attention
+    scheme reads and checks the model in its own float32: the same weights as outside it, where
+    before the survey compared bf16 recomputations with the model's maps and refused every layer
+    ("its q kᵀ is not that of the projections"). The caller's autocast is on again after."""
+    a, b = prepared(scheme, 1), prepared(scheme, 1)
+    structinit.init_(a, scheme, seed=7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        structinit.init_(b, scheme, seed=7)
+        assert torch.is_autocast_enabled("cpu")
+        assert [n for n, _ in structinit.find_attention_layers(b)] == ["blocks.0.attn", "blocks.1.attn"]
+    assert_identical(state(a), state(b))

@@ -16,6 +16,7 @@ from torch import nn
 
 from structinit.adapters.position import square_side
 from structinit.utils import is_int
+from structinit.utils.state import own_precision
 
 # Modules whose tensors are weights, not tokens: perturbing them cannot find a PE.
 _LAYERS = (nn.Linear, nn.modules.conv._ConvNd, nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
@@ -70,13 +71,14 @@ def run_forward(model: nn.Module, inputs):
 
 @contextlib.contextmanager
 def probing(model: nn.Module, seed: int = 0):
-    """How every probe runs ``model``: in eval mode (its mode restored after) with torch's random
-    state forked and seeded with ``seed``, so that a probe draws the same whatever ran before
-    and leaves the caller's random state as it was."""
+    """How every probe runs ``model``: in eval mode (its mode restored after) and in its own
+    precision (:func:`~structinit.utils.state.own_precision`), with torch's random state forked and
+    seeded with ``seed``, so that a probe draws the same whatever ran before and leaves the caller's
+    random state as it was."""
     was_training = model.training
     model.eval()  # not chained: a module's own train() may return None (TinyViT's attention)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), own_precision():
             torch.manual_seed(seed)
             yield
     finally:

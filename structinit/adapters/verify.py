@@ -60,6 +60,7 @@ from structinit.adapters.provenance_tokens import (
 )
 from structinit.adapters.traced import CallTokens
 from structinit.functional.attention import MASKED_PROB, closes_the_future, masked_inside
+from structinit.utils.state import own_precision
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,7 @@ def computes_as_read(adapter: AttentionAdapter, real: torch.Tensor, ours: torch.
             or same_logits(adapter_logits(adapter, x.float(), terms), maps, dtype))
 
 
+@own_precision()
 def survey_attention(model: nn.Module, candidates: list[tuple[str, AttentionAdapter]],
                      probes: Iterable[torch.Tensor]) -> AttentionSurvey:
     """Judge every candidate (name, adapter) by one probe through ``model``, the first of

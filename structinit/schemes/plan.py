@@ -12,7 +12,7 @@ from torch import nn
 
 from structinit.adapters import AttentionAdapter
 from structinit.schemes.records import get_record, set_record
-from structinit.utils.state import ModuleState, derived_advice, remade_storages
+from structinit.utils.state import ModuleState, derived_advice, own_precision, remade_storages
 
 
 @dataclass
@@ -100,10 +100,12 @@ class Plan:
             or "An adapter reads the layer from a copy of its weights: register one that returns views of its "
             "parameters (structinit.register_adapter)"))
 
+    @own_precision()
     def commit(self) -> None:
         """Apply the plan; when an action or a check raises, restore every tensor written (the
         writes' destinations and ``touched``) and every record, and raise its error. An action
-        that changes a module's structure (a parametrisation) is not undone."""
+        that changes a module's structure (a parametrisation) is not undone. The checks run in
+        the model's own precision, whatever autocast the caller runs under."""
         guarded = bool(self.checks or self.actions)
         touched = _clones(self.touched) if guarded else []
         records = [(module, kind, get_record(module, kind)) for module, kind, _ in self.records][::-1]

@@ -10,8 +10,8 @@ MLP-Mixer token mixing.
 
 :func:`plan_init` is the one way in: it finds the name (:func:`lookup`), picks the target whose
 layers the model has, checks the options against the planner's signature and annotations (a
-``float`` must be a finite number, …), runs the planner and checks what it would write.
-``init_`` and ``structinit.impulse_init_`` and its siblings commit that plan.
+``float`` must be a finite number, …), runs the planner and checks what it would write. ``init_``
+and ``structinit.impulse_init_`` and its siblings commit that plan.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from structinit.schemes.plan import Plan, check_no_overwrite
 from structinit.schemes.spec import parse_init_spec
 from structinit.utils import OptionError, check_choice, check_int, check_options
 from structinit.utils.checks import check_annotated, check_layers, is_number, show
-from structinit.utils.state import ModuleState
+from structinit.utils.state import ModuleState, own_precision
 
 # 'model': every layer of the model (framework defaults); the others: the layers of one kind.
 TARGETS = ("model", "attention", "conv", "ssm", "token_mixing")
@@ -58,8 +58,7 @@ def _register(scheme: Scheme) -> Scheme:
     key = (scheme.target, scheme.name)
     old = SCHEMES.get(key)
     if old is not None and old.init is not scheme.init and old.plan is not scheme.plan:
-        raise ValueError(f"scheme {scheme.name!r} is already registered for target {scheme.target!r}; pick another "
-                         "name")
+        raise ValueError(f"scheme {scheme.name!r} is already registered for target {scheme.target!r}; rename it")
     return SCHEMES.setdefault(key, scheme)
 
 
@@ -199,12 +198,13 @@ def _numbers(options: dict, tensors: bool = False) -> str:
                      if (isinstance(v, torch.Tensor) if tensors else is_number(v) and k != "seed"))
 
 
+@own_precision()
 def _plan(scheme: Scheme, model: nn.Module, args: tuple, options: dict, what: str,
           survey: ModelSurvey | None = None, state: ModuleState | None = None) -> Plan:
     """``scheme.plan(survey, *args, **options)`` on a checked model, surveyed once (``survey``, or a new one)
-    (:func:`~structinit.schemes.model_checks.check_model`), its options checked first and its plan after:
-    every planned value must be finite in the dtype of the tensor it goes to. A finite but huge (or tiny)
-    option can still overflow the maths or the model's dtype: a ``ValueError`` naming the numeric options."""
+    (:func:`~structinit.schemes.model_checks.check_model`) in its own precision (whatever the caller's autocast),
+    its options checked first and its plan after: every planned value must be finite in the dtype of the tensor
+    it goes to. A finite but huge (or tiny) option can still overflow: a ``ValueError`` naming the numeric options."""
     options = dict(options)
     example = options.pop("example_inputs", None)  # the survey's, whatever the scheme
     _check_options(scheme, args, options, what)

@@ -1,10 +1,12 @@
 """What a probe's forward may change in a model besides its weights, saved to be put back: the
 buffers and the plain tensor attributes of every module (a relative-index table a forward
 rebuilds for a new token count, a cached bias, a call counter). An init that reads a model by
-running it must leave no trace of those runs."""
+running it must leave no trace of those runs, and must read it in its own precision, whatever
+autocast context it is called in."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import torch
@@ -12,6 +14,27 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla")
+
+
+@contextlib.contextmanager
+def own_precision():
+    """Autocast off, for every device type where the caller turned it on: structinit runs and
+    recomputes a model in the dtype of its own parameters, so that its reading of a layer (and
+    the check of a write) compares like with like; the caller's autocast is back after. Also a
+    decorator.
+
+    Examples:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), own_precision():
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.float32
+    """
+    with contextlib.ExitStack() as stack:
+        for kind in _AUTOCAST_DEVICES:
+            if torch.is_autocast_enabled(kind):
+                stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
 
 
 def _is_state(value) -> bool:
