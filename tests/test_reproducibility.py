@@ -178,3 +178,16 @@ def test_the_callers_autocast_changes_no_weight_and_is_back_after(scheme):
         assert torch.is_autocast_enabled("cpu")
         assert [n for n, _ in structinit.find_attention_layers(b)] == ["blocks.0.attn", "blocks.1.attn"]
     assert_identical(state(a), state(b))
+
+
+def test_autocast_is_read_through_the_api_of_older_torch_too(monkeypatch):
+    """torch < 2.4 asks whether autocast is on per device by name (CUDA's with no argument):
+    ``own_precision`` still finds it there, and a device type torch has no autocast for is off."""
+    from structinit.utils import state
+
+    def no_argument():  # torch 2.2's torch.is_autocast_enabled: CUDA's, and no device argument
+        return True
+
+    monkeypatch.setattr(torch, "is_autocast_enabled", no_argument)
+    monkeypatch.setattr(torch, "is_autocast_cpu_enabled", lambda: False, raising=False)
+    assert [state._autocast_on(kind) for kind in ("cuda", "cpu", "xpu")] == [True, False, False]

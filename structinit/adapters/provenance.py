@@ -109,8 +109,9 @@ def _trace_from(module: nn.Module, args: tuple, kwargs: dict, readers: tuple[str
     originals = dict(params)
     twin = double_twin(module, originals)
     if twin is not None:  # float64: a channel whose tokens nearly cancel still gives an exact ratio
-        try:  # (below: the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's)
+        try:
             twin_params = [(n, p.requires_grad_(True)) for n, p in twin.named_parameters() if n in originals]
+            # the twin is structinit's own float64 copy: what torch says of its dtypes is not the model's to hear
             with warnings.catch_warnings(), \
                     leaf_at(twin, readers, *_with_leaf(in_double(args), in_double(kwargs))) as (a, k, leaf):
                 warnings.simplefilter("ignore")

@@ -66,8 +66,8 @@ def decode(name: str, g1: torch.Tensor, gl: torch.Tensor, channels: int) -> dict
     ratio = (gl[tuple(where.T)] / g1[tuple(where.T)]).double()
     label = ratio.round()
     if not bool(((ratio - label).abs() < 1e-3).all() and (label >= 1).all() and (label <= channels).all()):
-        raise PastAProjection(f"parameter {name!r} feeds the attention through more than a projection (a norm, a "
-                         "rotation or a position term between it and the product)")
+        raise PastAProjection(f"parameter {name!r} feeds the attention through more than a projection (a norm, "
+                              "a rotation or a position term between it and the product)")
     order = torch.argsort(label, stable=True)  # each channel's entries in the order nonzero gives them
     channels_of, counts = torch.unique_consecutive(label[order], return_counts=True)
     return {int(c) - 1: ix for c, ix in zip(channels_of.tolist(), where[order].split(counts.tolist()))}

@@ -32,9 +32,18 @@ def own_precision():
     """
     with contextlib.ExitStack() as stack:
         for kind in _AUTOCAST_DEVICES:
-            if torch.is_autocast_enabled(kind):
+            if _autocast_on(kind):
                 stack.enter_context(torch.autocast(kind, enabled=False))
         yield
+
+
+def _autocast_on(kind: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(kind))
+    except TypeError:  # torch < 2.4 asks per device by name, CUDA's without an argument
+        return bool({"cpu": torch.is_autocast_cpu_enabled, "cuda": torch.is_autocast_enabled}.get(kind, bool)())
+    except RuntimeError:  # a device type this build of torch has no autocast for
+        return False
 
 
 def _is_state(value) -> bool:
