@@ -70,6 +70,12 @@ class ImpulseSolver:
     # solvers fit it approximately, as their papers do (a short gd run puts many heads elsewhere).
     exact: ClassVar[bool] = False
 
+    def argmax_on_images(self) -> bool:
+        """Whether, with a residual reservation, its q/k keep each head's argmax on its target for
+        any image content (checked after the write on a probe image; the analytic solver's signed
+        kernel without a content term does)."""
+        return False
+
     def reads_model_pe(self) -> bool:
         """Whether the model's current position embedding is read (it must then exist and be
         finite; a solver that only overwrites it is not blocked by NaNs there)."""
@@ -138,6 +144,9 @@ class AnalyticSolver(ImpulseSolver):
         check_number("content", self.content, low=0)
         if self.frequencies is not None:
             check_int("frequencies", self.frequencies, low=1)
+
+    def argmax_on_images(self) -> bool:
+        return self.signed and self.content == 0  # a content term lets content move the logits
 
     def position_frequencies(self, head_dim: int) -> int | None:
         """Frequencies per axis: ``frequencies``, else all that fit, or with a content term

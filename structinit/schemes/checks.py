@@ -17,13 +17,14 @@ from structinit.adapters.logit_transforms import POSITION_BIAS, TRANSFORMS, UNCA
 from structinit.adapters.observe import observe, real_maps
 from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
-from structinit.adapters.provenance_tokens import call_rows
+from structinit.adapters.provenance_tokens import call_rows, map_rows
 from structinit.adapters.registry import select_layers
 from structinit.adapters.survey import ModelSurvey
 from structinit.adapters.token_order import PositionUnreached, TokensOffGrid, canonical, maps_on_grid
 from structinit.adapters.verify import Verdict, computes_as_read
 from structinit.functional.attention import MIN_DIAGONAL_TOKENS, diagonal_strength
 from structinit.functional.targets import target_index, target_indices, target_pairs
+from structinit.schemes.reservation import position_unkept
 from structinit.utils.state import derived_advice, shares_memory
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
@@ -183,15 +184,16 @@ def require_judged(survey: ModelSurvey, chosen, scheme: str) -> None:
 
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
                   layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None,
-                  exact: bool = False, reserved: bool = True) -> Callable[[], None]:
+                  exact: bool = False, reserved: bool = True, held: tuple = (set(), False, None)) -> Callable[[], None]:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
     rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
     :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
     :data:`HIT_SLACK`); with ``exact`` (a solver that promises the argmax), the written q/k must
-    also put it there (:data:`MIN_HEAD_HIT`). A ValueError when the model cannot be probed
-    (:func:`require_probe`)."""
+    also put it there (:data:`MIN_HEAD_HIT`), and in each layer of ``held`` (layers, strict, notes) on the
+    probe image's own tokens (:func:`~structinit.schemes.reservation.position_unkept`). A ValueError
+    when the model cannot be probed (:func:`require_probe`)."""
     require_probe(survey, "impulse")
 
     def check() -> None:
@@ -203,8 +205,9 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
                              "embedding reaches (layers=), or use 'mimetic', which needs no position") from None
         except TokensOffGrid as err:  # the layout's grid is not where the model's image puts the tokens
             raise ValueError(f"impulse: the write was undone: {err}") from None
-        for (name, ad), real, lay, offs in zip(chosen, maps, layouts, offsets):
-            _check_hits(name, ad, real, calls[ad.module], lay, offs, order, exact, reserved)
+        hits = [(n, _check_hits(n, ad, real, calls[ad.module], lay, offs, order, exact, reserved, n in held[0]))
+                for (n, ad), real, lay, offs in zip(chosen, maps, layouts, offsets)]
+        position_unkept([(n, *hit) for n, hit in hits if hit is not None and hit[0] < MIN_HEAD_HIT], *held[1:])
     return check
 
 
@@ -227,13 +230,14 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
 
 
 def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: torch.Tensor | None = None,
-                exact: bool = False, reserved: bool = True) -> None:
+                exact: bool = False, reserved: bool = True, images: bool = False) -> float | None:
     """The real maps of one layer on its design input hit each head's target as often as the
     adapter's maps of the same tokens say they should; with ``exact`` (a solver that promises
     the argmax), those, put in grid order (``order``, None when the model keeps it), must also
     put it there in at least :data:`MIN_HEAD_HIT` of the rows: a head whose offset the solver
-    cannot realise from the model's position input is not a silent success."""
-    x = call_rows(call, real.probs.shape[-1], real.probs.shape[0])
+    cannot realise from the model's position input is not a silent success. Returns, with ``images``, the smallest
+    head's hit rate of the written q/k on the probe image's tokens (before the swap), and their maps' peak."""
+    x, on_images = call_rows(call, real.probs.shape[-1], real.probs.shape[0]), None
     probs, open_pairs = maps_on_grid(real.probs, real.open_pairs, layout)  # windows: their tokens by grid position
     order = None if layout.windows is not None else order
     if probs.shape[-1] < layout.num_patches:
@@ -251,6 +255,13 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
         closed = canonical(open_pairs.expand(ours.shape).float(), order) > 0.5 if reordered and open_pairs is not None \
             else open_pairs
         designed_rates = _hit_rates(in_grid, closed, layout, offsets) if exact else []
+        source = map_rows(call.source, x.shape[-2], x.shape[0]) if images and call.source is not None else None
+        if source is not None:
+            with torch.no_grad():
+                mine = ad.attention_probs(source.float(), ad.call_terms(call.args, call.kwargs, source))
+            mine = maps_on_grid(mine, None, layout)[0]
+            on_images = (min(_hit_rates(canonical(mine, order) if reordered else mine, closed, layout, offsets)),
+                         float(mine.amax(-1).mean()) * mine.shape[-1])  # × uniform: 1 where flat
     else:  # a layer that cuts its own windows: the design is a clean hit
         want = designed_rates = [1.0] * len(offsets)
     missed = [h for h, designed in enumerate(designed_rates) if designed < MIN_HEAD_HIT]
@@ -278,6 +289,7 @@ def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: 
                 f"position-only input, where the written q/k give {designed:.0%}; the write was undone. "
                 + (derived_advice(ad.module) or "The layer computes its attention in a way the adapter does not "
                    "model; register an adapter for it (structinit.register_adapter) or use 'mimetic'"))
+    return on_images
 
 
 def _prefix_share(probs: torch.Tensor, layout: TokenLayout, offset, h: int) -> float:

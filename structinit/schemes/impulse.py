@@ -110,7 +110,8 @@ def plan_impulse(
         reserve: ``'patch'`` makes the patch embedding's output orthogonal to the subspace the
             q/k read position from (the row space of LayerNorm(PE)), and ``'residual'`` also
             every attention output projection and MLP output, so that position stays exactly
-            readable in every layer (see :mod:`structinit.functional.reservation`);
+            readable in every layer (:mod:`structinit.functional.reservation`; checked on a
+            probe image after the write: ``'auto'`` warns where it is not, ``'residual'`` refuses);
             ``'auto'`` is ``'residual'`` where the model allows it and otherwise warns and
             reserves nothing; ``'none'`` reserves nothing. Default: the solver's (``'auto'``
             for analytic, ``'none'`` for the published closed_form and gd).
@@ -136,7 +137,7 @@ def plan_impulse(
     plan = Plan()
     placed = IMPULSE_CARRIERS[position_carrier(chosen, biases)](request, plan)
     _check_causal_targets(placed)
-    _finish_impulse(plan, survey, placed, skipped, value_init, vo_gamma, vo_delta, pos_embed, solver_obj.exact)
+    _finish_impulse(plan, survey, placed, skipped, value_init, vo_gamma, vo_delta, pos_embed, solver_obj, reserve_mode)
     return plan
 
 
@@ -188,9 +189,13 @@ def _check_layers(survey: ModelSurvey, layers, offsets, kernel_size: int, per_la
 
 
 def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, value_init: str, vo_gamma: float,
-                    vo_delta: float, pos_embed: torch.Tensor | None, exact: bool) -> None:
+                    vo_delta: float, pos_embed: torch.Tensor | None, solver, reserve: str) -> None:
     """What every carrier's plan gets alike: the value path, the reservation and the check
-    after the write."""
+    after the write (which also holds the layers a residual reservation keeps position exactly
+    readable in to that on a probe image, where the solver promises it)."""
+    exact = solver.exact
+    held = {n for r in placed.reservations if r.mode == "residual" for n in r.layers} \
+        if exact and solver.argmax_on_images() else set()
     if value_init == "mimetic":  # W_v W_o = γZ − δI on every chosen layer
         for _, ad in placed.chosen:
             wv, wo, _ = mimetic_vo(ad.dim, ad.num_heads * ad.value_dim, gamma=vo_gamma, delta=vo_delta,
@@ -199,7 +204,8 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
     for reservation in placed.reservations:
         reservation.plan(plan)
     plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact,
-                                     reserved=bool(placed.reservations)))
+                                     reserved=bool(placed.reservations),
+                                     held=(held, reserve == "residual", plan.notes)))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
 
 

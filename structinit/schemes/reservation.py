@@ -23,11 +23,14 @@ RESERVE_MODES = ("none", "patch", "residual", "auto")
 @dataclass(frozen=True)
 class Reservation:
     """What a reservation will rewrite: the position basis U (D×r) and the writes (name,
-    weight, bias) whose output rows must leave span(U)."""
+    weight, bias) whose output rows must leave span(U), its mode ('patch' or 'residual') and
+    the attention layers whose position it reserves."""
 
     basis: torch.Tensor
     writes: list[Write]
     tokens: list[Token] = field(default_factory=list)
+    mode: str = "residual"
+    layers: tuple[str, ...] = ()
 
     def plan(self, plan: Plan) -> None:
         """Add the projected writes to ``plan``. Weights the plan already writes (e.g. a
@@ -92,7 +95,7 @@ def prepare_reservation(survey: ModelSurvey, layers: list[tuple[str, AttentionAd
     for name, t in tokens:
         if t.shape[-1] != d:
             raise ValueError(f"{name} has {t.shape[-1]} channels, but the position embedding has width {d}")
-    return Reservation(basis, writes, tokens)
+    return Reservation(basis, writes, tokens, mode, tuple(name for name, _ in layers))
 
 
 def _unnamed_writes(survey: ModelSurvey, layers, writes: list[Write], d: int) -> list[Write]:
@@ -113,3 +116,32 @@ def _unnamed_writes(survey: ModelSurvey, layers, writes: list[Write], d: int) ->
 def _where(t: torch.Tensor) -> tuple:
     """Where ``t``'s entries are: the same for a parameter and a view of all of it."""
     return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride()
+
+
+def position_unkept(unkept: list[tuple[str, float, float]], strict: bool, notes: list | None) -> None:
+    """What the check after an impulse write does with the layers (name, smallest head's hit rate,
+    how far the maps peak × uniform) in which the written q/k missed their targets on the tokens a
+    probe image brought them, though a residual reservation was to keep position exactly readable
+    there: with ``strict`` (``reserve='residual'`` asked for), a ValueError; otherwise (``'auto'``)
+    a note for the caller to warn with: their structure holds on the position-only input, as in the
+    papers, where the model brings it to them."""
+    if not unkept:
+        return
+    where = ", ".join(f"{name!r} ({hit:.0%})" for name, hit, _ in unkept)
+    what = (f"in the model's own forward on a probe image, the written q/k put a head's argmax on its target in "
+            f"too few grid rows of {where}: " + (
+                "their maps there are uniform, so the tokens reaching them carry no position (the position embedding "
+                "reaches them through a zero factor, or on no path, or a projection that replaces the stream drops "
+                "it, as a U-Net's skip join does)" if all(peak < 1.5 for _, _, peak in unkept) else
+                "something between the position embedding and those layers rewrites the directions position is read "
+                "from (a nonlinear patch embedding, pooling between stages, a projection that replaces the stream, as "
+                "a U-Net's skip join does), so image content moves their maps off the targets"))
+    if strict:
+        raise ValueError(f"impulse: reserve='residual' does not keep position readable in every layer here: {what}; "
+                         "the write was undone. Pass reserve='auto' or 'none' (the structure then holds on the "
+                         "position-only input, as in the papers), or initialise only the layers before them (layers=)")
+    if notes is not None:
+        notes.append(f"the position reservation does not keep position readable in every layer here: {what}. Their "
+                     "structure holds on the position-only input (as in the papers) only where the model brings it "
+                     "to them; pass reserve='none' to silence this, or initialise only the layers before them "
+                     "(layers=)")

@@ -1,0 +1,101 @@
+"""Where a residual reservation cannot keep position readable, the check after an impulse write
+says so from the model's own forward on a probe image: ``reserve='auto'`` warns and names the
+layers, ``reserve='residual'`` refuses with the model untouched. A U-Net's long skip is the case
+here: a projection of two joined streams replaces the stream, so the position directions the
+reservation keeps free of content in the first blocks do not reach the block after the join."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import structinit
+from attention_modules import Patchify, SepAttention
+from rejection import check_rejected
+
+UNKEPT = "does not keep position readable in every layer"
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), SepAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class SkipJoinViT(nn.Module):
+    """Three pre-norm blocks on an 8×8 grid (16×16 images, patch 2, a learned PE); with ``join``,
+    the last reads a projection of the first block's output joined with the second's."""
+
+    def __init__(self, dim=32, heads=2, join=True, gate=1.0):
+        super().__init__()
+        self.gate = nn.Parameter(torch.tensor(gate))  # how much of the position embedding the tokens take
+        self.patch_embed = Patchify((16, 16), 2, dim)
+        self.pos_embed = nn.Parameter(torch.randn(1, 64, dim, generator=torch.Generator().manual_seed(0)) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(3))
+        self.join = nn.Linear(2 * dim, dim) if join else None
+
+    def forward(self, images):
+        x = self.patch_embed(images) + self.gate * self.pos_embed
+        skip = x = self.blocks[0](x)
+        x = self.blocks[1](x)
+        x = x if self.join is None else self.join(torch.cat([skip, x], -1))
+        return self.blocks[2](x).mean(1)
+
+
+def images(n=4):
+    return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def impulse(model, **options):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        structinit.init_(model, "impulse", seed=0, **options)
+    return [str(w.message) for w in caught if UNKEPT in str(w.message)]
+
+
+def test_auto_warns_naming_the_layer_past_the_join_and_the_warning_is_true():
+    model = SkipJoinViT().eval()
+    said = impulse(model)
+    assert len(said) == 1 and "'blocks.2.attn'" in said[0], said
+    assert "'blocks.0.attn'" not in said[0] and "'blocks.1.attn'" not in said[0]
+    # What it says, in the model's own maps: every head on target with images before the join, not after
+    # it; on the position-only input (the papers' setting) every layer still is.
+    on_images = structinit.impulse_fidelity(model, images())["hit"]
+    assert bool((on_images[:2] >= 0.95).all()) and float(on_images[2].min()) < 0.5, on_images
+    assert bool((structinit.impulse_fidelity(model)["hit"] >= 0.95).all())
+
+
+def test_a_position_embedding_gated_off_is_named_as_no_position_at_all():
+    """A learned gate at 0: the tokens carry no position in any layer, whatever the write; the
+    warning says their maps are uniform, not that content moved them."""
+    model = SkipJoinViT(join=False, gate=0.0).eval()
+    said = impulse(model)
+    assert len(said) == 1 and all(f"'blocks.{i}.attn'" in said[0] for i in range(3)), said
+    assert "uniform" in said[0] and "carry no position" in said[0]
+    assert float(structinit.impulse_fidelity(model, images())["hit"].max()) < 0.5  # true in its own maps
+
+
+def test_reserve_residual_refuses_it_with_the_model_untouched():
+    message = check_rejected(SkipJoinViT().eval(), lambda m: structinit.init_(m, "impulse", seed=0,
+                                                                               reserve="residual"),
+                             ValueError, "reserve='residual' " + UNKEPT)
+    assert "'blocks.2.attn'" in message and "the write was undone" in message and "layers=" in message
+
+
+@pytest.mark.parametrize("options", [{"layers": [0, 1]}, {"reserve": "none"}],
+                         ids=["before-the-join", "no-reservation"])
+def test_no_word_where_position_is_kept_or_none_was_promised(options):
+    assert impulse(SkipJoinViT().eval(), **options) == []
+
+
+def test_a_plain_vit_keeps_position_in_every_layer():
+    model = SkipJoinViT(join=False).eval()
+    assert impulse(model) == []
+    assert bool((structinit.impulse_fidelity(model, images())["hit"] >= 0.95).all())
