@@ -151,7 +151,8 @@ class AttentionAdapter:
         wq, bq, wk, bk = self.read_qk()
         qk = []
         for w, b, norm in ((wq, bq, "q_norm"), (wk, bk, "k_norm")):
-            t = torch.einsum("...td,hdr->...htr", x, w.to(x.dtype))
+            # one (D, heads·r) product, then split: a batched einsum over the heads is slower
+            t = (x @ w.to(x.dtype).transpose(0, 1).reshape(w.shape[1], -1)).unflatten(-1, w.shape[::2]).movedim(-2, -3)
             t = t if b is None else t + b.to(x.dtype)[:, None, :]
             norm = getattr(self.module, norm, None)
             if isinstance(norm, nn.Module):  # the model's own norm, run in its own dtype (a 16-bit norm refuses fp32)

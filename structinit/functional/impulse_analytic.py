@@ -50,7 +50,7 @@ from structinit.functional.linalg import canonical_svd
 from structinit.functional.mimetic import mimetic_noise
 from structinit.functional.posembed import sincos_frequencies
 from structinit.functional.reservation import position_basis
-from structinit.functional.targets import Offset, target_index
+from structinit.functional.targets import Offset, target_indices
 
 Factors = tuple[torch.Tensor, torch.Tensor]  # Wq, Wk of shape (heads, D, head_dim)
 
@@ -172,14 +172,10 @@ def analytic_qk(z: torch.Tensor, grid: tuple[int, int], offsets: list[Offset], h
 
 def _target_logits(kernel_logits: torch.Tensor, grid, offsets):
     """Per head, the kernel rows whose target is inside the grid and each row's target column:
-    (rows (M, N), target column (M,)) stacked over heads."""
-    rows, cols = [], []
-    for h, off in enumerate(offsets):
-        t = target_index(grid, off)
-        valid = torch.nonzero(t >= 0).squeeze(1)
-        rows.append(kernel_logits[h, valid])
-        cols.append(t[valid])
-    return torch.cat(rows), torch.cat(cols)
+    (rows (M, N), target column (M,)) stacked over heads, head by head."""
+    targets = target_indices(grid, offsets)  # (heads, N), −1 off the grid
+    inside = targets >= 0
+    return kernel_logits[inside], targets[inside]
 
 
 def calibrate_logit_scale(
@@ -199,7 +195,7 @@ def calibrate_logit_scale(
     # Target logit 0 (stable, same softmax); float32 is ample for a mass matched to ~1e-6.
     rows = (rows - rows.gather(1, cols[:, None])).float()
     # Weights make the mean over rows a mean over heads of per-head means, as fidelity reports.
-    counts = [int((target_index(grid, off) >= 0).sum()) for off in offsets]
+    counts = (target_indices(grid, offsets) >= 0).sum(1).tolist()
     weight = torch.cat([torch.full((c,), 1.0 / (c * len(counts))) for c in counts])
 
     def mass_and_slope(s: float) -> tuple[float, float]:

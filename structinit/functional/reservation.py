@@ -60,7 +60,8 @@ def project_out(weight: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     dtype = torch.promote_types(weight.dtype, torch.float32)
     w = weight.detach().to(dtype).reshape(weight.shape[0], -1)
     u = basis.to(dtype)
-    return (w - u @ (u.T @ w)).reshape(weight.shape).to(weight.dtype)
+    # one fused product w − u (uᵀ w): a single full-size result, not two (a wide MLP output is large)
+    return torch.addmm(w, u, u.T @ w, alpha=-1).reshape(weight.shape).to(weight.dtype)
 
 
 def project_out_tokens(tokens: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
