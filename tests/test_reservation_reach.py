@@ -33,20 +33,21 @@ class SkipJoinViT(nn.Module):
     """Three pre-norm blocks on an 8×8 grid (16×16 images, patch 2, a learned PE); with ``join``,
     the last reads a projection of the first block's output joined with the second's."""
 
-    def __init__(self, dim=32, heads=2, join=True, gate=1.0):
+    def __init__(self, dim=32, heads=2, join=True, gate=1.0, last="stream"):
         super().__init__()
         self.gate = nn.Parameter(torch.tensor(gate))  # how much of the position embedding the tokens take
+        self.last = last  # what the last block reads: the stream, or the patches alone (a branch without position)
         self.patch_embed = Patchify((16, 16), 2, dim)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim, generator=torch.Generator().manual_seed(0)) * 0.02)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(3))
         self.join = nn.Linear(2 * dim, dim) if join else None
 
     def forward(self, images):
-        x = self.patch_embed(images) + self.gate * self.pos_embed
-        skip = x = self.blocks[0](x)
+        patches = self.patch_embed(images)
+        skip = x = self.blocks[0](patches + self.gate * self.pos_embed)
         x = self.blocks[1](x)
         x = x if self.join is None else self.join(torch.cat([skip, x], -1))
-        return self.blocks[2](x).mean(1)
+        return self.blocks[2](patches if self.last == "patches" else x).mean(1)
 
 
 def images(n=4):
@@ -72,14 +73,22 @@ def test_auto_warns_naming_the_layer_past_the_join_and_the_warning_is_true():
     assert bool((structinit.impulse_fidelity(model)["hit"] >= 0.95).all())
 
 
-def test_a_position_embedding_gated_off_is_named_as_no_position_at_all():
-    """A learned gate at 0: the tokens carry no position in any layer, whatever the write; the
-    warning says their maps are uniform, not that content moved them."""
-    model = SkipJoinViT(join=False, gate=0.0).eval()
+def test_a_later_branch_without_position_is_named_as_no_position_at_all():
+    """The last block reads the patches alone: its tokens carry no position, whatever the write;
+    the warning says its maps are uniform, not that content moved them."""
+    model = SkipJoinViT(join=False, last="patches").eval()
     said = impulse(model)
-    assert len(said) == 1 and all(f"'blocks.{i}.attn'" in said[0] for i in range(3)), said
+    assert len(said) == 1 and "'blocks.2.attn'" in said[0] and "'blocks.1.attn'" not in said[0], said
     assert "uniform" in said[0] and "carry no position" in said[0]
-    assert float(structinit.impulse_fidelity(model, images())["hit"].max()) < 0.5  # true in its own maps
+    assert float(structinit.impulse_fidelity(model, images())["hit"][2].max()) < 0.5  # true in its own maps
+
+
+def test_a_position_embedding_gated_off_at_init_is_refused():
+    """A learned gate at 0: the tokens reach the first layer with a zero gradient from the
+    embedding and no position; refused as a table added after the layer is, the model untouched."""
+    check_rejected(SkipJoinViT(join=False, gate=0.0).eval(), lambda m: structinit.init_(m, "impulse", seed=0),
+                   ValueError, r"'blocks\.0\.attn': the position embedding does not reach the tokens .* a factor that "
+                               r"is 0 at init")
 
 
 def test_reserve_residual_refuses_it_with_the_model_untouched():

@@ -45,15 +45,17 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
         on = inputs if leaf is None or not grid else with_pixel_patches(inputs, num_patches, maps)
         x = None if leaf is None else tokens_at(model, adapter, on, seed, keep_graph=True)
         unread = x is None or x.ndim != 3 or not x.requires_grad  # (B·windows, h, w, C): no row order
-        apart = not unread and torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
-                                                   allow_unused=True)[0] is None  # no gradient from the PE
+        grad = None if unread else torch.autograd.grad(x, leaf, torch.ones_like(x), retain_graph=True,
+                                                       allow_unused=True)[0]
+        apart = not unread and (grad is None or not bool(grad.any()))  # no gradient from the PE, or 0 (a gate at 0)
         order = None if unread or apart else read_rows(x, leaf, pos_embed, num_patches)
         if order is not None and grid is not None:
             check_on_image(order[0], image_positions(x, maps), tuple(grid))
     # a rotary layer carries its position itself: a table of the rotation's is no embedding its tokens must take
     if apart and adapter.rotary is None and _unmoved(model, adapter, pos_embed, inputs, seed, x):
         raise PositionUnreached("the position embedding does not reach the tokens this layer receives (the model "
-                                "adds it after the layer, or on another path): the layer's tokens carry no position")
+                                "adds it after the layer, on another path, or through a factor that is 0 at init, as a "
+                                "gate): the layer's tokens carry no position")
     return order
 
 
