@@ -54,16 +54,22 @@ def images(n=4):
     return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(1))
 
 
-def impulse(model, **options):
+def impulse(model, planned=False, **options):
+    """The warnings of an impulse init that say the reservation does not keep position readable;
+    with ``planned``, the init as ``plan_init(...).commit()``, which must say it too."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        structinit.init_(model, "impulse", seed=0, **options)
+        if planned:
+            structinit.plan_init(model, "impulse", seed=0, **options).commit()
+        else:
+            structinit.init_(model, "impulse", seed=0, **options)
     return [str(w.message) for w in caught if UNKEPT in str(w.message)]
 
 
-def test_auto_warns_naming_the_layer_past_the_join_and_the_warning_is_true():
+@pytest.mark.parametrize("planned", [False, True], ids=["init_", "plan_init-commit"])
+def test_auto_warns_naming_the_layer_past_the_join_and_the_warning_is_true(planned):
     model = SkipJoinViT().eval()
-    said = impulse(model)
+    said = impulse(model, planned)
     assert len(said) == 1 and "'blocks.2.attn'" in said[0], said
     assert "'blocks.0.attn'" not in said[0] and "'blocks.1.attn'" not in said[0]
     # What it says, in the model's own maps: every head on target with images before the join, not after

@@ -184,14 +184,14 @@ def require_judged(survey: ModelSurvey, chosen, scheme: str) -> None:
 
 def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int]]],
                   layouts: list[TokenLayout], pos_embed: torch.Tensor | None = None,
-                  exact: bool = False, reserved: bool = True, held: tuple = (set(), False, None)) -> Callable[[], None]:
+                  exact: bool = False, reserved: bool = True, held: tuple = (frozenset(), False)) -> Callable[[], None]:
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
     rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
     :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
     :data:`HIT_SLACK`); with ``exact`` (a solver that promises the argmax), the written q/k must
-    also put it there (:data:`MIN_HEAD_HIT`), and in each layer of ``held`` (layers, strict, notes) on the
+    also put it there (:data:`MIN_HEAD_HIT`), and in each layer of ``held`` (layers, strict) on the
     probe image's own tokens (:func:`~structinit.schemes.reservation.position_unkept`). A ValueError
     when the model cannot be probed (:func:`require_probe`)."""
     require_probe(survey, "impulse")
@@ -230,7 +230,7 @@ def _hit_rates(probs: torch.Tensor, open_pairs, layout: TokenLayout, offsets) ->
 
 
 def _check_hits(name: str, ad, real, call, layout: TokenLayout, offsets, order: torch.Tensor | None = None,
-                exact: bool = False, reserved: bool = True, images: bool = False) -> float | None:
+                exact: bool = False, reserved: bool = True, images: bool = False) -> tuple[float, float] | None:
     """The real maps of one layer on its design input hit each head's target as often as the
     adapter's maps of the same tokens say they should; with ``exact`` (a solver that promises
     the argmax), those, put in grid order (``order``, None when the model keeps it), must also

@@ -205,7 +205,7 @@ def _finish_impulse(plan: Plan, survey: ModelSurvey, placed: Placed, skipped, va
         reservation.plan(plan)
     plan.checks.append(impulse_check(survey, placed.chosen, placed.offsets, placed.layouts, pos_embed, exact=exact,
                                      reserved=bool(placed.reservations),
-                                     held=(held, reserve == "residual", plan.notes)))
+                                     held=(held, reserve == "residual")))
     finish_plan(plan, survey, "impulse", placed.chosen, skipped)
 
 

@@ -118,13 +118,14 @@ def _where(t: torch.Tensor) -> tuple:
     return t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride()
 
 
-def position_unkept(unkept: list[tuple[str, float, float]], strict: bool, notes: list | None) -> None:
+def position_unkept(unkept: list[tuple[str, float, float]], strict: bool) -> None:
     """What the check after an impulse write does with the layers (name, smallest head's hit rate,
     how far the maps peak × uniform) in which the written q/k missed their targets on the tokens a
     probe image brought them, though a residual reservation was to keep position exactly readable
     there: with ``strict`` (``reserve='residual'`` asked for), a ValueError; otherwise (``'auto'``)
-    a note for the caller to warn with: their structure holds on the position-only input, as in the
-    papers, where the model brings it to them."""
+    a warning, the write kept: their structure holds on the position-only input, as in the papers,
+    where the model brings it to them. (Impulse's check is its plan's last, so no later one undoes
+    a write this warns of.)"""
     if not unkept:
         return
     where = ", ".join(f"{name!r} ({hit:.0%})" for name, hit, _ in unkept)
@@ -140,8 +141,6 @@ def position_unkept(unkept: list[tuple[str, float, float]], strict: bool, notes:
         raise ValueError(f"impulse: reserve='residual' does not keep position readable in every layer here: {what}; "
                          "the write was undone. Pass reserve='auto' or 'none' (the structure then holds on the "
                          "position-only input, as in the papers), or initialise only the layers before them (layers=)")
-    if notes is not None:
-        notes.append(f"the position reservation does not keep position readable in every layer here: {what}. Their "
-                     "structure holds on the position-only input (as in the papers) only where the model brings it "
-                     "to them; pass reserve='none' to silence this, or initialise only the layers before them "
-                     "(layers=)")
+    warn_caller(f"impulse: the position reservation does not keep position readable in every layer here: {what}. "
+                "Their structure holds on the position-only input (as in the papers) only where the model brings it "
+                "to them; pass reserve='none' to silence this, or initialise only the layers before them (layers=)")
