@@ -2,7 +2,9 @@
 says so from the model's own forward on a probe image: ``reserve='auto'`` warns and names the
 layers, ``reserve='residual'`` refuses with the model untouched. A U-Net's long skip is the case
 here: a projection of two joined streams replaces the stream, so the position directions the
-reservation keeps free of content in the first blocks do not reach the block after the join."""
+reservation keeps free of content in the first blocks do not reach the block after the join. A
+last block that reads the patches alone is named as carrying no position at all, and a position
+embedding behind a gate at 0 is refused outright, with or without a reservation."""
 
 import warnings
 
@@ -89,12 +91,13 @@ def test_a_later_branch_without_position_is_named_as_no_position_at_all():
     assert float(structinit.impulse_fidelity(model, images())["hit"][2].max()) < 0.5  # true in its own maps
 
 
-def test_a_position_embedding_gated_off_at_init_is_refused():
+@pytest.mark.parametrize("reserve", ["auto", "none"])
+def test_a_position_embedding_gated_off_at_init_is_refused(reserve):
     """A learned gate at 0: the tokens reach the first layer with a zero gradient from the
     embedding and no position; refused as a table added after the layer is, the model untouched."""
-    check_rejected(SkipJoinViT(join=False, gate=0.0).eval(), lambda m: structinit.init_(m, "impulse", seed=0),
-                   ValueError, r"'blocks\.0\.attn': the position embedding does not reach the tokens .* a factor that "
-                               r"is 0 at init")
+    check_rejected(SkipJoinViT(join=False, gate=0.0).eval(),
+                   lambda m: structinit.init_(m, "impulse", seed=0, reserve=reserve), ValueError,
+                   r"'blocks\.0\.attn': the position embedding does not reach the tokens .* a factor that is 0 at init")
 
 
 def test_reserve_residual_refuses_it_with_the_model_untouched():
