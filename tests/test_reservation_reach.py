@@ -3,8 +3,8 @@ says so from the model's own forward on a probe image: ``reserve='auto'`` warns 
 layers, ``reserve='residual'`` refuses with the model untouched. A U-Net's long skip is the case
 here: a projection of two joined streams replaces the stream, so the position directions the
 reservation keeps free of content in the first blocks do not reach the block after the join. A
-last block that reads the patches alone is named as carrying no position at all, and a position
-embedding behind a gate at 0 is refused outright, with or without a reservation."""
+last block that reads the patches alone carries no position at all, and a position embedding
+behind a gate at 0 none in the first: both are refused outright, with or without a reservation."""
 
 import warnings
 
@@ -15,6 +15,7 @@ from torch import nn
 import structinit
 from attention_modules import Patchify, SepAttention
 from rejection import check_rejected
+from structinit.adapters.token_order import PositionReach
 
 UNKEPT = "does not keep position readable in every layer"
 
@@ -81,14 +82,33 @@ def test_auto_warns_naming_the_layer_past_the_join_and_the_warning_is_true(plann
     assert bool((structinit.impulse_fidelity(model)["hit"] >= 0.95).all())
 
 
-def test_a_later_branch_without_position_is_named_as_no_position_at_all():
-    """The last block reads the patches alone: its tokens carry no position, whatever the write;
-    the warning says its maps are uniform, not that content moved them."""
+@pytest.mark.parametrize("reserve", ["auto", "none"])
+def test_a_later_branch_without_position_is_refused_naming_it(reserve):
+    """The last block reads the patches alone: its tokens carry no position, whatever the write,
+    with or without a reservation; refused, naming it, the model untouched, as a first layer the
+    embedding does not reach is. The blocks the embedding reaches are written."""
+    message = check_rejected(SkipJoinViT(join=False, last="patches").eval(),
+                             lambda m: structinit.init_(m, "impulse", seed=0, reserve=reserve), ValueError,
+                             r"layer 'blocks\.2\.attn' .*the position embedding does not reach the tokens it receives")
+    assert "blocks.1" not in message and "the write was undone" in message and "layers=" in message
     model = SkipJoinViT(join=False, last="patches").eval()
-    said = impulse(model)
-    assert len(said) == 1 and "'blocks.2.attn'" in said[0] and "'blocks.1.attn'" not in said[0], said
-    assert "uniform" in said[0] and "carry no position" in said[0]
-    assert float(structinit.impulse_fidelity(model, images())["hit"][2].max()) < 0.5  # true in its own maps
+    assert impulse(model, layers=[0, 1], reserve=reserve) == []
+    assert bool((structinit.impulse_fidelity(model, layers=[0, 1])["hit"] >= 0.95).all())
+
+
+class ThroughNumPy(SkipJoinViT):
+    """The embedding reaches the tokens through a NumPy round trip, where no torch op sees it."""
+
+    def forward(self, images):
+        pe = torch.from_numpy(self.pos_embed.detach().numpy().copy())
+        x = self.blocks[0](self.patch_embed(images) + pe)
+        return self.blocks[2](self.blocks[1](x)).mean(1)
+
+
+def test_a_path_outside_torch_is_not_taken_for_no_position():
+    model = ThroughNumPy(join=False).eval()
+    assert impulse(model, reserve="none") == []  # written: moving the embedding moves every layer's tokens
+    assert bool((structinit.impulse_fidelity(model)["hit"] >= 0.95).all())
 
 
 @pytest.mark.parametrize("reserve", ["auto", "none"])
@@ -117,3 +137,16 @@ def test_a_plain_vit_keeps_position_in_every_layer():
     model = SkipJoinViT(join=False).eval()
     assert impulse(model) == []
     assert bool((structinit.impulse_fidelity(model, images())["hit"] >= 0.95).all())
+
+
+def test_where_the_embedding_flows_through_views_in_place_writes_and_lists():
+    pe = torch.randn(4, 3)
+    with PositionReach([pe]) as reach:
+        a = torch.zeros(4, 3)
+        a[1:] = pe.data[1:]  # a view of its .data, written into another tensor
+        b = torch.zeros(4, 3).add_(pe)
+        c = torch.empty(4, 3)
+        torch.mul(pe, 2, out=c)
+        d = torch.ones(4, 3) * 2
+        e = torch.cat([d, pe.T.T])
+    assert [reach.reaches(t, pe) for t in (a, b, c, d, e)] == [True, True, True, False, True]

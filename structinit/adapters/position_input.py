@@ -5,6 +5,7 @@ the position-only figures feed it to the model's own layers inside one real forw
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -15,7 +16,7 @@ from structinit.adapters.observe import ModuleCall, RealMap, observe, real_maps
 from structinit.adapters.position import NOT_FOUND
 from structinit.adapters.probe import ModelCall, first_sample, is_token_probe, probe_at
 from structinit.adapters.survey import ModelSurvey, as_survey
-from structinit.adapters.token_order import out_of_order
+from structinit.adapters.token_order import PositionReach, out_of_order
 from structinit.functional.attention import layer_norm_tokens
 from structinit.utils import check_finite
 
@@ -97,34 +98,42 @@ def _in_windows(x: torch.Tensor, windows: torch.Tensor, design: torch.Tensor) ->
 
 
 def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: list[TokenLayout],
-                       pos_embed: torch.Tensor | None = None,
+                       pos_embed: torch.Tensor | None = None, reach: PositionReach | None = None,
                        ) -> tuple[list[RealMap], dict[nn.Module, ModuleCall], torch.Tensor | None] | None:
     """What each chosen layer (name, adapter) computes on its position-only input, in the
-    model's own forward: one probe image runs through the model with every chosen layer's
-    tokens swapped for :func:`design_token_swap`'s, and each layer's own softmax maps are read
-    (:func:`~structinit.adapters.observe.real_maps`). A model whose input size cannot be told is
-    probed with zero tokens of the first layer's layout and width, as a model that takes tokens
-    would be called. Returns (maps, calls, token order, None when the model keeps grid order),
-    or None when neither probe runs through the model."""
+    model's own forward: one probe image (:func:`design_probe`) runs through the model with every
+    chosen layer's tokens swapped for :func:`design_token_swap`'s, and each layer's own softmax
+    maps are read (:func:`~structinit.adapters.observe.real_maps`); ``reach``, when given, is
+    entered around that forward (each call's ``source`` then tells whether the embedding reaches
+    it). Returns (maps, calls, token order, None when the model keeps grid order), or None when
+    neither probe runs through the model."""
     survey = as_survey(model)
     model = survey.model
-    # A rotation built at each call is probed on the grid the layouts were designed for, unless the
-    # survey's own probe made that grid (a caller's input fixes the grid).
-    surveyed = survey.attention.verdict(chosen[0][0])
-    probed = None if surveyed is None or surveyed.adapter.rotary is None else tuple(surveyed.adapter.rotary.grid)
-    regrid = chosen[0][1].rotary is not None and survey.example is None and probed != tuple(layouts[0].grid)
-    inputs = probe_at(model, layouts[0].grid, count=1) if regrid else None
-    if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
-        inputs = first_sample(survey.probe)
+    inputs = design_probe(survey, chosen, layouts)
     order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].grid, inputs)
     if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
         inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
     swaps = {ad.module: design_token_swap(survey, name, ad, lay, order, pos_embed)
              for (name, ad), lay in zip(chosen, layouts)}
     try:
-        calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
+        with reach or contextlib.nullcontext():
+            calls, _ = observe(model, inputs, [(ad.module, ad.input_module, ad) for _, ad in chosen], substitute=swaps)
         return real_maps(model, inputs, chosen, calls), calls, order
     except Exception:  # the token probe is a guess: a model it does not fit cannot be probed
         if isinstance(inputs, ModelCall) or inputs.ndim == 4:
             raise
         return None
+
+
+def design_probe(survey: ModelSurvey, chosen: list, layouts: list[TokenLayout]):
+    """The input :func:`position_only_maps` runs the model on: the survey's probe image, or an
+    image on the grid the layouts were designed for where a rotation is built at each call and
+    the survey's own probe did not make that grid (a caller's input fixes the grid); None for a
+    model whose input size cannot be told."""
+    surveyed = survey.attention.verdict(chosen[0][0])
+    probed = None if surveyed is None or surveyed.adapter.rotary is None else tuple(surveyed.adapter.rotary.grid)
+    regrid = chosen[0][1].rotary is not None and survey.example is None and probed != tuple(layouts[0].grid)
+    inputs = probe_at(survey.model, layouts[0].grid, count=1) if regrid else None
+    if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
+        inputs = first_sample(survey.probe)
+    return inputs

@@ -3,6 +3,10 @@ forward: an encoder may reorder its tokens after the position embedding is added
 masking shuffles them, even at mask ratio 0). The same reading names the grid position of each
 token of the windows a later layer attends within (:func:`window_order`).
 
+Whether the embedding reaches a later layer's tokens at all is read off one forward by dataflow
+(:class:`PositionReach`), and what it finds unreached confirmed by moving the embedding
+(:func:`unreached`).
+
 One forward runs with the position embedding's leaf tensor recording gradients, stopped at the
 layer, and each token is read back to the one grid row of the embedding that feeds it
 (:func:`structinit.adapters.row_reading.read_rows`); a token no grid row feeds is off the grid
@@ -14,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+from structinit.adapters.fused import compiling
 from structinit.adapters.layout import TokenLayout, grid_positions, layout_position
 from structinit.adapters.probe import first_sample, is_token_probe
 from structinit.adapters.row_reading import (
@@ -57,6 +64,71 @@ def token_order(model: nn.Module, adapter, pos_embed: torch.Tensor, num_patches:
                                 "adds it after the layer, on another path, or through a factor that is 0 at init, as a "
                                 "gate): the layer's tokens carry no position")
     return order
+
+
+def unreached(model: nn.Module, adapter, pos_embed: torch.Tensor, inputs, seed: int = 0) -> bool:
+    """Whether the tokens the layer of ``adapter`` receives stay the same with every entry of
+    ``pos_embed`` moved (two forwards stopped at the layer; the embedding restored bit for bit)."""
+    x = tokens_at(model, adapter, inputs, seed)
+    return x is not None and _unmoved(model, adapter, pos_embed, inputs, seed, x)
+
+
+class PositionReach(TorchFunctionMode):
+    """Which tensors of a forward run inside it are made from the tensors ``sources``: an op
+    that takes one makes its outputs from it too (and the tensor it writes in place, a
+    ``__setitem__``'s or an ``out=``), and a tensor that shares a source's storage (a view, its
+    ``.data``) is that source. It costs a lookup per tensor an op takes: no second forward and no
+    gradients. A path outside torch (a NumPy round trip) is not seen, so a tensor it calls
+    unreached is one to confirm (:func:`unreached`).
+
+    Examples:
+        >>> pe = torch.zeros(4, 2)
+        >>> with PositionReach([pe]) as reach:
+        ...     a, b = torch.ones(4, 2) + pe[None], torch.ones(4, 2) * 2
+        >>> reach.reaches(a, pe), reach.reaches(b, pe)
+        (True, False)
+    """
+
+    def __init__(self, sources):
+        super().__init__()
+        self._storages = {t.untyped_storage().data_ptr(): id(t) for t in sources}
+        self._made: dict[int, tuple[weakref.ref, frozenset]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if compiling():  # flex_attention compiling its op: no tensor of the forward's own
+            return out
+        inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))
+                  if isinstance(t, torch.Tensor)]
+        made = frozenset().union(*(self.sources_of(t) for t in inputs))
+        if made:
+            written = [args[0]] if args and isinstance(args[0], torch.Tensor) and _in_place(func) else []
+            for t in (*(out if isinstance(out, (tuple, list)) else (out,)), kwargs.get("out"), *written):
+                if isinstance(t, torch.Tensor):
+                    self._made[id(t)] = (weakref.ref(t), made | self.sources_of(t))
+        return out
+
+    def sources_of(self, t: torch.Tensor) -> frozenset:
+        """The ids of the sources ``t`` is made from."""
+        entry = self._made.get(id(t))
+        made = entry[1] if entry is not None and entry[0]() is t else frozenset()
+        try:
+            source = self._storages.get(t.untyped_storage().data_ptr())
+        except Exception:  # a tensor with no storage of its own (a wrapper subclass): what ops made it says
+            source = None
+        return made if source is None else made | {source}
+
+    def reaches(self, t: torch.Tensor, source: torch.Tensor) -> bool:
+        """Whether ``t`` is made from ``source`` (one of the sources)."""
+        return self._storages.get(source.untyped_storage().data_ptr()) in self.sources_of(t)
+
+
+def _in_place(func) -> bool:
+    """Whether ``func`` writes its first argument: ``add_``, ``__setitem__``, ``__iadd__`` …"""
+    name = getattr(func, "__name__", "")
+    return name == "__setitem__" or (name.startswith("__i") and name.endswith("__")) or (
+        name.endswith("_") and not name.startswith("_"))
 
 
 class PositionUnreached(ValueError):

@@ -15,7 +15,6 @@ from structinit.adapters import TokenLayout
 from structinit.adapters.attention import adapter_logits, head_mixers, in_matrix
 from structinit.adapters.logit_transforms import POSITION_BIAS, TRANSFORMS, UNCALLED, added_term, order_kept, same_term
 from structinit.adapters.observe import observe, real_maps
-from structinit.adapters.position_input import position_only_maps
 from structinit.adapters.probe import first_sample
 from structinit.adapters.provenance_tokens import call_rows, map_rows
 from structinit.adapters.registry import select_layers
@@ -24,7 +23,7 @@ from structinit.adapters.token_order import PositionUnreached, TokensOffGrid, ca
 from structinit.adapters.verify import Verdict, computes_as_read
 from structinit.functional.attention import MIN_DIAGONAL_TOKENS, diagonal_strength
 from structinit.functional.targets import target_index, target_indices, target_pairs
-from structinit.schemes.reservation import position_unkept
+from structinit.schemes.reservation import position_unkept, reached_maps
 from structinit.utils.state import derived_advice, shares_memory
 
 # What to do instead, by what differs (structinit.adapters.verify's codes).
@@ -188,7 +187,7 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
     """The check after an impulse write (module doc): a probe runs through the model with the
     tokens each chosen layer receives replaced by what the impulse is designed for (the grid
     rows by LayerNorm(PE), of ``pos_embed`` when given, or zeros for a layer with a relative position bias;
-    :func:`~structinit.adapters.position_input.position_only_maps`), and each head's own softmax
+    :func:`~structinit.schemes.reservation.reached_maps`), and each head's own softmax
     map must put its argmax on its target as often as the written q/k say it does (within
     :data:`HIT_SLACK`); with ``exact`` (a solver that promises the argmax), the written q/k must
     also put it there (:data:`MIN_HEAD_HIT`), and in each layer of ``held`` (layers, strict) on the
@@ -198,7 +197,7 @@ def impulse_check(survey: ModelSurvey, chosen, offsets: list[list[tuple[int, int
 
     def check() -> None:
         try:
-            maps, calls, order = position_only_maps(survey, chosen, layouts, pos_embed)
+            maps, calls, order = reached_maps(survey, chosen, layouts, pos_embed)
         except PositionUnreached as err:  # the first chosen layer's tokens do not depend on the embedding
             raise ValueError(f"impulse: attention layer {chosen[0][0]!r}: {err}, so impulse "
                              "cannot shape its maps; the write was undone. Initialise only the layers the position "

@@ -1,6 +1,8 @@
 """Planning a position reservation (see :mod:`structinit.functional.reservation`): the patch
 embedding's output, and with ``'residual'`` every attention output projection and MLP
-output too, made orthogonal to the subspace the attention reads position from."""
+output too, made orthogonal to the subspace the attention reads position from; and what the
+check after an impulse write finds about where position gets to (:func:`reached_maps`,
+:func:`position_unkept`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import torch
 from torch import nn
 
 from structinit.adapters import AttentionAdapter, TokenLayout
+from structinit.adapters.layout import layout_position
 from structinit.adapters.position import NOT_FOUND
+from structinit.adapters.position_input import design_probe, position_only_maps
 from structinit.adapters.residual import Token, Write, patch_writes, prefix_tokens, residual_writes, stream_writers
 from structinit.adapters.survey import ModelSurvey
+from structinit.adapters.token_order import PositionReach, unreached
 from structinit.functional.reservation import free_width, position_basis, project_out, project_out_tokens
 from structinit.schemes.plan import Plan
 from structinit.utils import check_choice, warn_caller
@@ -144,3 +149,33 @@ def position_unkept(unkept: list[tuple[str, float, float]], strict: bool) -> Non
     warn_caller(f"impulse: the position reservation does not keep position readable in every layer here: {what}. "
                 "Their structure holds on the position-only input (as in the papers) only where the model brings it "
                 "to them; pass reserve='none' to silence this, or initialise only the layers before them (layers=)")
+
+
+def reached_maps(survey: ModelSurvey, chosen, layouts: list[TokenLayout], pos_embed: torch.Tensor | None):
+    """:func:`~structinit.adapters.position_input.position_only_maps` for the check after an
+    impulse write, which also refuses a layer whose position comes from an embedding that does
+    not reach the tokens it receives in that forward (a second branch with no embedding of its
+    own), confirmed by moving the embedding; the first layer's is checked as its token order is
+    read (:class:`~structinit.adapters.token_order.PositionUnreached`). With ``pos_embed`` (the
+    caller's, not the model's) nothing is asked of the model's."""
+    carried = [(name, ad, layout_position(survey, lay).pos_embed) for (name, ad), lay in zip(chosen, layouts)
+               if ad.rotary is None and survey.relative_bias(name, ad) is None]
+    carried = [(name, ad, pe) for name, ad, pe in carried if pe is not None]
+    reach = PositionReach([pe for _, _, pe in carried]) if carried and pos_embed is None else None
+    found = position_only_maps(survey, chosen, layouts, pos_embed, reach)
+    if reach is None or found is None:
+        return found
+    inputs = design_probe(survey, chosen, layouts)
+    inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim) if inputs is None else inputs
+    for name, ad, pe in carried[1:]:
+        call = found[1].get(ad.module)
+        if call is None or call.source is None or reach.reaches(call.source, pe) or not unreached(
+                survey.model, ad, pe, inputs):
+            continue
+        raise ValueError(
+            f"impulse: attention layer {name!r} ({type(ad.module).__name__}): the position embedding does not reach "
+            "the tokens it receives (it sits on a path the embedding does not feed, as a second branch with no "
+            "embedding of its own does), so its tokens carry no position and impulse cannot shape its maps; the "
+            "write was undone. Initialise only the layers the position embedding reaches (layers=), or use "
+            "'mimetic', which needs no position")
+    return found
