@@ -4,12 +4,15 @@ names it by.
 
 Each transform has a signature in the two sets of logits, tried in this order: q and k of one
 length (a norm on q/k); a term added the same for both probe images (a position bias, ALiBi's
-too, though it is 0 on the diagonal); the diagonal kept and the rest changed with the content (a
-rotation by position); each head's logits a fixed linear mix of all heads' (talking heads), or
-of its own alone (a per-head temperature); an elementwise monotone function of them (a
-soft-cap); a term the same for every query of a key (a per-key bias). A
-scheme that sets only the projections (mimetic) accepts the transforms in :data:`TRANSFORMS`,
-and its check in the model's own forward then says whether the structure survived them.
+too, though it is 0 on the diagonal); the transpose of q kᵀ (q and k read in each other's
+roles); the diagonal kept and the rest changed with the content (a rotation by position); each
+head's logits a fixed linear mix of all heads' (talking heads), or of its own alone (a per-head
+temperature, or one factor for every head: a softmax scale other than the one the module
+names); an elementwise monotone function of them (a soft-cap); a term the same for every query
+of a key (a per-key bias). A scheme that sets only the projections (mimetic) accepts the
+transforms in :data:`TRANSFORMS`, and its check in the model's own forward then says whether the
+structure survived them. The two that come from reading a layer by misleading names
+(:data:`NAME_MISREADS`) send it to the trace, which reads it by what it computes.
 """
 
 from __future__ import annotations
@@ -30,10 +33,15 @@ if TYPE_CHECKING:
 # one; mimetic, which sets only the projections, accepts the transforms the model adds on top).
 HEAD_MIXING, ROTATION, QK_NORM, POSITION_BIAS = "head-mixing", "rotation", "qk-norm", "position-bias"
 HEAD_SCALE, LOGIT_CAP, KEY_BIAS = "head-scale", "logit-cap", "key-bias"
+# Read by the wrong names: q and k in each other's roles; a scale other than the one the module names
+SWAPPED_ROLES, OTHER_SCALE = "swapped-roles", "other-scale"
 SELF_MASK, UNLIKE_CALLS = "self-mask", "unlike-calls"  # the latter: one module called on two token layouts
 LAYOUT, NO_MAP, VALUE_PATH, UNCALLED = "layout", "no-map", "value-path", "uncalled"
 NO_PROJECTION = "no-output-projection"  # q, k and v read; the output is no projection of the context (a mechanism)
-TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, HEAD_SCALE, LOGIT_CAP, KEY_BIAS, SELF_MASK})
+TRANSFORMS = frozenset({ROTATION, QK_NORM, POSITION_BIAS, HEAD_MIXING, HEAD_SCALE, LOGIT_CAP, KEY_BIAS, SELF_MASK,
+                        SWAPPED_ROLES, OTHER_SCALE})
+# Where an adapter's names mislead it: the trace reads such a layer again by what it computes
+NAME_MISREADS = frozenset({SWAPPED_ROLES, OTHER_SCALE})
 
 
 def as_shape(t: torch.Tensor, shape) -> torch.Tensor | None:
@@ -71,6 +79,10 @@ def diagnose(adapter: AttentionAdapter, real: AttentionMap, ours: torch.Tensor, 
         if _content_free(real_logits - ours_logits):  # before the rotation: an ALiBi bias is 0 on the diagonal too
             return POSITION_BIAS, ("it adds a logit term that does not depend on content (a position bias or mask "
                                    "structinit does not model)")
+        if _close(real_logits, _centred_pair(raw_real, raw_ours.transpose(-2, -1))[1]) and not _close(
+                real_logits, ours_logits):
+            return SWAPPED_ROLES, ("its logits are the transpose of the q kᵀ its projections give as structinit reads "
+                                   "them: the projection read as q makes its keys, the one read as k its queries")
         eye = torch.eye(shape[-1], dtype=torch.bool, device=raw_real.device)
         diag_real, diag_ours = raw_real[..., eye], raw_ours[..., eye]
         if real.sinks:  # logits read against the sinks': one constant a head apart (AttentionMap.drop_keys)
@@ -138,11 +150,21 @@ def _head_mix(ours: torch.Tensor, real: torch.Tensor) -> tuple[str, str] | None:
         return None
     scale = mix.diagonal()
     if torch.allclose(mix - torch.diag(scale), torch.zeros_like(mix), atol=1e-3 * float(scale.abs().max())):
+        if float(scale.max() - scale.min()) <= 1e-3 * float(scale.abs().max()):  # one factor for every head
+            return OTHER_SCALE, (f"its logits are the q kᵀ structinit reads times {float(scale.mean()):.4g}, the same "
+                                 "for every head: the softmax scale it applies is not the one the module names")
         shown = ", ".join(f"{float(s):.3g}" for s in scale[:8]) + (", …" if heads > 8 else "")
         return HEAD_SCALE, (f"each head's logits are its q kᵀ scaled by a factor of its own ({shown}: a learned "
                             "per-head temperature), not mixed with other heads")
     return HEAD_MIXING, ("its heads are mixed before the softmax (talking-heads attention): a head's map is not its "
                          "own q kᵀ")
+
+
+def _close(real: torch.Tensor, ours: torch.Tensor) -> bool:
+    """Whether two row-centred sets of logits agree, to 1e-3 of the real ones' spread however
+    small (logits of a small init are small: no floor of 1e-3 may call them all alike)."""
+    spread = float(real.abs().max())
+    return math.isfinite(spread) and spread > 0 and torch.allclose(real, ours, rtol=1e-3, atol=1e-3 * spread)
 
 
 def _open_pairs(ours: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Where each token of an attention map comes from in the module's input, found by provenance:
-the module may take (B, T, D) tokens, (B, D, H, W) or (B, H, W, D) maps, and may cut windows
-itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its gradient on
+the module may take (B, T, D) tokens, sequence first (T, B, D), (B, D, H, W) or (B, H, W, D)
+maps, and may cut windows itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its gradient on
 the input say which input position each token reads, whatever reshapes, permutes and rolls the
 module does; a :class:`TokenMap` turns any call's input (or output) into the map's tokens.
 A module that transforms its input before projecting it (vit-pytorch's LayerNorm inside) is read
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 
 from structinit.adapters.probe import probing
 from structinit.adapters.provenance_record import Operand, first_tensor, restored
+from structinit.adapters.traced import TokenMap
 
 if TYPE_CHECKING:
     from structinit.adapters.observe import AttentionMap, ModuleCall
@@ -31,27 +31,6 @@ class TokenError(ValueError):
     def __init__(self, message: str, depth: int = 2):
         super().__init__(message)
         self.depth = depth
-
-
-@dataclass(frozen=True)
-class TokenMap:
-    """``channel_axis`` of the module's input holds the width; the other axes after the batch are
-    positions, flattened in order. ``windows`` (nW, T), when the module cuts its input into
-    windows, holds each window's positions in the order its map reads them (per image; the
-    module's slices run image by image); None when the map reads the positions as they are."""
-
-    channel_axis: int
-    windows: torch.Tensor | None = None
-
-    def tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (the call's input, or its output of the same layout) as (slices, T, D) tokens."""
-        if x.ndim == 2:
-            x = x.unsqueeze(0)
-        x = x.movedim(self.channel_axis % x.ndim, -1).flatten(1, -2)  # (B, positions, D)
-        if self.windows is None:
-            return x
-        w = self.windows.to(x.device)
-        return x[:, w].reshape(-1, w.shape[1], x.shape[-1])
 
 
 def _channel_axes(grad: torch.Tensor, dim: int) -> list[int]:
@@ -77,20 +56,28 @@ def token_map(q: Operand, leaf: torch.Tensor, dim: int, heads: int) -> TokenMap:
         raise TokenError("its map's tokens do not read whole positions of its input", depth=1)
     first = None
     for channel in axes:  # a side as long as the width is read as one only if its positions then add up
-        try:
-            positions = [_slice_positions(q, leaf, lead, channel) for lead in leads_of]
-        except TokenError as err:
-            first = first or err
-            continue
-        return TokenMap(channel, _windows(positions, leaf.movedim(channel, -1).flatten(1, -2).shape[1]))
+        # the images along the first axis, or the second of a sequence-first (T, B, D) input
+        for batch in [0, 1] if leaf.ndim == 3 and channel % 3 == 2 else [0]:
+            try:
+                positions = [_slice_positions(q, leaf, lead, channel, batch) for lead in leads_of]
+            except TokenError as err:
+                first = first or err
+                continue
+            return TokenMap(channel, _windows(positions, _rows(leaf, batch, channel).shape[1]), batch)
     raise first
 
 
-def _slice_positions(q: Operand, leaf: torch.Tensor, lead, channel: int) -> tuple[int, torch.Tensor]:
+def _rows(t: torch.Tensor, batch: int, channel: int) -> torch.Tensor:
+    """``t`` as (images, positions, width), its images along ``batch`` and width along ``channel``."""
+    return t.movedim((batch, channel % t.ndim), (0, -1)).flatten(1, -2)
+
+
+def _slice_positions(q: Operand, leaf: torch.Tensor, lead, channel: int, batch: int = 0) -> tuple[int, torch.Tensor]:
     """(image, the input position each token of slice ``lead`` reads), reading ``channel`` as
-    the width; :class:`TokenError` when they are not one position each of one image."""
+    the width and ``batch`` as the images; :class:`TokenError` when they are not one position
+    each of one image."""
     t = q.moved_shape[-2]
-    ones, labels = (_read_by(q, leaf, lead, weights).movedim(channel, -1).flatten(1, -2)  # (B, positions, D)
+    ones, labels = (_rows(_read_by(q, leaf, lead, weights), batch, channel)  # (B, positions, D)
                     for weights in (torch.ones(t), torch.arange(1, t + 1)))
     pick = ones.abs().argmax(-1, keepdim=True)
     read = torch.nonzero(ones.abs().amax(-1) > 0)
@@ -99,7 +86,7 @@ def _slice_positions(q: Operand, leaf: torch.Tensor, lead, channel: int) -> tupl
     exact = bool((ratio - ratio.round()).abs().max() <= 1e-3) if len(read) else False
     if len(read) != t or not exact or not torch.equal(order.sort().values, torch.arange(t)):
         middle = (torch.arange(t) == t // 2).double()
-        spread = _read_by(q, leaf, lead, middle).movedim(channel, -1).flatten(1, -2).abs().amax(-1) > 0
+        spread = _rows(_read_by(q, leaf, lead, middle), batch, channel).abs().amax(-1) > 0
         if int(spread.sum()) > 1:
             raise TokenError("its q reads several positions of its input per token (a convolution over the "
                              "tokens between its projection and the product): its q kᵀ is no product of "

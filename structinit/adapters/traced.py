@@ -4,12 +4,36 @@ module's own parameters, whatever its names and layout, and what the trace saw a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from structinit.adapters.attention import AttentionAdapter, Views
 from structinit.adapters.provenance_record import first_tensor
-from structinit.adapters.provenance_tokens import TokenMap
+
+
+@dataclass(frozen=True)
+class TokenMap:
+    """``channel_axis`` of the module's input holds the width and ``batch_axis`` the images (the
+    first axis, or the second of a sequence-first (T, B, D) input); the other axes are positions,
+    flattened in order. ``windows`` (nW, T), when the module cuts its input into windows, holds
+    each window's positions in the order its map reads them (per image; the module's slices run
+    image by image); None when the map reads the positions as they are."""
+
+    channel_axis: int
+    windows: torch.Tensor | None = None
+    batch_axis: int = 0
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (the call's input, or its output of the same layout) as (slices, T, D) tokens."""
+        if x.ndim == 2:
+            x = x.unsqueeze(0)
+        x = x.movedim((self.batch_axis % x.ndim, self.channel_axis % x.ndim), (0, -1)).flatten(1, -2)
+        if self.windows is None:
+            return x  # (B, positions, D)
+        w = self.windows.to(x.device)
+        return x[:, w].reshape(-1, w.shape[1], x.shape[-1])
 
 
 class TracedAdapter(AttentionAdapter):

@@ -29,6 +29,7 @@ from structinit.adapters.attention import AttentionAdapter, adapter_logits, head
 from structinit.adapters.logit_transforms import (
     HEAD_MIXING,
     LAYOUT,
+    NAME_MISREADS,
     NO_MAP,
     NO_PROJECTION,
     POSITION_BIAS,
@@ -180,6 +181,10 @@ def judge(name: str, adapter: AttentionAdapter, call: ModuleCall, dtype: torch.d
             return Verdict(name, adapter, "pooling", reason=words)
         if kind == "windows":  # cut after its projections: the trace reads which tokens each window holds
             return Verdict(name, adapter, "refused", LAYOUT, words)
+        n, per_row = x.shape[0], x.shape[1] * adapter.num_heads  # sequence first: the trace reads the tokens so
+        if any(m.queries == m.keys == n and m.probs.numel() == per_row * n * n for m in over_tokens):
+            return Verdict(name, adapter, "refused", LAYOUT, f"its maps are {n}×{n}, over the first axis of its input: "
+                           f"its tokens come sequence first, (T, B, D), not as {type(adapter).__name__} reads them")
         return Verdict(name, adapter, "refused", NO_MAP,
                        f"it forms no softmax(q kᵀ) map over its {tokens} tokens (its softmax maps are "
                        f"{maps[0].queries}×{maps[0].keys}: linear or factorised attention): there is no map to shape")
@@ -275,10 +280,11 @@ def _judged(model, candidates, inputs, calls, by_module, whole: bool = True) -> 
             unclaimed[module] = (name, f"{type(module).__name__}: a {m.queries}×{m.keys} softmax map")
     if not whole and (unclaimed or pooling):
         return None
-    # A layer its adapter misread (another head layout, another value path) is read again by the trace;
-    # the trace's verdict replaces the adapter's when it understands the layer, its reason joins the refusal if not.
+    # A layer its adapter misread (another head layout, another value path, or misleading names: q and k in each
+    # other's roles, a scale the forward does not apply) is read again by the trace; the trace's verdict replaces
+    # the adapter's when it understands the layer, its reason joins the refusal if not.
     misread = {v.adapter.module: (v.name, "") for v in verdicts
-               if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH)}
+               if v.kind == "refused" and v.code in (LAYOUT, VALUE_PATH, *NAME_MISREADS)}
     traced, unknown, crossed = traced_verdicts(model, inputs, {**unclaimed, **misread}, dtype)
     traced = _with_plain_heads(model, [(v.name, v.adapter) for v in traced], traced, inputs, dtype)
     again = {name for name, _ in misread.values()}
