@@ -93,3 +93,11 @@ def test_where_the_trace_cannot_read_it_the_refusal_says_sequence_first(monkeypa
     message = check_rejected(_model(True), lambda m: structinit.init_(m, "impulse", seed=0, reserve="none"),
                              ValueError, "impulse cannot set")
     assert "sequence first, (T, B, D)" in message and "linear or factorised" not in message
+
+
+def test_its_token_map_reads_a_batch_and_an_unbatched_call_alike():
+    model = _model(False)
+    (_, ad), *_ = structinit.find_attention_layers(model)
+    x = torch.randn(64, 2, 48)
+    assert torch.equal(ad.token_map.tokens(x[:, 1]), x[:, 1][None])  # (T, D): one image, its tokens as they are
+    assert torch.equal(ad.token_map.tokens(x)[1], x[:, 1])

@@ -1,8 +1,9 @@
 """Where each token of an attention map comes from in the module's input, found by provenance:
 the module may take (B, T, D) tokens, sequence first (T, B, D), (B, D, H, W) or (B, H, W, D)
-maps, and may cut windows itself. A labelled cotangent on one map slice's q (token t weighted t + 1) and its gradient on
-the input say which input position each token reads, whatever reshapes, permutes and rolls the
-module does; a :class:`TokenMap` turns any call's input (or output) into the map's tokens.
+maps, and may cut windows itself. A labelled cotangent on one map slice's q (token t weighted
+t + 1) and its gradient on the input say which input position each token reads, whatever
+reshapes, permutes and rolls the module does; a :class:`~structinit.adapters.traced.TokenMap`
+turns any call's input (or output) into the map's tokens.
 A module that transforms its input before projecting it (vit-pytorch's LayerNorm inside) is read
 where its projections take the tokens (:func:`inner_tokens`, :func:`leaf_at`, :func:`tokens_of_call`)."""
 

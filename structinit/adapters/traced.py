@@ -27,9 +27,9 @@ class TokenMap:
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (the call's input, or its output of the same layout) as (slices, T, D) tokens."""
-        if x.ndim == 2:
-            x = x.unsqueeze(0)
-        x = x.movedim((self.batch_axis % x.ndim, self.channel_axis % x.ndim), (0, -1)).flatten(1, -2)
+        batch = self.batch_axis if x.ndim > 2 else 0
+        x = x if x.ndim > 2 else x.unsqueeze(0)  # an unbatched (T, D) call
+        x = x.movedim((batch % x.ndim, self.channel_axis % x.ndim), (0, -1)).flatten(1, -2)
         if self.windows is None:
             return x  # (B, positions, D)
         w = self.windows.to(x.device)

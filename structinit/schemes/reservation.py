@@ -167,9 +167,9 @@ def reached_maps(survey: ModelSurvey, chosen, layouts: list[TokenLayout], pos_em
         return found
     inputs = design_probe(survey, chosen, layouts)
     inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim) if inputs is None else inputs
-    for name, ad, pe in carried[1:]:
-        call = found[1].get(ad.module)
-        if call is None or call.source is None or reach.reaches(call.source, pe) or not unreached(
+    for name, ad, pe in carried:
+        source = getattr(found[1].get(ad.module), "source", None)  # the tokens it received, before the swap
+        if name == chosen[0][0] or source is None or reach.reaches(source, pe) or not unreached(
                 survey.model, ad, pe, inputs):
             continue
         raise ValueError(
