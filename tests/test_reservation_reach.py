@@ -18,6 +18,7 @@ from rejection import check_rejected
 from structinit.adapters.token_order import PositionReach
 
 UNKEPT = "does not keep position readable in every layer"
+UNREACHED = r"layer 'blocks\.2\.attn' .*the position embedding its impulse is designed on, 'pos_embed', does not reach"
 
 
 class Block(nn.Module):
@@ -36,9 +37,10 @@ class SkipJoinViT(nn.Module):
     """Three pre-norm blocks on an 8×8 grid (16×16 images, patch 2, a learned PE); with ``join``,
     the last reads a projection of the first block's output joined with the second's."""
 
-    def __init__(self, dim=32, heads=2, join=True, gate=1.0, last="stream"):
+    def __init__(self, dim=32, heads=2, join=True, gate=1.0, last="stream", last_gate=0.0):
         super().__init__()
         self.gate = nn.Parameter(torch.tensor(gate))  # how much of the position embedding the tokens take
+        self.last_gate = nn.Parameter(torch.tensor(last_gate))  # how much the last block's patches take ('gated')
         self.last = last  # what the last block reads: the stream, or the patches alone (a branch without position)
         self.patch_embed = Patchify((16, 16), 2, dim)
         self.pos_embed = nn.Parameter(torch.randn(1, 64, dim, generator=torch.Generator().manual_seed(0)) * 0.02)
@@ -50,7 +52,8 @@ class SkipJoinViT(nn.Module):
         skip = x = self.blocks[0](patches + self.gate * self.pos_embed)
         x = self.blocks[1](x)
         x = x if self.join is None else self.join(torch.cat([skip, x], -1))
-        return self.blocks[2](patches if self.last == "patches" else x).mean(1)
+        last = {"patches": patches, "gated": patches + self.last_gate * self.pos_embed}.get(self.last, x)
+        return self.blocks[2](last).mean(1)
 
 
 def images(n=4):
@@ -89,11 +92,23 @@ def test_a_later_branch_without_position_is_refused_naming_it(reserve):
     embedding does not reach is. The blocks the embedding reaches are written."""
     message = check_rejected(SkipJoinViT(join=False, last="patches").eval(),
                              lambda m: structinit.init_(m, "impulse", seed=0, reserve=reserve), ValueError,
-                             r"layer 'blocks\.2\.attn' .*the position embedding does not reach the tokens it receives")
+                             UNREACHED)
     assert "blocks.1" not in message and "the write was undone" in message and "layers=" in message
     model = SkipJoinViT(join=False, last="patches").eval()
     assert impulse(model, layers=[0, 1], reserve=reserve) == []
     assert bool((structinit.impulse_fidelity(model, layers=[0, 1])["hit"] >= 0.95).all())
+
+
+@pytest.mark.parametrize("reserve", ["auto", "none"])
+def test_a_later_branch_whose_embedding_is_gated_off_at_init_is_refused(reserve):
+    """The last block reads the patches plus the embedding behind its own gate at 0: refused as the
+    branch without any is; with the gate open at init it is written."""
+    check_rejected(SkipJoinViT(join=False, last="gated").eval(),
+                   lambda m: structinit.init_(m, "impulse", seed=0, reserve=reserve), ValueError,
+                   UNREACHED)
+    model = SkipJoinViT(join=False, last="gated", last_gate=1.0).eval()
+    structinit.init_(model, "impulse", seed=0, reserve=reserve)
+    assert bool((structinit.impulse_fidelity(model)["hit"] >= 0.95).all())
 
 
 class ThroughNumPy(SkipJoinViT):
@@ -149,4 +164,5 @@ def test_where_the_embedding_flows_through_views_in_place_writes_and_lists():
         torch.mul(pe, 2, out=c)
         d = torch.ones(4, 3) * 2
         e = torch.cat([d, pe.T.T])
-    assert [reach.reaches(t, pe) for t in (a, b, c, d, e)] == [True, True, True, False, True]
+        f, g = pe * 0.0, torch.zeros(1) * pe[0]  # products with zeros: a gate at 0
+    assert [reach.reaches(t, pe) for t in (a, b, c, d, e, f, g)] == [True, True, True, False, True, False, False]

@@ -76,8 +76,9 @@ def unreached(model: nn.Module, adapter, pos_embed: torch.Tensor, inputs, seed: 
 class PositionReach(TorchFunctionMode):
     """Which tensors of a forward run inside it are made from the tensors ``sources``: an op
     that takes one makes its outputs from it too (and the tensor it writes in place, a
-    ``__setitem__``'s or an ``out=``), and a tensor that shares a source's storage (a view, its
-    ``.data``) is that source. It costs a lookup per tensor an op takes: no second forward and no
+    ``__setitem__``'s or an ``out=``), unless it is an elementwise product with a factor of zeros
+    (a gate at 0 at init); and a tensor that shares a source's storage (a view, its ``.data``) is
+    that source. It costs a lookup per tensor an op takes: no second forward and no
     gradients. A path outside torch (a NumPy round trip) is not seen, so a tensor it calls
     unreached is one to confirm (:func:`unreached`).
 
@@ -102,6 +103,9 @@ class PositionReach(TorchFunctionMode):
         inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))
                   if isinstance(t, torch.Tensor)]
         made = frozenset().union(*(self.sources_of(t) for t in inputs))
+        if made and getattr(func, "__name__", "") in _PRODUCTS and any(_zeros(v) and not (
+                isinstance(v, torch.Tensor) and self.sources_of(v)) for v in (*args, *kwargs.values())):
+            made = frozenset()  # a factor of zeros (a gate at 0) carries none
         if made:
             written = [args[0]] if args and isinstance(args[0], torch.Tensor) and _in_place(func) else []
             for t in (*(out if isinstance(out, (tuple, list)) else (out,)), kwargs.get("out"), *written):
@@ -122,6 +126,16 @@ class PositionReach(TorchFunctionMode):
     def reaches(self, t: torch.Tensor, source: torch.Tensor) -> bool:
         """Whether ``t`` is made from ``source`` (one of the sources)."""
         return self._storages.get(source.untyped_storage().data_ptr()) in self.sources_of(t)
+
+
+_PRODUCTS = frozenset({"mul", "mul_", "multiply", "__mul__", "__rmul__", "__imul__"})  # elementwise, by name
+
+
+def _zeros(v) -> bool:
+    """Whether ``v`` is a number 0 or a non-empty tensor of zeros."""
+    if isinstance(v, torch.Tensor):
+        return v.numel() > 0 and not bool(v.any())
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0
 
 
 def _in_place(func) -> bool:

@@ -158,24 +158,25 @@ def reached_maps(survey: ModelSurvey, chosen, layouts: list[TokenLayout], pos_em
     own), confirmed by moving the embedding; the first layer's is checked as its token order is
     read (:class:`~structinit.adapters.token_order.PositionUnreached`). With ``pos_embed`` (the
     caller's, not the model's) nothing is asked of the model's."""
-    carried = [(name, ad, layout_position(survey, lay).pos_embed) for (name, ad), lay in zip(chosen, layouts)
+    carried = [(name, ad, layout_position(survey, lay)) for (name, ad), lay in zip(chosen, layouts)
                if ad.rotary is None and survey.relative_bias(name, ad) is None]
-    carried = [(name, ad, pe) for name, ad, pe in carried if pe is not None]
-    reach = PositionReach([pe for _, _, pe in carried]) if carried and pos_embed is None else None
+    carried = [(name, ad, found) for name, ad, found in carried if found.pos_embed is not None]
+    reach = PositionReach([found.pos_embed for _, _, found in carried]) if carried and pos_embed is None else None
     found = position_only_maps(survey, chosen, layouts, pos_embed, reach)
     if reach is None or found is None:
         return found
     inputs = design_probe(survey, chosen, layouts)
     inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim) if inputs is None else inputs
-    for name, ad, pe in carried:
+    for name, ad, position in carried:
         source = getattr(found[1].get(ad.module), "source", None)  # the tokens it received, before the swap
-        if name == chosen[0][0] or source is None or reach.reaches(source, pe) or not unreached(
-                survey.model, ad, pe, inputs):
+        if name == chosen[0][0] or source is None or reach.reaches(source, position.pos_embed) or not unreached(
+                survey.model, ad, position.pos_embed, inputs):
             continue
         raise ValueError(
-            f"impulse: attention layer {name!r} ({type(ad.module).__name__}): the position embedding does not reach "
-            "the tokens it receives (it sits on a path the embedding does not feed, as a second branch with no "
-            "embedding of its own does), so its tokens carry no position and impulse cannot shape its maps; the "
-            "write was undone. Initialise only the layers the position embedding reaches (layers=), or use "
-            "'mimetic', which needs no position")
+            f"impulse: attention layer {name!r} ({type(ad.module).__name__}): the position embedding its impulse is "
+            f"designed on, {position.pos_embed_name!r}, does not reach the tokens it receives (it sits on a path that "
+            "embedding does not feed: a second branch, with no embedding of its own or one structinit does not take "
+            "for this layer's, or behind a gate at 0), so impulse cannot shape its maps from it; the write was "
+            "undone. Initialise only the layers that embedding reaches (layers=), or use 'mimetic', which needs no "
+            "position")
     return found
