@@ -111,8 +111,7 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
     model = survey.model
     inputs = design_probe(survey, chosen, layouts)
     order = None if inputs is None else out_of_order(survey, chosen[0], layouts[0].grid, inputs)
-    if inputs is None:  # no image size to tell: a model that takes tokens, (1, P + N, D) as the first layer sees
-        inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
+    inputs = design_probe(survey, chosen, layouts, tokens=True) if inputs is None else inputs
     swaps = {ad.module: design_token_swap(survey, name, ad, lay, order, pos_embed)
              for (name, ad), lay in zip(chosen, layouts)}
     try:
@@ -125,15 +124,18 @@ def position_only_maps(model: nn.Module | ModelSurvey, chosen: list, layouts: li
         return None
 
 
-def design_probe(survey: ModelSurvey, chosen: list, layouts: list[TokenLayout]):
+def design_probe(survey: ModelSurvey, chosen: list, layouts: list[TokenLayout], tokens: bool = False):
     """The input :func:`position_only_maps` runs the model on: the survey's probe image, or an
     image on the grid the layouts were designed for where a rotation is built at each call and
-    the survey's own probe did not make that grid (a caller's input fixes the grid); None for a
-    model whose input size cannot be told."""
+    the survey's own probe did not make that grid (a caller's input fixes the grid). For a model
+    whose input size cannot be told: None, or with ``tokens`` the guess it is probed with, zero
+    tokens (1, P + N, D) as the first layer sees them, as a model that takes tokens is called."""
     surveyed = survey.attention.verdict(chosen[0][0])
     probed = None if surveyed is None or surveyed.adapter.rotary is None else tuple(surveyed.adapter.rotary.grid)
     regrid = chosen[0][1].rotary is not None and survey.example is None and probed != tuple(layouts[0].grid)
     inputs = probe_at(survey.model, layouts[0].grid, count=1) if regrid else None
     if inputs is None and survey.probe is not None and not is_token_probe(survey.probe):
         inputs = first_sample(survey.probe)
+    if inputs is None and tokens:
+        inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim)
     return inputs

@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from structinit.adapters.fused import compiling
 from structinit.adapters.layout import TokenLayout, grid_positions, layout_position
+from structinit.adapters.observe import _tensors_in
 from structinit.adapters.probe import first_sample, is_token_probe
 from structinit.adapters.row_reading import (
     image_maps,
@@ -100,17 +101,14 @@ class PositionReach(TorchFunctionMode):
         out = func(*args, **kwargs)
         if compiling():  # flex_attention compiling its op: no tensor of the forward's own
             return out
-        inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (tuple, list)) else (v,))
-                  if isinstance(t, torch.Tensor)]
-        made = frozenset().union(*(self.sources_of(t) for t in inputs))
-        if made and getattr(func, "__name__", "") in _PRODUCTS and any(_zeros(v) and not (
-                isinstance(v, torch.Tensor) and self.sources_of(v)) for v in (*args, *kwargs.values())):
+        made = frozenset().union(*(self.sources_of(t) for t in _tensors_in((*args, *kwargs.values()))))
+        if made and getattr(func, "__name__", "") in _PRODUCTS and any(not (
+                isinstance(v, torch.Tensor) and self.sources_of(v)) and _zeros(v) for v in (*args, *kwargs.values())):
             made = frozenset()  # a factor of zeros (a gate at 0) carries none
         if made:
             written = [args[0]] if args and isinstance(args[0], torch.Tensor) and _in_place(func) else []
-            for t in (*(out if isinstance(out, (tuple, list)) else (out,)), kwargs.get("out"), *written):
-                if isinstance(t, torch.Tensor):
-                    self._made[id(t)] = (weakref.ref(t), made | self.sources_of(t))
+            for t in _tensors_in((out, kwargs.get("out"), *written)):
+                self._made[id(t)] = (weakref.ref(t), made | self.sources_of(t))
         return out
 
     def sources_of(self, t: torch.Tensor) -> frozenset:

@@ -155,9 +155,9 @@ def reached_maps(survey: ModelSurvey, chosen, layouts: list[TokenLayout], pos_em
     """:func:`~structinit.adapters.position_input.position_only_maps` for the check after an
     impulse write, which also refuses a layer whose position comes from an embedding that does
     not reach the tokens it receives in that forward (a second branch with no embedding of its
-    own), confirmed by moving the embedding; the first layer's is checked as its token order is
-    read (:class:`~structinit.adapters.token_order.PositionUnreached`). With ``pos_embed`` (the
-    caller's, not the model's) nothing is asked of the model's."""
+    own, or one behind a gate at 0), confirmed by moving the embedding (a first layer whose token
+    order is read is refused there already: :class:`~structinit.adapters.token_order.PositionUnreached`).
+    With ``pos_embed`` (the caller's, not the model's) nothing is asked of the model's."""
     carried = [(name, ad, layout_position(survey, lay)) for (name, ad), lay in zip(chosen, layouts)
                if ad.rotary is None and survey.relative_bias(name, ad) is None]
     carried = [(name, ad, found) for name, ad, found in carried if found.pos_embed is not None]
@@ -165,11 +165,10 @@ def reached_maps(survey: ModelSurvey, chosen, layouts: list[TokenLayout], pos_em
     found = position_only_maps(survey, chosen, layouts, pos_embed, reach)
     if reach is None or found is None:
         return found
-    inputs = design_probe(survey, chosen, layouts)
-    inputs = torch.zeros(1, layouts[0].num_tokens, chosen[0][1].dim) if inputs is None else inputs
+    inputs = design_probe(survey, chosen, layouts, tokens=True)
     for name, ad, position in carried:
         source = getattr(found[1].get(ad.module), "source", None)  # the tokens it received, before the swap
-        if name == chosen[0][0] or source is None or reach.reaches(source, position.pos_embed) or not unreached(
+        if source is None or reach.reaches(source, position.pos_embed) or not unreached(
                 survey.model, ad, position.pos_embed, inputs):
             continue
         raise ValueError(
